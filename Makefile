@@ -1,0 +1,33 @@
+# make demo   - install everything on a fresh machine, then run the offline GRPO demo
+# make test   - the test suite (real OCaml, real TRL, a tiny local model)
+# make bench  - the grader benchmark (BENCHMARKS.md)
+PY := .venv/bin/python
+APT_PACKAGES := ocaml-nox ocaml-findlib bubblewrap libbase-ocaml-dev libreact-ocaml-dev libcalendar-ocaml-dev
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: setup system python demo test bench
+setup: system python
+
+# Debian packages: OCaml 4.13, findlib, Base (and the two libraries two benchmark rows need), bubblewrap.
+system:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	fi
+
+# The virtualenv is reinstalled only when requirements.txt changes.
+python: .venv/.installed
+.venv/.installed: requirements.txt
+	@[ -x $(PY) ] || python3 -m venv .venv
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	@touch $@
+
+demo: setup
+	GRPO_DEMO=1 $(PY) train.py
+
+test: setup
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+bench: setup
+	$(PY) bench_rewards.py

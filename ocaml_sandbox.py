@@ -1,0 +1,584 @@
+"""Everything that touches the OCaml toolchain or runs model code, isolated and bounded.
+
+Isolation (bubblewrap): no network, read-only /usr, no /proc, a private /tmp, only the job's
+own directory writable, a scrubbed environment, a fresh PID namespace (everything the program
+started dies with it), and, when we are root, an unprivileged uid per concurrent job so that
+the process-count limit counts. rlimits (prlimit) bound CPU seconds, address space, file
+size, processes and open files; a wall-clock deadline kills the whole tree.
+
+Grading model code (`OcamlGrader.grade`):
+1. type check the solution alone; if it fails, count independent errors phrase by phrase;
+2. link it with the tests, each assertion wrapped by a trusted harness module that is
+   initialised *before* the solution and reports through a file descriptor with a secret nonce
+   the solution never sees (fail-closed: only verified passes count);
+3. run it, restarting after the assertion that crashed the process.
+
+Environment (defaults): OCAML_SANDBOX=bwrap|none (bwrap), OCAML_CPU_LIMIT_S (5),
+OCAML_WALL_LIMIT_S (= CPU limit), OCAML_COMPILE_LIMIT_S (20), OCAML_MEMORY_MB (512),
+OCAML_FILE_MB (16), OCAML_MAX_PROCS (32), OCAML_MAX_FILES (64), OCAML_OUTPUT_BYTES (65536).
+"""
+from __future__ import annotations
+
+import os
+import queue
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ocaml_source as src
+
+FORBIDDEN_IN_SOLUTIONS = {"Obj", "external"}  # would let code read the harness's memory
+NONGENERALIZABLE = "contains type variables that cannot be generalized"
+HARNESS_ML = r"""
+(* Trusted: linked before the solution, so it reads the nonce before any model code runs. *)
+external fd_out : int -> out_channel = "caml_ml_open_descriptor_out"
+external fd_in : int -> in_channel = "caml_ml_open_descriptor_in"
+let nonce, start =
+  let ic = fd_in (int_of_string Sys.argv.(2)) in
+  let n = input_line ic in
+  let s = int_of_string (input_line ic) in
+  close_in ic;
+  n, s
+let oc = fd_out (int_of_string Sys.argv.(1))
+let emit tag i =
+  output_string oc (nonce ^ " " ^ tag ^ " " ^ string_of_int i ^ "\n");
+  flush oc
+let check i f =
+  if i >= start then begin
+    emit "S" i;
+    match f () with
+    | () -> emit "P" i
+    | exception _ -> emit "F" i
+  end
+let finish () = emit "D" 0
+"""
+
+
+def _env_num(name: str, default: float, cast=float):
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return cast(default)
+    try:
+        value = cast(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+    if value <= 0:
+        raise ValueError(f"{name}={raw!r} must be positive")
+    return value
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpu_s: int = 5
+    wall_s: float = 5.0
+    compile_s: float = 20.0
+    memory_mb: int = 512
+    file_mb: int = 16
+    max_procs: int = 32
+    max_files: int = 64
+    output_bytes: int = 65536
+
+    @classmethod
+    def from_env(cls) -> "Limits":
+        cpu = _env_num("OCAML_CPU_LIMIT_S", cls.cpu_s, int)
+        return cls(
+            cpu_s=cpu,
+            wall_s=_env_num("OCAML_WALL_LIMIT_S", cpu, float),
+            compile_s=_env_num("OCAML_COMPILE_LIMIT_S", cls.compile_s, float),
+            memory_mb=_env_num("OCAML_MEMORY_MB", cls.memory_mb, int),
+            file_mb=_env_num("OCAML_FILE_MB", cls.file_mb, int),
+            max_procs=_env_num("OCAML_MAX_PROCS", cls.max_procs, int),
+            max_files=_env_num("OCAML_MAX_FILES", cls.max_files, int),
+            output_bytes=_env_num("OCAML_OUTPUT_BYTES", cls.output_bytes, int),
+        )
+
+
+class ToolchainError(RuntimeError):
+    """The OCaml toolchain or the sandbox is missing or broken; the message says what to install."""
+
+
+@dataclass
+class RunResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    timed_out: bool
+    elapsed_s: float
+
+
+@dataclass
+class CompileError:
+    kind: str  # "syntax" | "type" | "unbound" | "other"
+    line: int
+    message: str
+
+
+@dataclass
+class Grade:
+    """Facts about one solution; rewards.py turns them into a score."""
+    type_errors: list[CompileError] = field(default_factory=list)
+    phrases_total: int = 0
+    phrases_ok: int = 0
+    compiled: bool = False  # the solution alone compiles to bytecode
+    tests_compiled: bool = False  # the solution links with the tests
+    tests_passed: int = 0
+    tests_total: int = 0
+    timed_out: bool = False
+    forbidden: str | None = None  # a construct that voids test credit (Obj, external)
+    test_error: str | None = None  # first error compiling the tests against the solution
+    output: str = ""  # the test program's stdout+stderr, capped
+
+    @property
+    def syntax_errors(self) -> int:
+        return sum(1 for e in self.type_errors if e.kind == "syntax")
+
+
+# ---------------------------------------------------------------------------------------------
+# The isolated runner.
+
+def _which_or_raise(tool: str, package: str) -> str:
+    path = shutil.which(tool)
+    if not path:
+        raise ToolchainError(f"`{tool}` not found on PATH. Install it: apt-get install -y {package}")
+    return path
+
+
+class Sandbox:
+    UID_BASE = 61000
+
+    def __init__(self, limits: Limits | None = None, mode: str | None = None, max_jobs: int = 64):
+        self.limits = limits or Limits.from_env()
+        self.mode = (mode or os.environ.get("OCAML_SANDBOX", "bwrap")).strip().lower()
+        if self.mode not in ("bwrap", "none"):
+            raise ValueError(f"OCAML_SANDBOX={self.mode!r}: expected 'bwrap' or 'none'")
+        self.isolated = self.mode == "bwrap"
+        self.as_root = os.geteuid() == 0
+        self._uids: queue.Queue[int] = queue.Queue()
+        for k in range(max_jobs):
+            self._uids.put(self.UID_BASE + k)
+        _which_or_raise("ocamlc", "ocaml-nox")
+        _which_or_raise("prlimit", "util-linux")
+        if self.isolated:
+            _which_or_raise("bwrap", "bubblewrap")
+            probe = self.run(["true"], Path(tempfile.mkdtemp(prefix="ocaml-probe-")), wall_s=10, cpu_s=5)
+            if probe.returncode != 0:
+                raise ToolchainError(
+                    "bubblewrap is installed but cannot create a sandbox here: "
+                    f"{probe.stderr.strip()[:400]}. Run as root, enable unprivileged user namespaces, "
+                    "or set OCAML_SANDBOX=none to run model code WITHOUT isolation (not recommended).")
+
+    def describe(self) -> str:
+        if not self.isolated:
+            return "isolation OFF (OCAML_SANDBOX=none): model code runs unsandboxed on this host"
+        who = "per-job unprivileged uid" if self.as_root else "own uid (not root: process limit not enforced)"
+        return f"bubblewrap sandbox, {who}, limits {self.limits}"
+
+    def _command(self, argv: list[str], workdir: Path, cpu_s: int, uid: int | None, nice: int) -> list[str]:
+        lim = self.limits
+        cmd = [
+            "prlimit", f"--cpu={cpu_s}:{cpu_s}", f"--as={lim.memory_mb << 20}:{lim.memory_mb << 20}",
+            f"--fsize={lim.file_mb << 20}:{lim.file_mb << 20}", f"--nofile={lim.max_files}:{lim.max_files}",
+        ]
+        if uid is not None:
+            cmd += [f"--nproc={lim.max_procs}:{lim.max_procs}", "--",
+                    "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs"]
+        cmd += ["--"] + (["nice", "-n", str(nice)] if nice else []) + argv
+        if not self.isolated:
+            return cmd
+        box = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+               "--unshare-cgroup-try", "--as-pid-1", "--die-with-parent", "--ro-bind", "/usr", "/usr"]
+        if not self.as_root:
+            box.append("--unshare-user")
+        for d in ("bin", "sbin", "lib", "lib64", "lib32"):
+            p = Path("/") / d
+            if p.is_symlink():
+                box += ["--symlink", os.readlink(p), f"/{d}"]
+            elif p.is_dir():
+                box += ["--ro-bind", str(p), f"/{d}"]
+        box += ["--perms", "0755", "--dir", "/etc"]  # else bwrap makes it 0700: unreadable after the uid drop
+        for f in ("/etc/ocamlfind.conf", "/etc/findlib.conf", "/etc/ld.so.cache", "/etc/ld.so.conf"):
+            box += ["--ro-bind-try", f, f]
+        box += ["--dev", "/dev", "--tmpfs", "/tmp", "--bind", str(workdir), "/work", "--chdir", "/work",
+                "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/work",
+                "--setenv", "LC_ALL", "C", "--"]
+        return box + cmd
+
+    def run(self, argv: list[str], workdir: Path, *, wall_s: float, cpu_s: int | None = None,
+            pass_fds: tuple[int, ...] = (), nice: int = 0) -> RunResult:
+        """Run argv inside `workdir` (seen as /work) under every limit; never raises on the
+        program's behaviour: a crash or timeout is in the result."""
+        cpu_s = int(cpu_s or self.limits.cpu_s)
+        uid = self._uids.get() if self.as_root else None
+        t0 = time.monotonic()
+        try:
+            if uid is not None:
+                for p in [workdir, *workdir.rglob("*")]:
+                    os.chown(p, uid, uid)
+            env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LC_ALL": "C"}
+            with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+                proc = subprocess.Popen(
+                    self._command(argv, workdir, cpu_s, uid, nice), cwd=workdir, env=env,
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=pass_fds,
+                    start_new_session=True)
+                timed_out = False
+                try:
+                    rc = proc.wait(timeout=wall_s)
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    self._kill(proc, uid)
+                    rc = proc.wait()
+                return RunResult(rc, _read_capped(out, self.limits.output_bytes),
+                                 _read_capped(err, self.limits.output_bytes), timed_out,
+                                 time.monotonic() - t0)
+        finally:
+            if uid is not None:
+                self._uids.put(uid)
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen, uid: int | None) -> None:
+        # Kill the job's processes first, while bwrap is alive to reap its child (killing bwrap
+        # first leaves the child a zombie of init); then the process group, for the rest.
+        if uid is not None:
+            for pid in os.listdir("/proc"):
+                if pid.isdigit():
+                    try:
+                        if os.stat(f"/proc/{pid}").st_uid == uid:
+                            os.kill(int(pid), signal.SIGKILL)
+                    except (FileNotFoundError, ProcessLookupError, PermissionError):
+                        pass
+            try:
+                proc.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _read_capped(f, limit: int) -> str:
+    f.seek(0)
+    data = f.read(limit + 1)
+    text = data[:limit].decode("utf-8", "replace")
+    return text + ("\n[output truncated]" if len(data) > limit else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiler messages.
+
+ERROR_LOCATION_RE = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def parse_compiler_error(output: str) -> CompileError:
+    """First error of an ocamlc run, classified."""
+    lines = output.splitlines()
+    line_no = 0
+    for ln in lines:
+        m = ERROR_LOCATION_RE.search(ln)
+        if m:
+            line_no = int(m.group(2))
+            break
+    message = ""
+    for k, ln in enumerate(lines):
+        if ln.startswith("Error:"):
+            body = [ln[len("Error:"):].strip()]
+            for cont in lines[k + 1:]:
+                if not cont.startswith(" ") or ERROR_LOCATION_RE.search(cont):
+                    break
+                body.append(cont.strip())
+            message = " ".join(b for b in body if b)
+            break
+    if not message:
+        message = next((ln.strip() for ln in lines if ln.strip()), "unknown compiler failure")
+    return CompileError(classify_error(message), line_no, message[:500])
+
+
+def classify_error(message: str) -> str:
+    m = message.lower()
+    if m.startswith("syntax error") or "syntax error" in m or any(s in m for s in (
+            "illegal character", "not terminated", "might be unmatched", "unterminated",
+            "illegal escape", "invalid literal")):
+        return "syntax"
+    if m.startswith("unbound"):
+        return "unbound"
+    if any(s in m for s in ("has type", "type ", "expects", "is applied to", "constructor",
+                            "was expected", "is not a function", "labels", "field")):
+        return "type"
+    return "other"
+
+
+UNBOUND_NAME_RE = re.compile(r"Unbound (?:value|constructor|module|type constructor|record field) ([\w'.]+)")
+
+
+# ---------------------------------------------------------------------------------------------
+# The grader.
+
+class OcamlGrader:
+    MAX_CHECKS = 10  # bound on compiler calls spent counting errors in one solution
+
+    def __init__(self, sandbox: Sandbox | None = None, tmp_root: str | None = None,
+                 max_parallel_compiles: int | None = None):
+        self.sandbox = sandbox or Sandbox()
+        # Compiles are CPU-bound: bound them by cores. Test runs are not bounded here, so an
+        # infinite loop waits out its deadline beside the others instead of in a queue.
+        self._compile_slots = threading.BoundedSemaphore(max_parallel_compiles or os.cpu_count() or 1)
+        self.tmp_root = Path(tempfile.mkdtemp(prefix="ocaml-grader-", dir=tmp_root or os.environ.get("OCAML_SANDBOX_TMPDIR")))
+        os.chmod(self.tmp_root, 0o755)
+        probe = self.tmp_root / "probe"
+        probe.mkdir()
+        (probe / "probe.ml").write_text(HARNESS_ML)
+        res = subprocess.run(["ocamlc", "-w", "-a", "-c", "probe.ml"], cwd=probe, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise ToolchainError(f"ocamlc is installed but cannot compile a trivial module: {res.stderr.strip()[:400]}")
+        shutil.rmtree(probe)
+        self._counter = 0
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        shutil.rmtree(self.tmp_root, ignore_errors=True)
+
+    def _new_job_dir(self) -> Path:
+        with self._lock:
+            self._counter += 1
+            n = self._counter
+        d = self.tmp_root / f"job{n}"
+        d.mkdir()
+        return d
+
+    @staticmethod
+    def _compiler(requires: list[str], link: bool) -> list[str]:
+        if not requires:
+            return ["ocamlc", "-w", "-a"]
+        return ["ocamlfind", "ocamlc", "-w", "-a", "-package", ",".join(requires)] + (["-linkpkg"] if link else [])
+
+    def _compile(self, argv: list[str], workdir: Path) -> RunResult:
+        lim = self.sandbox.limits
+        with self._compile_slots:
+            return self.sandbox.run(argv, workdir, wall_s=lim.compile_s, cpu_s=int(lim.compile_s))
+
+    def _count_errors(self, phrases: list[src.Phrase], first: CompileError, requires: list[str],
+                      workdir: Path, grade: Grade) -> None:
+        """Re-check the phrases without the failing one until the rest type-checks: each
+        independent error counts once; errors that only follow from a skipped phrase do not."""
+        good: list[int] = []
+        pending = list(range(len(phrases)))
+        skipped_names: set[str] = set()
+        err: CompileError | None = first
+        if first.kind == "syntax" and len(phrases) > 1:
+            # A syntax error is often reported phrases after its cause; parsing is
+            # context-free, so parse every phrase on its own (one sandbox call).
+            bad = self._syntax_errors(phrases, workdir)
+            if bad:
+                for j, e in bad.items():
+                    grade.type_errors.append(e)
+                    skipped_names.update(phrases[j].names)
+                pending = [i for i in pending if i not in bad]
+                err = self._check(phrases, pending, requires, workdir) if pending else None
+        for _ in range(self.MAX_CHECKS):
+            if err is None:
+                good += pending
+                pending = []
+                break
+            j = _phrase_at(phrases, pending, err.line)
+            if j is None:  # cannot attribute (e.g. the compiler crashed): count it and stop
+                grade.type_errors.append(err)
+                pending = []
+                break
+            unbound = UNBOUND_NAME_RE.search(err.message)
+            dependent = unbound is not None and unbound.group(1).split(".")[0] in skipped_names
+            if not dependent:
+                grade.type_errors.append(err)
+            skipped_names.update(phrases[j].names)
+            if err.kind != "syntax":  # typing is in order: everything before j is fine
+                good += [i for i in pending if i < j]
+            pending = [i for i in pending if i > j or (err.kind == "syntax" and i < j)]
+            if not pending:
+                break
+            err = self._check(phrases, good + pending, requires, workdir)
+        if not grade.type_errors:  # the whole failed but no phrase did: count one
+            grade.type_errors.append(first)
+        grade.phrases_ok = len(good)
+
+    def _check(self, phrases: list[src.Phrase], keep: list[int], requires: list[str], workdir: Path) -> CompileError | None:
+        """Type-check a subset of the phrases, keeping their original line numbers."""
+        text = "".join(_with_line(phrases[i]) for i in keep)
+        (workdir / "check.ml").write_text(text)
+        res = self._compile(self._compiler(requires, False) + ["-c", "check.ml"], workdir)
+        return None if res.returncode == 0 else parse_compiler_error(res.stderr + res.stdout)
+
+    def _syntax_errors(self, phrases: list[src.Phrase], workdir: Path) -> dict[int, CompileError]:
+        for i, ph in enumerate(phrases):
+            (workdir / f"parse{i}.ml").write_text(_with_line(ph))
+        script = ("for i in $(seq 0 %d); do ocamlc -stop-after parsing -c parse$i.ml >/dev/null 2>err$i.txt "
+                  "|| echo $i; done" % (len(phrases) - 1))
+        res = self._compile(["sh", "-c", script], workdir)
+        bad = {}
+        for tok in res.stdout.split():
+            if tok.isdigit() and int(tok) < len(phrases):
+                i = int(tok)
+                e = parse_compiler_error((workdir / f"err{i}.txt").read_text(errors="replace"))
+                last_line = phrases[i].line + max(0, phrases[i].text.rstrip("\n").count("\n"))
+                bad[i] = CompileError("syntax", min(e.line or phrases[i].line, last_line), e.message)
+        return bad
+
+    def grade(self, solution: str, tests: str, requires: list[str] = (), entry_points: list[str] = ()) -> Grade:
+        """Type check, compile, and run the tests against one assembled solution.
+
+        The type check of the solution alone and the build of the test program share one
+        sandbox call (each call costs ~20 ms of process start-up here)."""
+        workdir = self._new_job_dir()
+        requires = list(requires)
+        try:
+            grade = Grade()
+            phrases = src.split_phrases(solution)
+            grade.phrases_total = max(1, len(phrases))
+            plan = src.parse_assert_tests(tests)
+            grade.tests_total = plan.n_assertions if plan else 1
+            grade.forbidden = src.mentions_word(solution, FORBIDDEN_IN_SOLUTIONS)
+            (workdir / "solution.ml").write_text(solution)
+            tc = " ".join(self._compiler(requires, False) + ["-c", "solution.ml"])
+            script = f"{tc} >tc.out 2>&1; echo $? >tc.rc\n"
+            if not grade.forbidden:
+                # The harness unit gets a fresh random name per job: solution code cannot name it.
+                harness = f"grader_{secrets.token_hex(8)}"
+                (workdir / f"{harness}.ml").write_text(HARNESS_ML)
+                (workdir / "tests.ml").write_text(render_tests(solution, tests, plan, harness.capitalize(), list(entry_points)))
+                link = " ".join(self._compiler(requires, True) + ["-o", "prog", f"{harness}.ml", "tests.ml"])
+                script += (f'if [ "$(cat tc.rc)" = 0 ] || grep -q "{NONGENERALIZABLE}" tc.out; then '
+                           f"{link} >link.out 2>&1; echo $? >link.rc; fi\n")
+            res = self._compile(["sh", "-c", script], workdir)
+            tc_out = _read(workdir / "tc.out")
+            first = parse_compiler_error(tc_out)
+            if res.timed_out:
+                first = CompileError("other", 0, "compiler timed out")
+            # Weak type variables (`let f = List.map g` on polymorphic variants) are fine in
+            # a program, only not in a unit without an interface; typing got to the end.
+            if _read(workdir / "tc.rc").strip() == "0" or (not res.timed_out and NONGENERALIZABLE in first.message):
+                grade.compiled, grade.phrases_ok = True, grade.phrases_total
+            else:
+                self._count_errors(phrases, first, requires, workdir, grade)
+                return grade
+            if grade.forbidden:
+                return grade
+            if _read(workdir / "link.rc").strip() != "0" or not (workdir / "prog").exists():
+                grade.test_error = parse_compiler_error(_read(workdir / "link.out")).message
+                return grade
+            grade.tests_compiled = True
+            # The program runs alone in a fresh directory: no sources to read answers from.
+            rundir = workdir / "run"
+            rundir.mkdir()
+            shutil.move(workdir / "prog", rundir / "prog")
+            passed, finished, grade.timed_out, grade.output = self._execute(rundir, grade.tests_total)
+            grade.tests_passed = len(passed) if plan else int(finished)
+            return grade
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def _execute(self, rundir: Path, total: int) -> tuple[set[int], bool, bool, str]:
+        """Run the test program until it finishes, restarting after an assertion that killed
+        the process (exit, fatal error) while the wall-clock budget lasts."""
+        lim = self.sandbox.limits
+        deadline = time.monotonic() + lim.wall_s
+        nonce = secrets.token_hex(16)
+        passed: set[int] = set()
+        start, finished, timed_out, output = 0, False, False, ""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            with tempfile.TemporaryFile(dir=self.tmp_root) as results, tempfile.TemporaryFile(dir=self.tmp_root) as secret:
+                secret.write(f"{nonce}\n{start}\n".encode())
+                secret.flush()
+                secret.seek(0)
+                rfd, sfd = results.fileno(), secret.fileno()
+                res = self.sandbox.run(["./prog", str(rfd), str(sfd)], rundir, wall_s=remaining,
+                                       pass_fds=(rfd, sfd), nice=15)
+                results.seek(0)
+                events = _parse_events(results.read(4 << 20).decode("ascii", "replace"), nonce)
+            output = (res.stdout + res.stderr)[: lim.output_bytes]
+            started: set[int] = set()
+            done: set[int] = set()
+            for tag, i in events:
+                if tag == "S":
+                    started.add(i)
+                elif tag in ("P", "F"):
+                    done.add(i)
+                    if tag == "P":
+                        passed.add(i)
+                elif tag == "D" and res.returncode == 0 and not res.timed_out:
+                    finished = True
+            if finished or res.timed_out:
+                timed_out = res.timed_out
+                break
+            crashed_in = sorted(started - done)
+            if not crashed_in or crashed_in[-1] + 1 >= total:
+                break
+            start = crashed_in[-1] + 1
+        return passed, finished, timed_out, output
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _with_line(ph: src.Phrase) -> str:
+    return f'# {ph.line} "solution.ml"\n{ph.text}\n'
+
+
+def _parse_events(text: str, nonce: str) -> list[tuple[str, int]]:
+    events = []
+    for ln in text.splitlines():
+        parts = ln.split(" ")
+        if len(parts) == 3 and parts[0] == nonce and parts[1] in ("S", "P", "F", "D") and parts[2].isdigit():
+            events.append((parts[1], int(parts[2])))
+    return events
+
+
+def _phrase_at(phrases: list[src.Phrase], candidates: list[int], line: int) -> int | None:
+    best = None
+    for i in candidates:
+        if phrases[i].line <= line:
+            best = i
+    return best if best is not None else (candidates[0] if candidates and line == 0 else None)
+
+
+def render_tests(solution: str, tests: str, plan: src.TestPlan | None, harness: str, entries: list[str]) -> str:
+    """One program: the harness alias, the solution as module `Solution`, then the tests.
+
+    Stdlib is opened after the solution, so a solution that redefines `=`, `List` or `exit`
+    cannot change what the tests mean. Each assertion runs inside the harness's `check`."""
+    tag = secrets.token_hex(6)
+    alias, stdlib = f"H_{tag}", f"Stdlib_{tag}"  # names taken before the solution can shadow them
+    head = [f"module {alias} = {harness}", f"module {stdlib} = Stdlib", "module Solution = struct",
+            '# 1 "solution.ml"', solution, "end", "open Solution", f"open! {stdlib}"]
+    head += [f"let {e} = Solution.{e}" for e in entries]
+    body: list[str] = []
+    if plan is None:
+        body.append(tests)
+    else:
+        k = 0
+        for item in plan.items:
+            if isinstance(item, str):
+                body.append(item)
+                continue
+            lines = ["let () ="] + [f"  {b}" for b in item.bindings]
+            for is_assert, stmt in item.statements:
+                if is_assert:
+                    lines.append(f"  {alias}.check {k} (fun () -> {stmt});")
+                    k += 1
+                else:
+                    lines.append(f"  {stmt};")
+            lines += ["  ()", ";;"]
+            body.append("\n".join(lines))
+    return "\n".join(head) + "\n;;\n" + "\n".join(body) + f"\n;;\nlet () = {alias}.finish ()\n"

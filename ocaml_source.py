@@ -1,0 +1,349 @@
+"""OCaml source text, read as text: a small lexer, top-level phrase splitting, and the
+parsing of assertion-style test blocks and prompt signatures.
+
+Nothing here runs the toolchain; ocaml_sandbox.py does that. Keeping the text side apart
+makes it testable in microseconds and keeps the sandbox file about isolation.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+TOP_LEVEL_KEYWORDS = {"let", "type", "module", "open", "exception", "external", "include", "class"}
+OPENERS = {"(", "[", "{", "begin", "struct", "sig", "object"}
+CLOSERS = {")", "]", "}", "end"}
+IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_']*")
+QUOTED_STRING_RE = re.compile(r"\{([a-z_]*)\|")
+
+
+@dataclass
+class Token:
+    kind: str  # "ident", "symbol", "string", "char", "comment"
+    text: str
+    start: int  # offset in the source
+    line: int  # 1-based
+    col: int  # 0-based
+
+
+def tokenize(src: str) -> list[Token]:
+    """Lex just enough OCaml to know what is code, what is a string and what is a comment.
+
+    Unterminated strings and comments run to the end of the text (the compiler reports them).
+    """
+    tokens: list[Token] = []
+    i, n, line, line_start = 0, len(src), 1, 0
+
+    def advance_to(j: int) -> None:
+        nonlocal i, line, line_start
+        nl = src.count("\n", i, j)
+        if nl:
+            line += nl
+            line_start = src.rindex("\n", i, j) + 1
+        i = j
+
+    while i < n:
+        c = src[i]
+        if c in " \t\r\n":
+            advance_to(i + 1)
+            continue
+        start, tline, tcol = i, line, i - line_start
+        if src.startswith("(*", i) and not src.startswith("(*)", i):
+            depth, j = 1, i + 2
+            while j < n and depth:
+                if src.startswith("(*", j):
+                    depth, j = depth + 1, j + 2
+                elif src.startswith("*)", j):
+                    depth, j = depth - 1, j + 2
+                elif src[j] == '"':
+                    j = _skip_string(src, j)
+                elif src[j] == "'" and j + 2 < n and src[j + 2] == "'":
+                    j += 3  # '"' inside a comment is a char, as in OCaml's lexer
+                else:
+                    j += 1
+            kind, end = "comment", j
+        elif c == '"':
+            kind, end = "string", _skip_string(src, i)
+        elif c == "{" and QUOTED_STRING_RE.match(src, i):
+            tag = QUOTED_STRING_RE.match(src, i).group(1)
+            close = src.find("|" + tag + "}", i)
+            kind, end = "string", (n if close < 0 else close + len(tag) + 2)
+        elif c == "'":
+            if src.startswith("\\", i + 1):
+                close = src.find("'", i + 3)
+                kind, end = "char", (n if close < 0 else close + 1)
+            elif i + 2 < n and src[i + 2] == "'":
+                kind, end = "char", i + 3
+            else:  # a type variable's quote
+                kind, end = "symbol", i + 1
+        elif IDENT_RE.match(src, i):
+            kind, end = "ident", IDENT_RE.match(src, i).end()
+        elif c.isdigit():
+            m = re.compile(r"[0-9][0-9a-zA-Z_.']*").match(src, i)
+            kind, end = "symbol", m.end()
+        elif src.startswith(";;", i):
+            kind, end = "symbol", i + 2
+        elif c in "()[]{};,":
+            kind, end = "symbol", i + 1
+        else:
+            m = re.compile(r"[!$%&*+\-./:<=>?@^|~#]+").match(src, i)
+            kind, end = "symbol", (m.end() if m else i + 1)
+        tokens.append(Token(kind, src[start:end], start, tline, tcol))
+        advance_to(end)
+    return tokens
+
+
+def _skip_string(src: str, i: int) -> int:
+    j = i + 1
+    while j < len(src):
+        if src[j] == "\\":
+            j += 2
+        elif src[j] == '"':
+            return j + 1
+        else:
+            j += 1
+    return len(src)
+
+
+def code_tokens(src: str) -> list[Token]:
+    return [t for t in tokenize(src) if t.kind != "comment"]
+
+
+def strip_comments(src: str) -> str:
+    out, last = [], 0
+    for t in tokenize(src):
+        if t.kind == "comment":
+            out.append(src[last : t.start])
+            out.append("\n" * t.text.count("\n"))
+            last = t.start + len(t.text)
+    out.append(src[last:])
+    return "".join(out)
+
+
+def count_code_lines(src: str) -> int:
+    """Non-empty lines once comments are removed (the MIN_NON_EMPTY_LINES rule)."""
+    return sum(1 for ln in strip_comments(src).splitlines() if ln.strip())
+
+
+@dataclass
+class Phrase:
+    text: str
+    line: int  # first line in the original source (1-based)
+    names: list[str] = field(default_factory=list)  # values/types/modules it defines
+
+
+def _depth_changes(tok: Token) -> int:
+    if tok.kind != "ident" and tok.kind != "symbol":
+        return 0
+    if tok.text in OPENERS:
+        return 1
+    if tok.text in CLOSERS:
+        return -1
+    return 0
+
+
+def split_phrases(src: str) -> list[Phrase]:
+    """Split a compilation unit into top-level phrases.
+
+    A phrase starts at a top-level keyword in column 0 at bracket depth 0, or after `;;`.
+    A column-0 `let` that is closed by its own `in` is an expression (badly indented
+    `let ... in`), so it is merged back into the phrase before it.
+    """
+    toks = code_tokens(src)
+    cuts: list[int] = []  # token indexes where phrases start
+    depth = 0
+    after_double_semi = True
+    for k, t in enumerate(toks):
+        if t.text == ";;" and depth <= 0:
+            after_double_semi = True
+            continue
+        starts = depth <= 0 and (after_double_semi or (t.col == 0 and t.kind == "ident" and t.text in TOP_LEVEL_KEYWORDS))
+        if starts:
+            cuts.append(k)
+            depth = 0
+        after_double_semi = False
+        depth += _depth_changes(t)
+    # merge let-in chunks into the previous phrase
+    kept: list[int] = []
+    for idx, k in enumerate(cuts):
+        end = cuts[idx + 1] if idx + 1 < len(cuts) else len(toks)
+        if kept and toks[k].text == "let" and _is_let_in(toks[k:end]):
+            continue
+        kept.append(k)
+    phrases = []
+    lines = src.splitlines(keepends=True)
+    offsets = [0]
+    for ln in lines:
+        offsets.append(offsets[-1] + len(ln))
+    for idx, k in enumerate(kept):
+        start = offsets[toks[k].line - 1]  # whole first line, comments before it on the line included
+        end = offsets[toks[kept[idx + 1]].line - 1] if idx + 1 < len(kept) else len(src)
+        if idx == 0:
+            start = 0  # leading comments belong to the first phrase
+        text = src[start:end]
+        phrases.append(Phrase(text=text, line=src.count("\n", 0, start) + 1, names=defined_names(text)))
+    return [p for p in phrases if p.text.strip()]
+
+
+def _is_let_in(toks: list[Token]) -> bool:
+    depth, lets, ins = 0, 0, 0
+    for t in toks:
+        if t.text == ";;" and depth <= 0:
+            break
+        if depth == 0 and t.text == "let":
+            lets += 1
+        elif depth == 0 and t.text == "in":
+            ins += 1
+        depth += _depth_changes(t)
+    return ins >= lets > 0
+
+
+def defined_names(phrase: str) -> list[str]:
+    """Names a top-level phrase binds: `let [rec] f`, `and g`, `type t`, `module M`, `exception E`."""
+    toks = code_tokens(phrase)
+    names: list[str] = []
+    depth = 0
+    for k, t in enumerate(toks):
+        if depth == 0 and t.text in ("let", "and", "type", "module", "exception", "external"):
+            j = k + 1
+            while j < len(toks) and toks[j].text in ("rec", "nonrec", "type", "'") or (
+                j < len(toks) and j > k + 1 and toks[j - 1].text == "'"
+            ):
+                j += 1
+            if j < len(toks) and toks[j].kind == "ident" and toks[j].text not in ("open", "in"):
+                names.append(toks[j].text)
+            elif j + 2 < len(toks) and toks[j].text == "(" and toks[j + 2].text == ")":
+                names.append(toks[j + 1].text)  # an operator: let ( = ) ...
+        if t.text == "in" and depth == 0 and names and t is not toks[0]:
+            break
+        depth += _depth_changes(t)
+    return names
+
+
+# ---------------------------------------------------------------------------------------------
+# Prompts: preamble (types defined before the doc comment) and the entry point's signature line.
+
+@dataclass
+class Signature:
+    preamble: str  # everything before the signature line (type definitions, doc comment)
+    signature: str  # the `let name (x : t) : r =` line
+    entry: str  # the function's name
+
+
+SIGNATURE_RE = re.compile(r"^let\s+(?:rec\s+)?([a-z_][A-Za-z0-9_']*)\b.*=\s*$")
+
+
+def parse_signature(prompt: str) -> Signature | None:
+    """The last top-level `let name ... =` of a prompt is the entry point."""
+    lines = prompt.rstrip().splitlines()
+    for idx in range(len(lines) - 1, -1, -1):
+        m = SIGNATURE_RE.match(lines[idx].strip()) if not lines[idx].startswith((" ", "\t", "*")) else None
+        if m:
+            return Signature("\n".join(lines[:idx]) + ("\n" if idx else ""), "\n".join(lines[idx:]), m.group(1))
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Tests: `let () = assert (...); assert (...); ... ;;` split into single assertions.
+
+@dataclass
+class TestBlock:
+    """One `let () = ...` phrase: leading `let x = e in` bindings, then statements.
+    A statement is an assertion (graded) or a plain expression (run as written)."""
+    bindings: list[str]
+    statements: list[tuple[bool, str]]  # (is_assertion, text)
+
+
+@dataclass
+class TestPlan:
+    items: list[str | TestBlock]  # other phrases (helper definitions) are kept verbatim
+    n_assertions: int
+
+
+def parse_assert_tests(tests: str) -> TestPlan | None:
+    """Return the per-assertion plan, or None when the tests are not assertion-style
+    (then they are graded all-or-nothing)."""
+    items: list[str | TestBlock] = []
+    n = 0
+    for ph in split_phrases(tests):
+        block = _parse_unit_let(ph.text)
+        if block is None:
+            items.append(ph.text)
+            continue
+        items.append(block)
+        n += sum(1 for is_assert, _ in block.statements if is_assert)
+    return TestPlan(items, n) if n else None
+
+
+def _parse_unit_let(text: str) -> TestBlock | None:
+    toks = code_tokens(text)
+    if len(toks) < 5 or [t.text for t in toks[:4]] != ["let", "(", ")", "="]:
+        return None
+    end = len(toks)
+    while end > 4 and toks[end - 1].text == ";;":
+        end -= 1
+    body = toks[4:end]
+    bindings: list[str] = []
+    while body and body[0].text == "let":
+        k = _matching_in(body)
+        if k is None:
+            return None
+        bindings.append(_span(text, body[0], body[k]))
+        body = body[k + 1 :]
+    statements: list[tuple[bool, str]] = []
+    for part in _split_top_level(body, ";"):
+        if not part:
+            continue
+        stmt = _span(text, part[0], part[-1])
+        if [t.text for t in part] == ["(", ")"]:
+            continue
+        inner = part
+        while len(inner) > 2 and inner[0].text == "(" and _closes_at_end(inner):
+            inner = inner[1:-1]
+        statements.append((bool(inner) and inner[0].text == "assert", stmt))
+    return TestBlock(bindings, statements)
+
+
+def _span(text: str, first: Token, last: Token) -> str:
+    return text[first.start : last.start + len(last.text)]
+
+
+def _matching_in(toks: list[Token]) -> int | None:
+    depth, lets = 0, 0
+    for k, t in enumerate(toks):
+        if depth == 0 and t.text == "let":
+            lets += 1
+        elif depth == 0 and t.text == "in":
+            lets -= 1
+            if lets == 0:
+                return k
+        depth += _depth_changes(t)
+    return None
+
+
+def _closes_at_end(toks: list[Token]) -> bool:
+    depth = 0
+    for k, t in enumerate(toks):
+        depth += _depth_changes(t)
+        if depth == 0:
+            return k == len(toks) - 1
+    return False
+
+
+def _split_top_level(toks: list[Token], sep: str) -> list[list[Token]]:
+    parts: list[list[Token]] = [[]]
+    depth = 0
+    for t in toks:
+        if depth == 0 and t.text == sep:
+            parts.append([])
+            continue
+        depth += _depth_changes(t)
+        parts[-1].append(t)
+    return parts
+
+
+def mentions_word(src: str, words: set[str]) -> str | None:
+    """First of `words` used as an identifier in code (strings and comments ignored)."""
+    for t in code_tokens(src):
+        if t.kind == "ident" and t.text in words:
+            return t.text
+    return None

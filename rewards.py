@@ -1,0 +1,454 @@
+"""The reward policy for OCaml completions, its JSONL logs, and a CLI to re-score them.
+
+    python rewards.py score PROBLEMS COMPLETIONS [--workers N]   # one JSON line per completion
+
+Reward (weights from env, defaults): structural 0.05 (the END marker is present), type check
+0.20 graduated by error count (0 errors: full; n type errors: 1/(2n); any syntax error: 0),
+compile 0.10 (compiles: full; else half the share of phrases that compile), tests 0.65 x the
+fraction of assertions passed (only when the program links with the tests).
+Rules: fewer than MIN_NON_EMPTY_LINES code lines -> 0; a completion that hit the maximum
+completion length without the END marker is multiplied by RUNAWAY_PENALTY_MULTIPLIER.
+
+This module must not import torch or trl: the CLI starts in well under a second.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import re
+import sys
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import ocaml_source as src
+from ocaml_sandbox import Grade, OcamlGrader, Sandbox, ToolchainError
+from problems import DatasetError, Problem, load_problems
+
+FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+OCAML_TAGS = {"", "ocaml", "ml", "caml", "ocaml-repl"}
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
+    if raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+
+
+@dataclass(frozen=True)
+class Weights:
+    structural: float = 0.05
+    type_check: float = 0.20
+    compile: float = 0.10
+    tests: float = 0.65
+
+    @classmethod
+    def from_env(cls) -> "Weights":
+        w = cls(*(_env_float(f"REWARD_WEIGHT_{n.upper()}", getattr(cls, n)) for n in
+                  ("structural", "type_check", "compile", "tests")))
+        if min(asdict(w).values()) < 0:
+            raise ValueError(f"REWARD_WEIGHT_*: weights must be >= 0, got {w}")
+        return w
+
+
+# The seed's contingency plan: learn syntax first, then correctness (by epoch).
+CURRICULUM = [
+    (0.0, "syntax", Weights(0.10, 0.40, 0.30, 0.20)),
+    (0.5, "transition", Weights(0.05, 0.25, 0.20, 0.50)),
+    (1.0, "correctness", Weights(0.05, 0.20, 0.10, 0.65)),
+]
+
+
+def curriculum_phase(epoch: float) -> tuple[str, Weights]:
+    name, weights = CURRICULUM[0][1:]
+    for start, n, w in CURRICULUM:
+        if epoch >= start:
+            name, weights = n, w
+    return name, weights
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    weights: Weights = field(default_factory=Weights)
+    end_marker: str = "(* END *)"
+    runaway_multiplier: float = 0.3
+    min_lines: int = 8
+    workers: int = max(1, os.cpu_count() or 1)
+
+    @classmethod
+    def from_env(cls) -> "RewardConfig":
+        min_lines = _env_float("MIN_NON_EMPTY_LINES", 8)
+        mult = _env_float("RUNAWAY_PENALTY_MULTIPLIER", 0.3)
+        workers = _env_float("REWARD_WORKERS", os.cpu_count() or 1)
+        if min_lines < 0 or min_lines != int(min_lines):
+            raise ValueError(f"MIN_NON_EMPTY_LINES={min_lines}: expected an integer >= 0")
+        if not 0 <= mult <= 1:
+            raise ValueError(f"RUNAWAY_PENALTY_MULTIPLIER={mult}: expected a number in [0, 1]")
+        if workers < 1 or workers != int(workers):
+            raise ValueError(f"REWARD_WORKERS={workers}: expected an integer >= 1")
+        marker = os.environ.get("REWARD_END_MARKER", "(* END *)")
+        if not marker.strip():
+            raise ValueError("REWARD_END_MARKER is empty")
+        return cls(Weights.from_env(), marker, mult, int(min_lines), int(workers))
+
+
+@dataclass
+class Breakdown:
+    """One scored completion: what syntax_aware_breakdown.jsonl holds per line."""
+    problem_id: str
+    reward: float = 0.0
+    structural: float = 0.0
+    type_check: float = 0.0
+    compile: float = 0.0
+    tests: float = 0.0
+    has_end_marker: bool = False
+    type_errors: int = 0
+    syntax_errors: int = 0
+    error_kinds: list[str] = field(default_factory=list)
+    first_error: str | None = None
+    compiled: bool = False
+    tests_compiled: bool = False
+    tests_passed: int = 0
+    tests_total: int = 0
+    timed_out: bool = False
+    runaway: bool = False
+    gated_min_lines: bool = False
+    forbidden: str | None = None
+    code_lines: int = 0
+    elapsed_ms: float = 0.0
+    cached: bool = False
+    isolated: bool = True
+    phase: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# From completion text to a compilable solution.
+
+def completion_text(completion) -> str:
+    """TRL passes plain strings, or (conversational) a list of messages."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list):
+        return "".join(m.get("content", "") for m in completion if isinstance(m, dict))
+    if isinstance(completion, dict):
+        return str(completion.get("content", ""))
+    return str(completion)
+
+
+def extract_code(text: str) -> str:
+    """Fenced blocks tagged ocaml/ml or untagged (joined), else the raw text. An unclosed
+    fence (a runaway completion) counts up to the end."""
+    blocks = [m.group(2) for m in FENCE_RE.finditer(text) if m.group(1).lower() in OCAML_TAGS]
+    if blocks:
+        return "\n".join(b.rstrip() for b in blocks) + "\n"
+    if "```" in text:  # only other languages fenced: nothing OCaml to grade
+        return ""
+    return text
+
+
+def assemble_solution(code: str, prompt: str, entry_point: str = "") -> tuple[str, list[str]]:
+    """The solution unit to compile and the entry points the tests call.
+
+    A completion that defines the entry point is a full answer: the prompt's own type
+    definitions go in front unless the completion restates them. Otherwise it is a body:
+    it goes after the prompt's signature line."""
+    sig = src.parse_signature(prompt)
+    entry = entry_point or (sig.entry if sig else "")
+    if sig is None:
+        return code, [entry] if entry else []
+    code_names = {n for ph in src.split_phrases(code) for n in ph.names}
+    if entry and re.search(rf"(?m)^\s*(?:let|and)\s+(?:rec\s+)?{re.escape(entry)}\b", src.strip_comments(code)):
+        # Keep the prompt's definitions (types, exceptions, modules) the answer does not restate;
+        # drop its prose and any stray text.
+        kept = [ph.text for ph in src.split_phrases(sig.preamble)
+                if _first_word(ph.text) in PREAMBLE_KEEP and not (set(ph.names) & code_names)]
+        return "".join(kept).rstrip() + "\n\n" + code, [entry]
+    return prompt.rstrip() + "\n" + code, [entry]
+
+
+PREAMBLE_KEEP = {"type", "exception", "module", "open", "include", "let", "class"}
+
+
+def _first_word(text: str) -> str:
+    toks = src.code_tokens(text)
+    return toks[0].text if toks else ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring.
+
+def type_check_fraction(grade: Grade) -> float:
+    if grade.syntax_errors:
+        return 0.0
+    n = len(grade.type_errors)
+    return 1.0 if n == 0 else 0.5 / n
+
+
+def score_grade(grade: Grade, b: Breakdown, w: Weights) -> None:
+    b.type_errors = len(grade.type_errors)
+    b.syntax_errors = grade.syntax_errors
+    b.error_kinds = [e.kind for e in grade.type_errors]
+    b.first_error = grade.type_errors[0].message if grade.type_errors else grade.test_error
+    b.compiled, b.tests_compiled = grade.compiled, grade.tests_compiled
+    b.tests_passed, b.tests_total, b.timed_out = grade.tests_passed, grade.tests_total, grade.timed_out
+    b.forbidden = grade.forbidden
+    b.type_check = w.type_check * type_check_fraction(grade)
+    compile_frac = 1.0 if grade.compiled else 0.5 * grade.phrases_ok / max(1, grade.phrases_total)
+    b.compile = w.compile * compile_frac
+    if grade.tests_compiled and grade.tests_total and not grade.forbidden:
+        b.tests = w.tests * grade.tests_passed / grade.tests_total
+
+
+class RewardScorer:
+    """Scores batches in parallel; facts about (problem, code) are cached so duplicates in a
+    GRPO group, and re-scoring under new weights, cost nothing."""
+
+    def __init__(self, config: RewardConfig | None = None, grader: OcamlGrader | None = None,
+                 cache_size: int = 50_000):
+        self.config = config or RewardConfig.from_env()
+        self.grader = grader or OcamlGrader(Sandbox(max_jobs=64), max_parallel_compiles=self.config.workers)
+        # Runs mostly wait on subprocesses; more threads than cores lets infinite loops time
+        # out side by side while compiles stay bounded by the grader's compile slots.
+        self.pool = ThreadPoolExecutor(max_workers=max(32, 8 * self.config.workers), thread_name_prefix="reward")
+        self._cache: OrderedDict[str, Grade] = OrderedDict()
+        self._inflight: dict[str, threading.Event] = {}
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        self.grader.close()
+
+    def _grade_cached(self, problem: Problem, solution: str, entries: list[str]) -> tuple[Grade, bool]:
+        key = hashlib.sha256("\0".join([problem.id, problem.tests, ",".join(problem.requires), solution]).encode()).hexdigest()
+        while True:
+            with self._lock:
+                if key in self._cache:
+                    self._cache.move_to_end(key)
+                    return self._cache[key], True
+                event = self._inflight.get(key)
+                if event is None:
+                    self._inflight[key] = threading.Event()
+                    break
+            event.wait()  # the same code is being graded by another thread: share its result
+        try:
+            grade = self.grader.grade(solution, problem.tests, problem.requires, entries)
+            with self._lock:
+                self._cache[key] = grade
+                while len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
+            return grade, False
+        finally:
+            with self._lock:
+                self._inflight.pop(key).set()
+
+    def score_one(self, problem: Problem, completion, completion_tokens: int | None = None,
+                  max_completion_tokens: int | None = None, weights: Weights | None = None) -> Breakdown:
+        t0 = time.perf_counter()
+        cfg = self.config
+        w = weights or cfg.weights
+        text = completion_text(completion)
+        b = Breakdown(problem_id=problem.id, isolated=self.grader.sandbox.isolated)
+        b.has_end_marker = cfg.end_marker in text
+        b.structural = w.structural if b.has_end_marker else 0.0
+        b.runaway = (completion_tokens is not None and max_completion_tokens is not None
+                     and completion_tokens >= max_completion_tokens and not b.has_end_marker)
+        code = extract_code(text)
+        b.code_lines = src.count_code_lines(code)
+        if b.code_lines < cfg.min_lines or not code.strip():
+            b.gated_min_lines = True
+            b.structural = 0.0
+            b.tests_total = _tests_total(problem.tests)
+        else:
+            solution, entries = assemble_solution(code, problem.prompt, problem.entry_point)
+            grade, b.cached = self._grade_cached(problem, solution, entries)
+            score_grade(grade, b, w)
+        reward = b.structural + b.type_check + b.compile + b.tests
+        if b.runaway:
+            reward *= cfg.runaway_multiplier
+        b.reward = round(reward, 6)
+        b.elapsed_ms = round((time.perf_counter() - t0) * 1000, 2)
+        return b
+
+    def score_batch(self, problems: list[Problem], completions: list, completion_tokens: list | None = None,
+                    max_completion_tokens: int | None = None, weights: Weights | None = None) -> list[Breakdown]:
+        toks = completion_tokens or [None] * len(completions)
+        futures = [self.pool.submit(self.score_one, p, c, t, max_completion_tokens, weights)
+                   for p, c, t in zip(problems, completions, toks)]
+        return [f.result() for f in futures]
+
+
+def _tests_total(tests: str) -> int:
+    plan = src.parse_assert_tests(tests)
+    return plan.n_assertions if plan else 1
+
+
+# ---------------------------------------------------------------------------------------------
+# JSONL logs: whole lines, one write() each, flushed, so a crash never leaves a torn line.
+
+class JsonlWriter:
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._lock = threading.Lock()
+        self._repair_torn_tail()
+
+    def _repair_torn_tail(self) -> None:
+        """A previous run killed mid-line (only possible on a full disk) leaves no newline at
+        the end: close that fragment so new lines stay whole."""
+        size = os.path.getsize(self.path)
+        if size:
+            with open(self.path, "rb") as f:
+                f.seek(size - 1)
+                if f.read(1) != b"\n":
+                    os.write(self._fd, b"\n")
+
+    def write_many(self, records: list[dict]) -> None:
+        data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
+        with self._lock:
+            os.write(self._fd, data)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class RewardLogger:
+    def __init__(self, output_dir: str | Path):
+        logs = Path(output_dir) / "reward_logs"
+        self.completions = JsonlWriter(logs / "completions.jsonl")
+        self.breakdown = JsonlWriter(logs / "syntax_aware_breakdown.jsonl")
+
+    def log(self, step: int, epoch: float, breakdowns: list[Breakdown], completions: list,
+            completion_tokens: list | None = None) -> None:
+        toks = completion_tokens or [None] * len(breakdowns)
+        self.completions.write_many([
+            {"step": step, "epoch": epoch, "problem_id": b.problem_id, "completion": completion_text(c),
+             "reward": b.reward, "completion_tokens": t}
+            for b, c, t in zip(breakdowns, completions, toks)])
+        self.breakdown.write_many([{"step": step, "epoch": epoch, **asdict(b)} for b in breakdowns])
+
+
+# ---------------------------------------------------------------------------------------------
+# The TRL reward function.
+
+def make_syntax_aware_reward(output_dir: str | Path | None, max_completion_tokens: int | None = None,
+                             curriculum: bool = False, scorer: RewardScorer | None = None,
+                             is_main_process: bool = True):
+    """An async TRL reward function named `syntax_aware_reward` (TRL logs it under that name).
+    Dataset columns used: `id`, `problem` (the OCaml prompt; else the chat prompt),
+    `tests`, optional `requires`, `entry_point`."""
+    scorer = scorer or RewardScorer()
+    logger = RewardLogger(output_dir) if output_dir is not None and is_main_process else None
+
+    async def syntax_aware_reward(prompts, completions, completion_ids=None, trainer_state=None,
+                                  log_metric=None, **columns) -> list[float]:
+        n = len(completions)
+        problems = [Problem(
+            id=str(_col(columns, "id", i, f"row{i}")),
+            prompt=str(_col(columns, "problem", i, None) or completion_text(prompts[i])),
+            tests=str(_col(columns, "tests", i, "")),
+            requires=list(_col(columns, "requires", i, None) or []),
+            entry_point=str(_col(columns, "entry_point", i, "") or "")) for i in range(n)]
+        epoch = float(getattr(trainer_state, "epoch", 0.0) or 0.0)
+        step = int(getattr(trainer_state, "global_step", 0) or 0)
+        phase, weights = curriculum_phase(epoch) if curriculum else (None, scorer.config.weights)
+        tokens = [len(ids) for ids in completion_ids] if completion_ids is not None else None
+        breakdowns = await asyncio.get_running_loop().run_in_executor(
+            None, scorer.score_batch, problems, list(completions), tokens, max_completion_tokens, weights)
+        for b in breakdowns:
+            b.phase = phase
+        if logger:
+            logger.log(step, round(epoch, 4), breakdowns, list(completions), tokens)
+        if log_metric is not None:
+            log_metric("ocaml/compiled", sum(b.compiled for b in breakdowns) / max(1, n))
+            log_metric("ocaml/tests_all_passed", sum(b.tests_total > 0 and b.tests_passed == b.tests_total
+                                                    for b in breakdowns) / max(1, n))
+            log_metric("ocaml/end_marker", sum(b.has_end_marker for b in breakdowns) / max(1, n))
+        return [b.reward for b in breakdowns]
+
+    syntax_aware_reward.scorer = scorer
+    syntax_aware_reward.logger = logger
+    return syntax_aware_reward
+
+
+def _col(columns: dict, name: str, i: int, default):
+    values = columns.get(name)
+    if values is None:
+        return default
+    v = values[i]
+    return default if v is None else v
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI.
+
+def _read_completions(path: str) -> list[dict]:
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DatasetError(f"{path}: line {n} is not JSON ({e.msg})") from None
+            if "problem_id" not in r or "completion" not in r:
+                raise DatasetError(f"{path}: line {n} needs keys problem_id and completion")
+            records.append(r)
+    return records
+
+
+def cmd_score(args) -> int:
+    problems = {p.id: p for p in load_problems(args.problems)}
+    records = _read_completions(args.completions)
+    unknown = sorted({str(r["problem_id"]) for r in records} - set(problems))
+    if unknown:
+        raise DatasetError(f"{args.completions}: problem ids not in {args.problems}: {unknown[:5]}")
+    cfg = RewardConfig.from_env()
+    if args.workers:
+        cfg = RewardConfig(cfg.weights, cfg.end_marker, cfg.runaway_multiplier, cfg.min_lines, args.workers)
+    scorer = RewardScorer(cfg)
+    if not scorer.grader.sandbox.isolated:
+        print("WARNING: " + scorer.grader.sandbox.describe(), file=sys.stderr)
+    try:
+        # the runaway rule applies only when a record carries both token counts
+        futures = [scorer.pool.submit(scorer.score_one, problems[str(r["problem_id"])], r["completion"],
+                                      r.get("completion_tokens"), r.get("max_completion_tokens"))
+                   for r in records]
+        for r, fut in zip(records, futures):
+            b = fut.result()
+            out = {"problem_id": b.problem_id, **{k: v for k, v in asdict(b).items() if k != "problem_id"}}
+            print(json.dumps(out), flush=True)
+    finally:
+        scorer.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rewards.py", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("score", help="score completions against problems, one JSON line each")
+    p.add_argument("problems", help=".jsonl/.json/.csv/.parquet with id, prompt|problem, tests[, requires]")
+    p.add_argument("completions", help='JSONL of {"problem_id", "completion"[, "completion_tokens", "max_completion_tokens"]}')
+    p.add_argument("--workers", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        return cmd_score(args)
+    except (DatasetError, ToolchainError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

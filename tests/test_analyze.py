@@ -1,0 +1,233 @@
+"""Tests for analyze.py on the seed's epoch-0.28 log lines plus a small hand-built breakdown log."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIX = Path(__file__).resolve().parent / "fixtures"
+sys.path.insert(0, str(ROOT))
+import analyze  # noqa: E402
+
+SEED_LINES = (FIX / "seed_learning.log").read_text(encoding="utf-8").splitlines()
+
+
+def rec(step, pid, reward, *, passed=0, total=5, end=True, compiled=True, err=None, runaway=False, epoch=0.28):
+    return {"step": step, "epoch": epoch, "problem_id": pid, "reward": reward,
+            "structural": 0.05 if end else 0.0, "type_check": 0.2 if compiled else 0.0,
+            "compile": 0.1 if compiled else 0.0, "tests": 0.65 * passed / total,
+            "has_end_marker": end, "type_errors": 0 if compiled else 2, "syntax_errors": 0 if compiled else 1,
+            "error_kinds": [] if compiled else ["unbound", "syntax"], "first_error": err, "compiled": compiled,
+            "tests_passed": passed, "tests_total": total, "timed_out": False, "runaway": runaway,
+            "gated_min_lines": False, "elapsed_ms": 120.0}
+
+
+def seed_breakdown():
+    """16 completions, 4 groups of 4: p_unsolved never passes (all 0, twice), p_pass passes some tests."""
+    out = []
+    for step in (1, 2):
+        for i, name in enumerate(("foo", "bar", "baz", "qux")):
+            err = f'File "sol.ml", line {3 + i}, characters 4-{9 + i}:\nError: Unbound value {name}'
+            out.append(rec(step, "p_unsolved", 0.0, end=False, compiled=False, err=err, runaway=i < 2))
+    out += [rec(1, "p_pass", 1.0, passed=5), rec(1, "p_pass", 0.56, passed=2),
+            rec(1, "p_pass", 0.35), rec(1, "p_pass", 0.35)]
+    out += [rec(2, "p_pass", 1.0, passed=5) for _ in range(4)]   # zero variance, but solved
+    return out
+
+
+def make_run(tmp_path, log_lines, breakdown, config=None, truncate=True):
+    run = tmp_path / "run"
+    (run / "reward_logs").mkdir(parents=True)
+    log = ["# GRPO run started", "# model=Qwen/Qwen2.5-Coder-1.5B-Instruct"] + log_lines[:3]
+    log += ["[Health] frac_zero_std=0.25 above 0.10"] + log_lines[3:] + ["[Stop] nothing to report"]
+    text = "\n".join(log) + "\n"
+    bd = "".join(json.dumps(r) + "\n" for r in breakdown)
+    if truncate:   # the trainer is mid-write: a half line at the end of both files
+        text += "[Epoch 0.30]  loss=-0.0100  grad=0.0300  lr=3.5"
+        bd += '{"step": 3, "epoch": 0.3, "problem_id": "p_'
+    (run / "learning.log").write_text(text, encoding="utf-8")
+    (run / "reward_logs" / "syntax_aware_breakdown.jsonl").write_text(bd, encoding="utf-8")
+    if config is not None:
+        shutil.copy(config, run / "config.json")
+    return run
+
+
+@pytest.fixture
+def seed_run(tmp_path):
+    return make_run(tmp_path, SEED_LINES, seed_breakdown(), FIX / "seed_config.json")
+
+
+def rng(report, name):
+    m = next(m for m in report.ranges if m.name == name)
+    return m.lo, m.hi
+
+
+def test_seed_ranges_and_parsing(seed_run):
+    r = analyze.analyze(seed_run)
+    assert len(r.lines) == 6 and r.skipped_lines == 1           # truncated last line dropped
+    assert [l.raw for l in r.lines] == SEED_LINES
+    assert r.header == ["# GRPO run started", "# model=Qwen/Qwen2.5-Coder-1.5B-Instruct"]
+    assert rng(r, "Reward (mean)") == (0.066, 0.115)
+    assert rng(r, "frac_zero_std") == (0.0, 0.5)
+    assert rng(r, "Learning rate") == (3.55e-06, 3.58e-06)
+    assert rng(r, "Gradient norm") == (0.0286, 0.0838)
+    assert rng(r, "Entropy") == (0.078, 0.165)
+    assert rng(r, "Loss") == (-0.0469, 0.0111)
+    assert rng(r, "Reward (std)") == (0.044, 0.077)
+    lo, hi = rng(r, "Reward CV (std/mean)")                       # seed claimed 50-70%; data says 57-109%
+    assert lo == pytest.approx(0.065 / 0.115) and hi == pytest.approx(0.072 / 0.066)
+    assert r.lines[0].values["syntax_rew_std"] == 0.078
+
+
+def test_seed_status_findings_and_actions(seed_run):
+    r = analyze.analyze(seed_run)
+    assert r.status == "red"
+    by_title = {f.title: f for f in r.findings}
+    assert by_title["Mode collapse"].severity == "critical"
+    assert "0.50" in by_title["Mode collapse"].detail
+    assert r.lr_schedule == "decay"
+    assert "Learning rate decaying" in by_title and not any("warm" in t.lower() for t in by_title)
+    assert "linear decay" in by_title["Learning rate decaying"].detail   # 5e-6 * (1 - 0.29) = 3.55e-6
+    assert by_title["Low absolute rewards"].severity == "warning"   # 0.092 vs 0.147 expected: low, not < half
+    assert by_title["High reward variance"].severity == "warning"
+    assert by_title["Unstable entropy"].severity == "warning"          # 0.078 < 0.10
+    assert "Gradient norm outside band" not in by_title
+    lines = [a.line for a in r.actions]
+    assert "export GRPO_TEMPERATURE=1.1" in lines
+    assert "export GRPO_NUM_GENERATIONS=8" in lines
+    assert "export GRPO_LEARNING_RATE=8e-06" in lines
+    assert "export GRPO_MAX_COMPLETION=640" in lines                  # 25% runaway in the breakdown
+    assert not any("REWARD_CURRICULUM" in l for l in lines)           # some tests do pass
+    assert r.stop_verdict.startswith("not yet evaluable")
+    assert "mean reward < 0.15" in r.stop_verdict and "no test passes" not in r.stop_verdict
+    assert {c.status for c in r.checkpoints} == {"not yet reached"}
+
+
+def test_seed_breakdown_facts(seed_run):
+    bd = analyze.analyze(seed_run).breakdown
+    assert bd.n == 16 and bd.groups == 4                              # truncated jsonl line skipped
+    assert bd.shares["END marker"] == 0.5
+    assert bd.shares["compiles"] == 0.5
+    assert bd.shares["type-checks (0 type & 0 syntax errors)"] == 0.5
+    assert bd.shares[analyze.PASS_ANY] == 6 / 16
+    assert bd.shares["passes all tests"] == 5 / 16
+    assert bd.shares[analyze.RUNAWAY] == 0.25
+    assert bd.zero_var_groups == 3 and bd.zero_var_unsolved == 2 and bd.zero_var_all_zero == 2
+    assert bd.never_solved == ["p_unsolved"] and bd.never_passed_any == ["p_unsolved"]
+    assert bd.top_errors == [("Error: Unbound value <name>", 8)]
+    assert bd.component_means["structural"] == pytest.approx(0.025)
+    assert sorted(bd.per_step) == [1, 2]
+
+
+def test_frac_zero_std_drives_red(tmp_path):
+    """Same seed lines with frac_zero_std forced to 0: no mode collapse, so only yellow warnings remain."""
+    lines = [l.replace("frac_zero_std=0.25", "frac_zero_std=0.00").replace("frac_zero_std=0.50", "frac_zero_std=0.00")
+             for l in SEED_LINES]
+    r = analyze.analyze(make_run(tmp_path, lines, seed_breakdown(), FIX / "seed_config.json"))
+    assert "Mode collapse" not in {f.title for f in r.findings}
+    assert r.status == "yellow"
+    assert not any(a.var == "GRPO_TEMPERATURE" for a in r.actions)
+
+
+def test_no_test_passes_recommends_curriculum(tmp_path):
+    bd = [x for x in seed_breakdown() if x["problem_id"] == "p_unsolved"]
+    r = analyze.analyze(make_run(tmp_path, SEED_LINES, bd, FIX / "seed_config.json"))
+    assert "export REWARD_CURRICULUM=1" in [a.line for a in r.actions]
+    assert "no test passes seen" in r.stop_verdict
+
+
+def test_cli_writes_report_and_plots(seed_run):
+    p = subprocess.run([sys.executable, str(ROOT / "analyze.py"), str(seed_run)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "RED" in p.stdout and "export GRPO_TEMPERATURE=1.1" in p.stdout
+    md = (seed_run / "analysis.md").read_text(encoding="utf-8")
+    for section in ("## Executive Summary", "## Configuration in Use", "### Sample log lines", "### Metric ranges",
+                    "## Reward Breakdown", "## Issues Found", "## Recommended Actions", "## Stop Criteria",
+                    "## Expected Trajectory Checkpoints"):
+        assert section in md
+    assert SEED_LINES[0] in md and SEED_LINES[-1] in md
+    assert "GRPO_TEMPERATURE=0.9" in md
+    for name in ("training_curves.png", "reward_components.png"):
+        png = seed_run / "plots" / name
+        data = png.read_bytes()
+        assert len(data) > 5000 and data[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_missing_learning_log_exits_nonzero(tmp_path):
+    missing = tmp_path / "nowhere"
+    p = subprocess.run([sys.executable, str(ROOT / "analyze.py"), str(missing)], capture_output=True, text=True)
+    assert p.returncode == 2
+    assert str(missing / "learning.log") in p.stderr
+    with pytest.raises(FileNotFoundError):
+        analyze.analyze(missing)
+
+
+def test_parser_keeps_extra_fields_and_skips_junk(tmp_path):
+    path = tmp_path / "learning.log"
+    path.write_text("# header\n"
+                    "[Epoch 0.10]  loss=0.01  lr=1e-06  reward=0.2±0.05  kl=0.002  phase=syntax\n"
+                    "[Health] entropy low\n"
+                    "[Epoch 0.11]  loss=0.01  lr=garbage±\n"
+                    "[Epoch 0.12]  loss=0.02  lr=2e-06  reward=0.3±0.05\n", encoding="utf-8")
+    header, lines, skipped = analyze.parse_learning_log(path)
+    assert header == ["# header"] and skipped == 1 and [l.epoch for l in lines] == [0.10, 0.12]
+    assert lines[0].values["kl"] == 0.002 and lines[0].text == {"phase": "syntax"}
+    assert lines[0].values["reward_std"] == 0.05
+
+
+@pytest.mark.parametrize("lrs,expected", [([1e-6, 2e-6, 3e-6], "warm-up"), ([3e-6, 2e-6], "decay"),
+                                          ([5e-6, 5e-6, 5e-6], "constant"), ([1e-6, 5e-6, 4e-6], "warm-up then decay")])
+def test_lr_schedule(lrs, expected):
+    assert analyze.lr_schedule(lrs) == expected
+
+
+def test_normalize_error():
+    assert analyze.normalize_error('File "a.ml", line 3, characters 8-20:\nError: This expression has type int '
+                                   'but an expression was expected of type string') == \
+        "Error: This expression has type <t> but an expression was expected of type <t>"
+    assert analyze.normalize_error("Error: Syntax error") == "Error: Syntax error"
+
+
+def test_green_run(tmp_path):
+    """A healthy run past epoch 1.0: rising reward on the trajectory, diverse groups, regular test passes."""
+    lines = []
+    for i in range(22):
+        e = round(i * 0.05, 2)
+        m = 0.10 + 0.45 * e
+        lines.append(f"[Epoch {e:.2f}]  loss={0.01 * (-1) ** i:.4f}  grad=0.0500  lr=5.00e-06  "
+                     f"reward={m:.3f}±{0.2 * m:.3f}  syntax_rew={m:.3f}±{0.2 * m:.3f}  "
+                     f"entropy={0.15 + 0.01 * (-1) ** i:.3f}  frac_zero_std=0.05")
+    bd = []
+    for step, e in ((100, 0.5), (200, 1.0)):
+        for k in range(4):
+            bd += [rec(step, f"p{k}", 0.9, passed=4, epoch=e), rec(step, f"p{k}", 0.4, epoch=e),
+                   rec(step, f"p{k}", 0.35, epoch=e), rec(step, f"p{k}", 0.3, epoch=e)]
+    r = analyze.analyze(make_run(tmp_path, lines, bd, FIX / "seed_config.json", truncate=False))
+    assert r.status == "green", [(f.title, f.detail) for f in r.findings]
+    assert r.reward_trend == "rising" and r.lr_schedule == "constant"
+    assert r.stop_verdict.startswith("CONTINUE")
+    assert {c.status for c in r.checkpoints} == {"met"}
+    assert r.actions == []
+    assert "Healthy" in r.recommendation
+
+
+def test_stop_criteria_at_epoch_1(tmp_path):
+    """The seed's numbers, relabelled to run until epoch 1.0: flat, low reward -> STOP and missed checkpoints."""
+    epochs = ["0.50", "0.50", "0.75", "0.95", "1.00", "1.00"]
+    lines = [l.replace(l[:12], f"[Epoch {e}]") for l, e in zip(SEED_LINES, epochs)]
+    bd = [dict(x, epoch=0.5 if x["step"] == 1 else 1.0) for x in seed_breakdown()]
+    r = analyze.analyze(make_run(tmp_path, lines, bd, FIX / "seed_config.json"))
+    assert r.epoch == 1.0 and r.status == "red"
+    assert r.stop_verdict.startswith("STOP") and "mean reward < 0.15" in r.stop_verdict
+    assert "flat or falling reward trend" in r.stop_verdict and "no test passes" not in r.stop_verdict
+    assert "Stop criteria met" in {f.title for f in r.findings}
+    states = {c.name: c.status for c in r.checkpoints}
+    assert states["epoch 0.5: reward > 0.30"] == "not met"
+    assert states["epoch 0.5: frac_zero_std < 0.10"] == "met"          # both epoch-0.5 lines logged 0.00
+    assert states["epoch 0.5: some test passes"] == "met"              # step 1: 2 of 8 completions pass
+    assert states["epoch 1.0: upward reward trend"] == "not met"
+    assert states["epoch 1.0: regular test passes (10-20%)"] == "met"  # step 2: 4 of 8 pass
+    assert r.recommendation.startswith("Stop this run")

@@ -1,0 +1,267 @@
+"""The grader against real OCaml: honest credit, exact partial credit, and attacks contained."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import ocaml_source as src
+from problems import Problem, load_problems
+from rewards import RewardConfig, RewardScorer, Weights, assemble_solution, extract_code
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT.parent / "shared" / "benchmarks"
+END = "(* END *)"
+
+ADD_PROMPT = "(** Add two integers.\n * >>> add 1 2\n * 3\n*)\nlet add (a : int) (b : int) : int ="
+ADD_TESTS = """let () =
+  assert (add 1 2 = 3);
+  assert (add 0 0 = 0);
+  assert (add (-1) 1 = 0);
+  assert (add 10 5 = 15);
+  assert (add 2 2 = 4);
+  assert (add 100 1 = 101);
+  assert (add 7 0 = 7)
+;;"""
+ADD = Problem(id="add", prompt=ADD_PROMPT, tests=ADD_TESTS)
+
+
+@pytest.fixture(scope="module")
+def scorer():
+    s = RewardScorer(RewardConfig(min_lines=0, workers=2))
+    yield s
+    s.close()
+
+
+def fenced(code: str) -> str:
+    return f"```ocaml\n{code}\n```\n{END}"
+
+
+def score(scorer, code, problem=ADD):
+    return scorer.score_one(problem, fenced(code))
+
+
+# ---------------------------------------------------------------------------------------------
+# Honest answers.
+
+@pytest.mark.parametrize("name", ["ocamlorg_exercises.jsonl", "exercism_ocaml.jsonl"])
+def test_every_reference_solution_scores_one_and_every_stub_gets_no_test_credit(scorer, name):
+    rows = [json.loads(line) for line in open(BENCH / name)]
+    problems = load_problems(str(BENCH / name))
+    sols = scorer.score_batch(problems, [fenced(r["solution"]) for r in rows])
+    bad = [(b.problem_id, b.reward, b.first_error) for b in sols if b.reward != 1.0]
+    assert not bad
+    stubs = scorer.score_batch(problems, [fenced(r["stub"]) for r in rows])
+    assert all(b.tests == 0.0 and b.tests_passed == 0 for b in stubs), [b.problem_id for b in stubs if b.tests]
+
+
+def test_body_only_answer_and_full_definition_both_score_one(scorer):
+    assert score(scorer, "  a + b").reward == 1.0
+    assert score(scorer, "let add (a : int) (b : int) : int =\n  a + b").reward == 1.0
+
+
+def test_partial_credit_is_exact_for_wrong_values_and_for_exceptions(scorer):
+    wrong = score(scorer, "let add a b = if a = 2 || a = 100 then 0 else a + b")
+    assert (wrong.tests_passed, wrong.tests_total) == (5, 7)
+    raising = score(scorer, "let add a b = if a = 2 then failwith \"x\" else if a = 100 then raise Not_found else a + b")
+    assert (raising.tests_passed, raising.tests_total) == (5, 7)
+    assert raising.tests == pytest.approx(0.65 * 5 / 7)
+    assert raising.reward == pytest.approx(0.05 + 0.20 + 0.10 + 0.65 * 5 / 7, abs=1e-6)
+
+
+def test_stack_overflow_and_out_of_memory_fail_only_their_assertion(scorer):
+    code = ("let add a b =\n  if a = 2 then (let rec f x = 1 + f x in f 0)\n"
+            "  else if a = 100 then Array.length (Array.make (1 lsl 40) 0)\n  else a + b")
+    b = score(scorer, code)
+    assert (b.tests_passed, b.tests_total) == (5, 7)
+
+
+def test_two_independent_type_errors_count_two(scorer):
+    code = ('let f (x : int) : int = x + "a"\n'
+            'let g (y : string) : string = y + 1\n'
+            "let add a b = a + b")
+    b = score(scorer, code)
+    assert b.type_errors == 2 and b.syntax_errors == 0
+    assert b.error_kinds == ["type", "type"]
+    one = score(scorer, 'let f (x : int) : int = x + "a"\nlet add a b = a + b')
+    assert one.type_errors == 1
+    assert one.type_check > b.type_check > 0
+
+
+def test_errors_that_follow_from_a_broken_definition_are_not_counted(scorer):
+    code = 'let helper (x : int) : int = x + "a"\nlet add a b = helper a + b'
+    b = score(scorer, code)
+    assert b.type_errors == 1
+
+
+def test_a_syntax_error_scores_below_any_type_error_count(scorer):
+    syntax = score(scorer, "let f x = x +\nlet add a b = a + b\nlet h = 1 +. 1")
+    assert syntax.syntax_errors == 1 and syntax.type_errors == 2
+    assert syntax.type_check == 0.0
+    many = score(scorer, "\n".join(f'let f{i} (x : int) : int = x + "{i}"' for i in range(5)) + "\nlet add a b = a + b")
+    assert many.type_errors == 5 and many.type_check > syntax.type_check
+    assert not syntax.compiled and 0 < syntax.compile < 0.10
+
+
+def test_broken_tests_do_not_zero_the_type_check(scorer):
+    broken = Problem(id="b", prompt=ADD_PROMPT, tests="let () =\n  assert (add 1 2 = \"3\");\n  assert (add 1 1 = 2)\n;;")
+    b = score(scorer, "let add (a : int) (b : int) : int = a + b", broken)
+    assert b.type_check == 0.20 and b.compile == 0.10 and b.tests == 0 and not b.tests_compiled
+
+
+def test_min_lines_gate_and_runaway_penalty():
+    s = RewardScorer(RewardConfig(min_lines=8, workers=1))
+    try:
+        short = s.score_one(ADD, fenced("let add a b = a + b"))
+        assert short.gated_min_lines and short.reward == 0.0
+        long_code = "let add a b =\n" + "\n".join(f"  let _x{i} = {i} in" for i in range(8)) + "\n  a + b"
+        full = s.score_one(ADD, fenced(long_code))
+        assert full.reward == 1.0
+        runaway = s.score_one(ADD, "```ocaml\n" + long_code + "\n```", completion_tokens=512, max_completion_tokens=512)
+        assert runaway.runaway and runaway.reward == pytest.approx(0.95 * 0.3)
+    finally:
+        s.close()
+
+
+def test_extraction_and_assembly():
+    text = "Here:\n```ocaml\nlet x = 1\n```\nand\n```python\nprint(1)\n```\n```\nlet y = 2\n```"
+    assert extract_code(text) == "let x = 1\nlet y = 2\n"
+    assert extract_code("```ocaml\nlet x = 1\n(* cut off") == "let x = 1\n(* cut off\n"
+    assert extract_code("let x = 1") == "let x = 1"
+    prompt = "type shape = Circle of float | Square of float\n(** Area. *)\nlet area (s : shape) : float ="
+    full, entries = assemble_solution("let area s = match s with Circle r -> r | Square a -> a", prompt)
+    assert full.startswith("type shape") and entries == ["area"]
+    restated, _ = assemble_solution("type shape = Circle of float | Square of float\nlet area s = 0.", prompt)
+    assert restated.count("type shape") == 1
+    body, _ = assemble_solution("  0.", prompt)
+    assert body.endswith("let area (s : shape) : float =\n  0.")
+
+
+def test_multipl_e_style_tests_are_graded_per_assertion(scorer):
+    rows = [json.loads(line) for line in open(BENCH / "multipl_e_ml.jsonl")]
+    row = next(r for r in rows if r["entry_point"] == "has_close_elements")
+    plan = src.parse_assert_tests(row["tests"])
+    assert plan.n_assertions == 7
+    p = Problem(id=row["id"], prompt=row["prompt"], tests=row["tests"], entry_point=row["entry_point"])
+    code = """let has_close_elements (numbers : float list) (threshold : float) : bool =
+  let rec go = function
+    | [] -> false
+    | x :: rest -> List.exists (fun y -> abs_float (x -. y) < threshold) rest || go rest
+  in
+  go numbers"""
+    assert score(scorer, code, p).reward == 1.0
+    always_true = score(scorer, "let has_close_elements n t = true", p)
+    assert (always_true.tests_passed, always_true.tests_total) == (4, 7)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attacks: no unearned test credit, nothing written on the host, no process left, bounded time.
+
+ATTACKS = {
+    "exit_at_start_with_pass_markers":
+        'let () = print_endline "7 passed, 0 failed"; for i = 0 to 6 do Printf.printf "P %d\\n" i done; exit 0\n'
+        "let add a b = 0",
+    "at_exit_prints": 'let () = at_exit (fun () -> print_endline "all tests passed")\nlet add a b = 0',
+    "shadow_equality": "let ( = ) _ _ = true\nlet ( <> ) _ _ = false\nlet add a b = 0",
+    "shadow_stdlib_and_list": "module Stdlib = struct let ( = ) _ _ = true end\nmodule List = struct end\nopen Stdlib\nlet add a b = 0",
+    "exit_inside_function": "let add a b = exit 0",
+    "raise_exit_from_at_exit": "let add a b = at_exit (fun () -> exit 0); failwith \"no\"",
+    "obj_magic_harness": "let add a b = Obj.magic 0",
+    "external_primitive": 'external od : int -> out_channel = "caml_ml_open_descriptor_out"\nlet add a b = 0',
+    "read_tests_file": 'let add a b = (try ignore (open_in "tests.ml"); 3 with _ -> 0)',
+    "uncaught_exception_handler": "let () = Printexc.set_uncaught_exception_handler (fun _ _ -> exit 0)\nlet add a b = 0",
+    "huge_output": 'let add a b = print_string (String.make 1_000_000 \'x\'); 0',
+}
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_attack_earns_no_test_credit(scorer, name):
+    b = score(scorer, ATTACKS[name])
+    # add 0 0 = 0 and add 7 0 = 7 style coincidences: the honest baseline of `0` is 1 assertion
+    honest_baseline = score(scorer, "let add a b = 0").tests_passed
+    assert b.tests_passed <= honest_baseline, name
+
+
+def test_host_files_are_untouched_and_no_process_survives(scorer, tmp_path):
+    marker = Path("/tmp") / f"pwned_{os.getpid()}"
+    home_marker = Path.home() / f"pwned_{os.getpid()}"
+    repo_marker = ROOT / f"pwned_{os.getpid()}"
+    code = f"""let add a b =
+  List.iter (fun p -> try let oc = open_out p in output_string oc "x"; close_out oc with _ -> ())
+    ["{marker}"; "{home_marker}"; "{repo_marker}"; "/etc/pwned"; "/usr/pwned"];
+  ignore (Sys.command "touch {marker}_sh; (sleep 1000 &); nohup sleep 999 >/dev/null 2>&1 &");
+  a + b"""
+    b = score(scorer, code)
+    assert b.tests_passed == 7  # the program ran, the writes just went nowhere
+    for p in (marker, home_marker, repo_marker, Path(f"{marker}_sh"), Path("/etc/pwned"), Path("/usr/pwned")):
+        assert not p.exists(), p
+    time.sleep(0.2)
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert "sleep 1000" not in ps and "sleep 999" not in ps
+
+
+def test_infinite_loop_and_fork_bomb_finish_within_the_limit():
+    os.environ["OCAML_WALL_LIMIT_S"] = "2"
+    try:
+        s = RewardScorer(RewardConfig(min_lines=0, workers=2))
+    finally:
+        del os.environ["OCAML_WALL_LIMIT_S"]
+    try:
+        t0 = time.monotonic()
+        loop = s.score_one(ADD, fenced("let add a b = if a = 2 then (while true do () done; 0) else a + b"))
+        assert time.monotonic() - t0 < 2 + 1.5
+        assert loop.timed_out and loop.tests_passed == 4  # the assertions before the loop count
+        t0 = time.monotonic()
+        bomb = s.score_one(ADD, fenced('let add a b = ignore (Sys.command "b(){ b|b & }; b"); a + b'))
+        assert time.monotonic() - t0 < 2 + 1.5
+        assert bomb.tests_passed <= 7
+        time.sleep(0.3)
+        ps = subprocess.run(["ps", "-eo", "user,args"], capture_output=True, text=True).stdout
+        assert not any(line.startswith("61") for line in ps.splitlines()), "a sandbox process survived"
+    finally:
+        s.close()
+
+
+def test_missing_toolchain_is_a_clear_error(tmp_path):
+    probs = tmp_path / "p.jsonl"
+    probs.write_text(json.dumps({"id": "add", "prompt": ADD_PROMPT, "tests": ADD_TESTS}) + "\n")
+    comps = tmp_path / "c.jsonl"
+    comps.write_text(json.dumps({"problem_id": "add", "completion": "x"}) + "\n")
+    r = subprocess.run([sys.executable, str(ROOT / "rewards.py"), "score", str(probs), str(comps)],
+                       env={**os.environ, "PATH": str(tmp_path)}, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "ocamlc" in r.stderr and "apt-get install -y ocaml-nox" in r.stderr
+
+
+def test_cli_score_prints_one_line_per_completion_in_order(tmp_path):
+    probs = tmp_path / "p.jsonl"
+    probs.write_text(json.dumps({"id": "add", "prompt": ADD_PROMPT, "tests": ADD_TESTS}) + "\n")
+    comps = tmp_path / "c.jsonl"
+    rows = [{"problem_id": "add", "completion": fenced("let add a b = a + b")},
+            {"problem_id": "add", "completion": fenced("let add a b = a - b")},
+            {"problem_id": "add", "completion": fenced("let add (a : int) b = a +. b")}]
+    comps.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = subprocess.run([sys.executable, str(ROOT / "rewards.py"), "score", str(probs), str(comps), "--workers", "2"],
+                       env={**os.environ, "MIN_NON_EMPTY_LINES": "0"}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [o["reward"] for o in out][0] == 1.0
+    assert out[1]["tests_passed"] == 2 and out[1]["tests_total"] == 7  # add 0 0, add 7 0
+    assert out[2]["compiled"] is False and out[2]["type_errors"] == 1
+    for o in out:
+        assert {"problem_id", "reward", "tests_passed", "tests_total", "type_errors", "compiled", "timed_out"} <= set(o)
+
+
+def test_weights_from_env_and_curriculum(monkeypatch):
+    from rewards import curriculum_phase
+    monkeypatch.setenv("REWARD_WEIGHT_TESTS", "0.5")
+    assert Weights.from_env().tests == 0.5
+    monkeypatch.setenv("REWARD_WEIGHT_TESTS", "abc")
+    with pytest.raises(ValueError, match="REWARD_WEIGHT_TESTS"):
+        Weights.from_env()
+    assert curriculum_phase(0.2)[1].type_check == 0.40
+    assert curriculum_phase(0.7)[1].tests == 0.50
+    assert curriculum_phase(1.3)[1].tests == 0.65
