@@ -118,6 +118,7 @@ class CompileError:
     kind: str  # "syntax" | "type" | "unbound" | "other"
     line: int
     message: str
+    file: str = ""
 
 
 @dataclass
@@ -279,11 +280,11 @@ ERROR_LOCATION_RE = re.compile(r'File "([^"]+)", line (\d+)')
 def parse_compiler_error(output: str) -> CompileError:
     """First error of an ocamlc run, classified."""
     lines = output.splitlines()
-    line_no = 0
+    line_no, file = 0, ""
     for ln in lines:
         m = ERROR_LOCATION_RE.search(ln)
         if m:
-            line_no = int(m.group(2))
+            file, line_no = m.group(1), int(m.group(2))
             break
     message = ""
     for k, ln in enumerate(lines):
@@ -297,14 +298,17 @@ def parse_compiler_error(output: str) -> CompileError:
             break
     if not message:
         message = next((ln.strip() for ln in lines if ln.strip()), "unknown compiler failure")
-    return CompileError(classify_error(message), line_no, message[:500])
+    return CompileError(classify_error(message), line_no, message[:500], file)
+
+
+SYNTAX_MARKERS = ("syntax error", "illegal character", "not terminated", "might be unmatched",
+                  "unterminated", "illegal escape", "invalid literal")
+SYNTAX_ERROR_RE = "|".join(SYNTAX_MARKERS)  # the same test, for grep in the sandbox
 
 
 def classify_error(message: str) -> str:
     m = message.lower()
-    if m.startswith("syntax error") or "syntax error" in m or any(s in m for s in (
-            "illegal character", "not terminated", "might be unmatched", "unterminated",
-            "illegal escape", "invalid literal")):
+    if any(s in m for s in SYNTAX_MARKERS):
         return "syntax"
     if m.startswith("unbound"):
         return "unbound"
@@ -371,16 +375,14 @@ class OcamlGrader:
         pending = list(range(len(phrases)))
         skipped_names: set[str] = set()
         err: CompileError | None = first
-        if first.kind == "syntax" and len(phrases) > 1:
-            # A syntax error is often reported phrases after its cause; parsing is
-            # context-free, so parse every phrase on its own (one sandbox call).
-            bad = self._syntax_errors(phrases, workdir)
-            if bad:
-                for j, e in bad.items():
-                    grade.type_errors.append(e)
-                    skipped_names.update(phrases[j].names)
-                pending = [i for i in pending if i not in bad]
-                err = self._check(phrases, pending, requires, workdir) if pending else None
+        bad = _read_syntax_check(phrases, workdir)  # done in the first sandbox call
+        if bad:
+            for j, e in bad.items():
+                grade.type_errors.append(e)
+                skipped_names.update(phrases[j].names)
+            pending = [i for i in pending if i not in bad]
+            err = None if _read(workdir / "check.rc").strip() == "0" or not pending else \
+                parse_compiler_error(_read(workdir / "check.out"))
         for _ in range(self.MAX_CHECKS):
             if err is None:
                 good += pending
@@ -413,26 +415,28 @@ class OcamlGrader:
         res = self._compile(self._compiler(requires, False) + ["-c", "check.ml"], workdir)
         return None if res.returncode == 0 else parse_compiler_error(res.stderr + res.stdout)
 
-    def _syntax_errors(self, phrases: list[src.Phrase], workdir: Path) -> dict[int, CompileError]:
+    def _syntax_script(self, phrases: list[src.Phrase], requires: list[str], workdir: Path) -> str:
+        """Shell for the first sandbox call: on a syntax error, parse every phrase on its own
+        (parsing is context-free, and the compiler often reports a syntax error phrases after
+        its cause), then type-check the phrases that parse."""
         for i, ph in enumerate(phrases):
             (workdir / f"parse{i}.ml").write_text(_with_line(ph))
-        script = ("for i in $(seq 0 %d); do ocamlc -stop-after parsing -c parse$i.ml >/dev/null 2>err$i.txt "
-                  "|| echo $i; done" % (len(phrases) - 1))
-        res = self._compile(["sh", "-c", script], workdir)
-        bad = {}
-        for tok in res.stdout.split():
-            if tok.isdigit() and int(tok) < len(phrases):
-                i = int(tok)
-                e = parse_compiler_error((workdir / f"err{i}.txt").read_text(errors="replace"))
-                last_line = phrases[i].line + max(0, phrases[i].text.rstrip("\n").count("\n"))
-                bad[i] = CompileError("syntax", min(e.line or phrases[i].line, last_line), e.message)
-        return bad
+        n = len(phrases) - 1
+        check = " ".join(self._compiler(requires, False) + ["-c", "check.ml"])
+        return (f'if [ "$(cat tc.rc)" != 0 ] && grep -qiE "{SYNTAX_ERROR_RE}" tc.out; then\n'
+                f"  : >bad; : >check.ml\n"
+                f"  for i in $(seq 0 {n}); do ocamlc -stop-after parsing -c parse$i.ml >/dev/null 2>err$i.txt "
+                f"|| echo $i >>bad; done\n"
+                f"  for i in $(seq 0 {n}); do grep -qx $i bad || cat parse$i.ml >>check.ml; done\n"
+                f"  {check} >check.out 2>&1; echo $? >check.rc\n"
+                f"fi\n")
 
     def grade(self, solution: str, tests: str, requires: list[str] = (), entry_points: list[str] = ()) -> Grade:
         """Type check, compile, and run the tests against one assembled solution.
 
         The type check of the solution alone and the build of the test program share one
         sandbox call (each call costs ~20 ms of process start-up here)."""
+        started = time.monotonic()
         workdir = self._new_job_dir()
         requires = list(requires)
         try:
@@ -445,6 +449,8 @@ class OcamlGrader:
             (workdir / "solution.ml").write_text(solution)
             tc = " ".join(self._compiler(requires, False) + ["-c", "solution.ml"])
             script = f"{tc} >tc.out 2>&1; echo $? >tc.rc\n"
+            if len(phrases) > 1:
+                script += self._syntax_script(phrases, requires, workdir)
             if not grade.forbidden:
                 # The harness unit gets a fresh random name per job: solution code cannot name it.
                 harness = f"grader_{secrets.token_hex(8)}"
@@ -475,17 +481,54 @@ class OcamlGrader:
             rundir = workdir / "run"
             rundir.mkdir()
             shutil.move(workdir / "prog", rundir / "prog")
-            passed, finished, grade.timed_out, grade.output = self._execute(rundir, grade.tests_total)
+            passed, finished, grade.timed_out, grade.output = self._execute(rundir, grade.tests_total, started)
             grade.tests_passed = len(passed) if plan else int(finished)
             return grade
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    def _execute(self, rundir: Path, total: int) -> tuple[set[int], bool, bool, str]:
+    def compile_tests(self, jobs: list[tuple[str, str, list[str]]], requires: list[str] = ()) -> list[CompileError | None]:
+        """Build the test program of each (solution, tests, entry points) without running it:
+        one sandbox call for the whole list (the dataset audit's hot path). None = it compiles."""
+        workdir = self._new_job_dir()
+        try:
+            harness = f"grader_{secrets.token_hex(8)}"
+            (workdir / f"{harness}.ml").write_text(HARNESS_ML)
+            for k, (solution, tests, entries) in enumerate(jobs):
+                plan = src.parse_assert_tests(tests)
+                (workdir / f"p{k}.ml").write_text(render_tests(solution, tests, plan, harness.capitalize(), entries))
+            comp = " ".join(self._compiler(list(requires), False) + ["-c"])
+            script = (f"{comp} {harness}.ml >h.out 2>&1 || exit 3\n"
+                      f"for k in $(seq 0 {len(jobs) - 1}); do {comp} p$k.ml >e$k.txt 2>&1; echo $? >r$k.txt; done\n")
+            lim = self.sandbox.limits
+            with self._compile_slots:
+                res = self.sandbox.run(["sh", "-c", script], workdir, wall_s=lim.compile_s * max(1, len(jobs) / 4),
+                                       cpu_s=int(lim.compile_s * max(1, len(jobs) / 4)))
+            if res.returncode == 3:  # the harness itself did not build: a toolchain or package problem
+                err = parse_compiler_error(_read(workdir / "h.out"))
+                return [err] * len(jobs)
+            out: list[CompileError | None] = []
+            for k in range(len(jobs)):
+                rc = _read(workdir / f"r{k}.txt").strip()
+                if rc == "0":
+                    out.append(None)
+                elif rc:
+                    out.append(parse_compiler_error(_read(workdir / f"e{k}.txt")))
+                else:
+                    out.append(CompileError("other", 0, "compiler timed out" if res.timed_out else "not compiled"))
+            return out
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def _execute(self, rundir: Path, total: int, started: float) -> tuple[set[int], bool, bool, str]:
         """Run the test program until it finishes, restarting after an assertion that killed
-        the process (exit, fatal error) while the wall-clock budget lasts."""
+        the process (exit, fatal error) while the wall-clock budget lasts.
+
+        The budget counts from when grading of this completion began, so a batch holding
+        infinite loops ends one limit after it starts instead of one limit per loop; when
+        compiles queued for long, the run still gets at least half the limit."""
         lim = self.sandbox.limits
-        deadline = time.monotonic() + lim.wall_s
+        deadline = max(started + lim.wall_s, time.monotonic() + lim.wall_s / 2)
         nonce = secrets.token_hex(16)
         passed: set[int] = set()
         start, finished, timed_out, output = 0, False, False, ""
@@ -532,6 +575,16 @@ def _read(path: Path) -> str:
         return ""
 
 
+def _read_syntax_check(phrases: list[src.Phrase], workdir: Path) -> dict[int, CompileError]:
+    bad = {}
+    for tok in _read(workdir / "bad").split():
+        i = int(tok)
+        e = parse_compiler_error(_read(workdir / f"err{i}.txt"))
+        last_line = phrases[i].line + max(0, phrases[i].text.rstrip("\n").count("\n"))
+        bad[i] = CompileError("syntax", min(e.line or phrases[i].line, last_line), e.message)
+    return bad
+
+
 def _with_line(ph: src.Phrase) -> str:
     return f'# {ph.line} "solution.ml"\n{ph.text}\n'
 
@@ -561,7 +614,7 @@ def render_tests(solution: str, tests: str, plan: src.TestPlan | None, harness: 
     tag = secrets.token_hex(6)
     alias, stdlib = f"H_{tag}", f"Stdlib_{tag}"  # names taken before the solution can shadow them
     head = [f"module {alias} = {harness}", f"module {stdlib} = Stdlib", "module Solution = struct",
-            '# 1 "solution.ml"', solution, "end", "open Solution", f"open! {stdlib}"]
+            '# 1 "solution.ml"', solution, '# 1 "tests.ml"', "end", "open Solution", f"open! {stdlib}"]
     head += [f"let {e} = Solution.{e}" for e in entries]
     body: list[str] = []
     if plan is None:

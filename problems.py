@@ -28,6 +28,7 @@ class Problem:
     difficulty: str = ""
     solution: str = ""
     entry_point: str = ""
+    stub: str = ""  # a placeholder with the expected signature(s), when the source has one
 
     def to_row(self) -> dict:
         return {"id": self.id, "problem": self.prompt, "tests": self.tests, "requires": list(self.requires),
@@ -63,7 +64,8 @@ def rows_to_problems(rows: list[dict], source: str) -> list[Problem]:
         problems.append(Problem(
             id=str(r["id"]), prompt=prompt, tests=str(r.get("tests") or ""),
             requires=_parse_requires(r.get("requires")), difficulty=str(r.get("difficulty") or ""),
-            solution=str(r.get("solution") or ""), entry_point=str(r.get("entry_point") or "")))
+            solution=str(r.get("solution") or ""), entry_point=str(r.get("entry_point") or ""),
+            stub=str(r.get("stub") or "")))
     return problems
 
 

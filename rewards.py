@@ -1,6 +1,7 @@
 """The reward policy for OCaml completions, its JSONL logs, and a CLI to re-score them.
 
     python rewards.py score PROBLEMS COMPLETIONS [--workers N]   # one JSON line per completion
+    python rewards.py audit DATASET [--json]                     # which problems can ever pass
 
 Reward (weights from env, defaults): structural 0.05 (the END marker is present), type check
 0.20 graduated by error count (0 errors: full; n type errors: 1/(2n); any syntax error: 0),
@@ -442,8 +443,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("problems", help=".jsonl/.json/.csv/.parquet with id, prompt|problem, tests[, requires]")
     p.add_argument("completions", help='JSONL of {"problem_id", "completion"[, "completion_tokens", "max_completion_tokens"]}')
     p.add_argument("--workers", type=int, default=0)
+    a = sub.add_parser("audit", help="which problems' tests can compile at all (see dataset_audit.py)")
+    a.add_argument("dataset", help="a local file, `bundled`, or a hub id")
+    a.add_argument("--json", action="store_true", help='one line per problem: {"id", "ok", "reason"}')
+    a.add_argument("--workers", type=int, default=0)
+    a.add_argument("--output-dir", default=None, help="also write dataset_audit.jsonl there")
     args = parser.parse_args(argv)
     try:
+        if args.command == "audit":
+            import dataset_audit
+            return dataset_audit.cli(args)
         return cmd_score(args)
     except (DatasetError, ToolchainError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
