@@ -93,7 +93,13 @@ def main() -> None:
     t0 = time.perf_counter()
     ours = scorer.score_batch([c[0] for c in corpus], [c[1] for c in corpus])
     t_ours = time.perf_counter() - t0
-    agree = sum((b.tests_total > 0 and b.tests_passed == b.tests_total) == ok for b, ok in zip(ours, naive))
+    agree = 0
+    for (p, _, kind), b, ok in zip(corpus, ours, naive):
+        if (b.tests_total > 0 and b.tests_passed == b.tests_total) == ok:
+            agree += 1
+        else:
+            print(f"  verdicts differ: {p.id} ({kind}): naive {ok}, grader {b.tests_passed}/{b.tests_total} "
+                  f"timed_out={b.timed_out} {b.elapsed_ms:.0f} ms {b.first_error or ''}")
 
     no_loops = [c for c in corpus if c[2] != "infinite_loop"]
     scorer._cache.clear()
