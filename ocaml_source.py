@@ -77,7 +77,7 @@ def tokenize(src: str) -> list[Token]:
                 kind, end = "symbol", i + 1
         elif IDENT_RE.match(src, i):
             kind, end = "ident", IDENT_RE.match(src, i).end()
-        elif c.isdigit():
+        elif "0" <= c <= "9":
             m = re.compile(r"[0-9][0-9a-zA-Z_.']*").match(src, i)
             kind, end = "symbol", m.end()
         elif src.startswith(";;", i):

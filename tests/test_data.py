@@ -31,7 +31,9 @@ def test_schema_size_and_mix(problems):
     assert all({"id", "prompt", "tests", "solution", "difficulty"} <= set(r) for r in rows)
 
 
-def test_every_solution_scores_one_and_every_stub_gets_no_test_credit(problems):
+def test_every_solution_scores_one_and_every_stub_gets_no_test_credit(problems, monkeypatch):
+    # correctness, not speed: a generous budget so a loaded machine cannot time a solution out
+    monkeypatch.setenv("OCAML_WALL_LIMIT_S", "30")
     scorer = RewardScorer(RewardConfig(min_lines=0, workers=2))
     try:
         sols = scorer.score_batch(problems, [f"```ocaml\n{p.solution}\n```\n(* END *)" for p in problems])

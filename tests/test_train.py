@@ -1,0 +1,212 @@
+"""End-to-end tests of train.py: real TRL, a tiny random Qwen2 (demo_model.py), the real OCaml
+grader, offline. Each training run is a subprocess (~20 s, most of it importing torch/trl), so
+the whole file takes about 3 minutes on 2 cores; `-m "not slow"` keeps only the fast checks."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ROOT / "train.py"
+BUNDLED = ROOT / "data" / "ocaml_problems.jsonl"
+METRIC_RE = re.compile(
+    r"^\[Epoch \d+\.\d{2}\]  loss=-?\d+\.\d{4}  grad=\d+\.\d{4}  lr=\d\.\d{2}e[-+]\d{2}  "
+    r"reward=-?\d+\.\d{3}±\d+\.\d{3}  syntax_rew=-?\d+\.\d{3}±\d+\.\d{3}  entropy=\d+\.\d{3}  frac_zero_std=\d\.\d{2}$")
+COMPLETION_FIELDS = {"step", "epoch", "problem_id", "completion", "reward", "completion_tokens"}
+BREAKDOWN_FIELDS = {"step", "epoch", "problem_id", "reward", "structural", "type_check", "compile", "tests",
+                    "has_end_marker", "tests_passed", "tests_total", "runaway"}
+
+
+@pytest.fixture(scope="session")
+def cache_home(tmp_path_factory) -> Path:
+    """XDG cache holding the demo model, built once per session (train.py builds it on first use)."""
+    return tmp_path_factory.mktemp("xdg_cache")
+
+
+def small_dataset(path: Path, n: int) -> Path:
+    lines = [line for line in BUNDLED.read_text().splitlines() if line.strip()][:n]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_env(tmp: Path, cache_home: Path, **overrides) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GRPO_", "LORA_", "REWARD_"))}
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", XDG_CACHE_HOME=str(cache_home),
+               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", GRPO_DEMO="1", AUDIT_CACHE_DIR=str(cache_home),
+               TRAINING_DATASET=str(small_dataset(tmp / "problems.jsonl", 16)),  # 8 steps per epoch
+              GRPO_AUTO_STOP="0", GRPO_OUTPUT_DIR=str(tmp / "run"),
+               GRPO_BATCH_SIZE="2", GRPO_NUM_GENERATIONS="2", GRPO_MAX_COMPLETION="24", GRPO_MAX_STEPS="4",
+               GRPO_SAVE_STEPS="2", GRPO_SAVE_TOTAL_LIMIT="5", REWARD_WORKERS="2")
+    env.update({k: str(v) for k, v in overrides.items()})
+    return env
+
+
+def train(tmp: Path, env: dict, timeout: int = 240) -> subprocess.CompletedProcess:
+    # cwd = tmp: no .envrc there, so only `env` configures the run.
+    res = subprocess.run([sys.executable, str(TRAIN)], cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res
+
+
+def log_lines(run: Path) -> list[str]:
+    text = (run / "learning.log").read_text(encoding="utf-8")
+    assert text.endswith("\n")
+    return text.splitlines()
+
+
+def check_log_wellformed(lines: list[str]) -> list[str]:
+    """Every line is a header, a health/stop line, or an exact metric line; returns the metric lines."""
+    for line in lines:
+        assert line.startswith(("# ", "[Health] ", "[Stop] ")) or METRIC_RE.match(line), repr(line)
+    return [line for line in lines if line.startswith("[Epoch")]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    raw = path.read_text(encoding="utf-8")
+    assert raw.endswith("\n")
+    return [json.loads(line) for line in raw.splitlines() if line.strip()]  # a torn line would raise here
+
+
+def checkpoints(run: Path) -> list[int]:
+    return sorted(int(p.name.split("-")[1]) for p in run.glob("checkpoint-*") if (p / "trainer_state.json").exists())
+
+
+# ----------------------------------------------------------------------------- fast checks
+
+@pytest.mark.parametrize("var,value,accepts", [
+    ("GRPO_TEMPERATURE", "abc", "a number in"),
+    ("GRPO_BATCH_SIZE", "-1", "an integer >= 1"),
+    ("GRPO_LOSS_TYPE", "ppo", "one of grpo, dr_grpo, dapo, bnpo, cispo, sapo, luspo, vespo"),
+    ("GRPO_RESUME", "/no/such/checkpoint", "auto, never"),
+    ("RUNAWAY_PENALTY_MULTIPLIER", "2", "[0, 1]"),
+])
+def test_config_error_exits_fast_naming_the_variable(tmp_path, cache_home, var, value, accepts):
+    t0 = time.time()
+    res = subprocess.run([sys.executable, str(TRAIN)], cwd=tmp_path, env=run_env(tmp_path, cache_home, **{var: value}),
+                         capture_output=True, text=True, timeout=60)
+    assert time.time() - t0 < 10
+    assert res.returncode != 0
+    assert var in res.stderr and accepts in res.stderr, res.stderr
+    assert not (tmp_path / "run").exists()  # nothing written for a config that never ran
+
+
+def test_help_lists_every_variable_fast(tmp_path):
+    t0 = time.time()
+    res = subprocess.run([sys.executable, str(TRAIN), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and time.time() - t0 < 10
+    for var in ("BASE_MODEL_ID", "TRAINING_DATASET", "GRPO_BATCH_SIZE", "GRPO_MAX_PROMPT", "LORA_TARGET_MODULES",
+                "GRPO_LOSS_TYPE", "GRPO_RESUME", "GRPO_DEMO", "GRPO_AUTO_STOP", "MIN_NON_EMPTY_LINES"):
+        assert f"{var}=" in res.stdout
+
+
+def test_envrc_is_read_with_export_prefix(tmp_path, cache_home):
+    (tmp_path / ".envrc").write_text("export GRPO_BETA=bogus\n")  # a variable the demo does not set
+    env = run_env(tmp_path, cache_home)
+    res = subprocess.run([sys.executable, str(TRAIN)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and "GRPO_BETA='bogus'" in res.stderr
+
+
+def test_missing_ocaml_toolchain_stops_before_training(tmp_path, cache_home):
+    empty_bin = tmp_path / "bin"
+    empty_bin.mkdir()
+    t0 = time.time()
+    res = subprocess.run([sys.executable, str(TRAIN)], cwd=tmp_path,
+                         env=run_env(tmp_path, cache_home, PATH=str(empty_bin)), capture_output=True, text=True, timeout=60)
+    assert time.time() - t0 < 10  # no torch import, no model load
+    assert res.returncode != 0
+    assert "ocamlc" in res.stderr and "ocaml-nox" in res.stderr, res.stderr
+    assert not (tmp_path / "run" / "learning.log").exists()
+
+
+# ----------------------------------------------------------------------------- training runs
+
+@pytest.mark.slow
+def test_train_logs_checkpoints_resume_and_merge(tmp_path, cache_home):
+    run = tmp_path / "run"
+    train(tmp_path, run_env(tmp_path, cache_home))
+    config = json.loads((run / "config.json").read_text())
+    assert config["GRPO_NUM_GENERATIONS"] == 2 and config["GRPO_LOSS_TYPE"] == "dapo"
+    lines = log_lines(run)
+    assert lines[0].startswith("# started") and any(line.startswith("# model:") for line in lines)
+    assert len(check_log_wellformed(lines)) == 4
+    assert any(line.startswith("[Health] ") for line in lines)  # a random model is unhealthy by every rule
+    completions = read_jsonl(run / "reward_logs" / "completions.jsonl")
+    breakdown = read_jsonl(run / "reward_logs" / "syntax_aware_breakdown.jsonl")
+    assert len(completions) == len(breakdown) == 4 * 2 * 2  # steps x prompts x generations
+    assert all(COMPLETION_FIELDS <= set(r) for r in completions)
+    assert all(BREAKDOWN_FIELDS <= set(r) for r in breakdown)
+    assert checkpoints(run) == [2, 4]
+    assert (run / "final_adapter" / "adapter_config.json").exists()
+    assert len(read_jsonl(run / "dataset_audit.jsonl")) == 16  # the audit ran and recorded its verdicts
+
+    # Second run: resumes from checkpoint-4, appends to the same logs.
+    res = train(tmp_path, run_env(tmp_path, cache_home, GRPO_MAX_STEPS=6))
+    assert "resume from: " + str(run / "checkpoint-4") in res.stdout
+    lines = log_lines(run)
+    assert len(check_log_wellformed(lines)) == 6
+    assert any(line.startswith("# resumed from") for line in lines) and lines[0].startswith("# started")
+    assert len(read_jsonl(run / "reward_logs" / "completions.jsonl")) == 6 * 2 * 2
+    assert checkpoints(run)[-1] == 6
+
+    merged = tmp_path / "merged"
+    res = subprocess.run([sys.executable, str(TRAIN), "merge", str(run / "final_adapter"), str(merged)],
+                         cwd=tmp_path, env=run_env(tmp_path, cache_home), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (merged / "config.json").exists() and (merged / "tokenizer_config.json").exists()
+    assert not (merged / "adapter_config.json").exists()
+
+
+@pytest.mark.slow
+def test_sigkill_mid_training_then_resume(tmp_path, cache_home):
+    run = tmp_path / "run"
+    env = run_env(tmp_path, cache_home, GRPO_MAX_STEPS=200, GRPO_SAVE_STEPS=2)
+    proc = subprocess.Popen([sys.executable, str(TRAIN)], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and not checkpoints(run):
+            assert proc.poll() is None, "training ended before it could be killed"
+            time.sleep(0.2)
+        assert checkpoints(run), "no checkpoint within 180 s"
+        time.sleep(1.5)  # well inside the next steps: generation, grading, logging
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the trainer and any grader children it started
+        proc.wait()
+    last = checkpoints(run)[-1]
+    read_jsonl(run / "reward_logs" / "completions.jsonl")
+    read_jsonl(run / "reward_logs" / "syntax_aware_breakdown.jsonl")
+
+    res = train(tmp_path, run_env(tmp_path, cache_home, GRPO_MAX_STEPS=last + 2, GRPO_SAVE_STEPS=2))
+    assert f"checkpoint-{last}" in res.stdout
+    lines = log_lines(run)
+    check_log_wellformed(lines)
+    assert any(line.startswith(f"# resumed from {run / f'checkpoint-{last}'}") for line in lines)
+    assert checkpoints(run)[-1] == last + 2
+    for name in ("completions.jsonl", "syntax_aware_breakdown.jsonl"):
+        records = read_jsonl(run / "reward_logs" / name)
+        assert max(r["step"] for r in records) >= last + 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("auto_stop", [1, 0])
+def test_stop_criteria_at_epoch_one(tmp_path, cache_home, auto_stop):
+    # 2 problems, 1 prompt per step: epoch 1.0 is step 2. A random model fails every stop criterion.
+    run = tmp_path / "run"
+    env = run_env(tmp_path, cache_home, TRAINING_DATASET=small_dataset(tmp_path / "two.jsonl", 2), GRPO_BATCH_SIZE=1,
+                  GRPO_NUM_EPOCHS=3, GRPO_MAX_STEPS=-1, GRPO_SAVE_STEPS=50, GRPO_AUTO_STOP=auto_stop)
+    train(tmp_path, env)
+    lines = log_lines(run)
+    stop = [line for line in lines if line.startswith("[Stop] ")]
+    if auto_stop:
+        assert len(check_log_wellformed(lines)) == 2
+        assert len(stop) == 1 and "mean reward" in stop[0] and "no test passes" in stop[0]
+        assert checkpoints(run) == [2]  # saved by the stop, not by GRPO_SAVE_STEPS
+    else:
+        assert len(check_log_wellformed(lines)) == 6 and not stop  # all 3 epochs
+        assert any(line.startswith("[Health] stop criteria met") for line in lines)
