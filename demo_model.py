@@ -9,6 +9,7 @@ through the same `from_pretrained` code path as a real hub model.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -24,15 +25,14 @@ CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+DEMO_MODEL_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ocaml-grpo" / "demo-qwen2-tiny"
 VERSION = "1"  # bump when the recipe changes so cached copies are rebuilt
 
 
 def _corpus() -> list[str]:
-    """Problem prompts, tests and solutions from the bundled set (or its parts while it is
-    being assembled), plus a little fixed OCaml so the tokenizer never starts empty."""
+    """Problem prompts, tests and solutions from the bundled set, plus a little fixed OCaml so
+    the tokenizer never starts empty."""
     files = [ROOT / "data" / "ocaml_problems.jsonl"]
-    if not files[0].exists():
-        files = sorted((ROOT / "data" / "parts").glob("*.jsonl"))
     texts = ["let rec f x = match x with [] -> 0 | _ :: t -> 1 + f t\n(* END *)\n```ocaml\n```\n"]
     for f in files:
         for line in f.read_text(encoding="utf-8").splitlines():
@@ -40,6 +40,14 @@ def _corpus() -> list[str]:
                 row = json.loads(line)
                 texts += [str(row.get(k) or "") for k in ("prompt", "problem", "tests", "solution")]
     return texts
+
+
+def ensure_demo_model(path: str | Path = DEMO_MODEL_DIR) -> Path:
+    """Build the demo model once; later calls reuse the cached copy."""
+    if not is_built(path):
+        print(f"building the demo model once into {path}")
+        build_demo_model(path)
+    return Path(path)
 
 
 def is_built(path: str | Path) -> bool:

@@ -138,8 +138,7 @@ DEMO_DEFAULTS = {  # GRPO_DEMO=1 replaces defaults and .envrc values, never the 
     "GRPO_SAVE_STEPS": "10", "GRPO_LEARNING_RATE": "1e-4", "GRPO_TEMPERATURE": "1.0", "MIN_NON_EMPTY_LINES": "0",
     "GRPO_REPORT_TO": "none", "LORA_R": "8", "LORA_ALPHA": "16",
 }
-DEMO_MODEL_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ocaml-grpo" / "demo-qwen2-tiny"
-END_MARKER = "(* END *)"
+from demo_model import DEMO_MODEL_DIR, ensure_demo_model  # noqa: E402  (no torch at import)
 
 if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
     print(__doc__)
@@ -191,6 +190,7 @@ for name, default, parse, meaning in CONFIG:
 os.environ.setdefault("MIN_NON_EMPTY_LINES", str(cfg.get("MIN_NON_EMPTY_LINES", 8)))
 os.environ.setdefault("RUNAWAY_PENALTY_MULTIPLIER", str(cfg.get("RUNAWAY_PENALTY_MULTIPLIER", 0.3)))
 import rewards  # noqa: E402  (no torch inside)
+from prompting import chat_messages  # noqa: E402
 from ocaml_sandbox import ToolchainError  # noqa: E402
 from problems import DatasetError, load_problems  # noqa: E402
 
@@ -263,49 +263,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback  #
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 if demo and cfg["BASE_MODEL_ID"] == str(DEMO_MODEL_DIR):
-    import demo_model
-    if not demo_model.is_built(DEMO_MODEL_DIR):
-        print(f"building the demo model once into {DEMO_MODEL_DIR}")
-        demo_model.build_demo_model(DEMO_MODEL_DIR)
+    ensure_demo_model(DEMO_MODEL_DIR)
 tokenizer = AutoTokenizer.from_pretrained(cfg["BASE_MODEL_ID"])
 if tokenizer.pad_token is None:
     tokenizer.pad_token = tokenizer.eos_token
 
-# ----------------------------------------------------------------------------- prompt
-# Three short worked examples teach the answer shape the reward grades: one ```ocaml block holding
-# the whole definition (signature line included), then the END marker. They are ~8 code lines
-# because MIN_NON_EMPTY_LINES gates shorter answers.
-INSTRUCTIONS = f"""You are an expert OCaml programmer. Complete the OCaml function described below.
-Rules:
-- Answer with ONE ```ocaml code block containing the complete definition, starting with the given `let` line.
-- Use only the OCaml standard library unless the problem says otherwise; no printing, no top-level tests.
-- Prefer tail recursion and pattern matching; the code must compile with ocamlc.
-- After the code block, write {END_MARKER} on its own line and stop."""
-EXAMPLES = [
-    ("(** Sum of the squares of the integers in the list.\n * >>> sum_squares [1; 2; 3]\n * 14\n*)\n"
-     "let sum_squares (xs : int list) : int =",
-     "let sum_squares (xs : int list) : int =\n  let rec go acc rest =\n    match rest with\n    | [] -> acc\n"
-     "    | x :: tl ->\n      let acc' = acc + (x * x) in\n      go acc' tl\n  in\n  go 0 xs"),
-    ("(** Reverse a string.\n * >>> reverse_string \"abc\"\n * \"cba\"\n*)\nlet reverse_string (s : string) : string =",
-     "let reverse_string (s : string) : string =\n  let n = String.length s in\n  let buf = Bytes.create n in\n"
-     "  for i = 0 to n - 1 do\n    let c = s.[n - 1 - i] in\n    Bytes.set buf i c\n  done;\n"
-     "  let result = Bytes.to_string buf in\n  result"),
-    ("(** The largest element of the list, or None if it is empty.\n * >>> max_opt [3; 9; 2]\n * Some 9\n*)\n"
-     "let max_opt (xs : int list) : int option =",
-     "let max_opt (xs : int list) : int option =\n  let pick a b =\n    if a >= b then a else b\n  in\n"
-     "  match xs with\n  | [] -> None\n  | x :: rest ->\n    let m = List.fold_left pick x rest in\n    Some m"),
-]
-
-
-def user_message(problem_text: str) -> str:
-    shots = "\n\n".join(f"Problem:\n```ocaml\n{p}\n```\nAnswer:\n```ocaml\n{a}\n```\n{END_MARKER}" for p, a in EXAMPLES)
-    return (f"{INSTRUCTIONS}\n\nExamples:\n\n{shots}\n\nNow solve this problem.\nProblem:\n```ocaml\n"
-            f"{problem_text.strip()}\n```\nAnswer with the ```ocaml block, then {END_MARKER}.")
-
-
+# ----------------------------------------------------------------------------- prompts (text: prompting.py)
 def prompt_tokens(problem) -> int:
-    messages = [{"role": "user", "content": user_message(problem.prompt)}]
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(chat_messages(problem.prompt), add_generation_prompt=True, tokenize=False)
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -328,7 +293,7 @@ if len(kept) < cfg["GRPO_BATCH_SIZE"]:
 from datasets import Dataset  # noqa: E402
 
 # `prompt` (chat messages) is what TRL generates from; the other columns go to the reward as kwargs.
-train_dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": user_message(p.prompt)}], **p.to_row()}
+train_dataset = Dataset.from_list([{"prompt": chat_messages(p.prompt), **p.to_row()}
                                    for p in kept])
 
 # ----------------------------------------------------------------------------- model

@@ -1,0 +1,235 @@
+"""Evaluate a model (optionally with a LoRA adapter) on OCaml problems with the training prompt
+and the training grader: the seed's base-model capability test, and a before/after check.
+
+    python evaluate.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --n 10 --k 1
+    python evaluate.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --adapter grpo_runs/final_adapter --n 50 --k 4
+    python evaluate.py --model demo --dataset ../shared/benchmarks/multipl_e_ml.jsonl --n 20   # offline
+    python evaluate.py --model PATH --vllm       # generate with vLLM when it is installed
+
+Writes OUT/report.json, OUT/report.md and OUT/completions.jsonl (default OUT: eval_runs/<time>).
+pass@k uses the unbiased estimator 1 - C(n-c, k) / C(n, k) over the n = --samples (default k)
+completions per problem. "Solved" means every test of the problem passed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from collections import defaultdict
+from dataclasses import asdict
+from pathlib import Path
+
+from problems import DatasetError, Problem, load_problems
+from prompting import chat_messages
+from rewards import Breakdown, RewardConfig, RewardScorer
+
+CAPABILITY_THRESHOLD = 0.20  # the seed: under 20% solved -> the base model is not ready for GRPO
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one problem with n samples of which c are correct (Chen et al., 2021)."""
+    if k > n:
+        raise ValueError(f"k={k} > n={n} samples")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def solved(b: Breakdown) -> bool:
+    return b.tests_total > 0 and b.tests_passed == b.tests_total
+
+
+def verdict(pass1: float) -> str:
+    if pass1 < CAPABILITY_THRESHOLD:
+        return (f"pass@1 {pass1:.0%} < {CAPABILITY_THRESHOLD:.0%}: GRPO will see mostly all-zero groups. Consider a "
+                "stronger base model (e.g. Qwen/Qwen2.5-Coder-7B-Instruct), an easier subset of problems, or more "
+                "few-shot examples in the prompt (prompting.py); REWARD_CURRICULUM=1 helps the early phase.")
+    return f"pass@1 {pass1:.0%} >= {CAPABILITY_THRESHOLD:.0%}: the model solves enough problems for GRPO to learn from."
+
+
+def generate_hf(model_id: str, adapter: str | None, prompts: list[list[dict]], samples: int, max_new_tokens: int,
+                temperature: float, batch_size: int, seed: int) -> tuple[list[list[str]], list[list[int]]]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(seed)
+    on_gpu = torch.cuda.is_available()
+    tokenizer = AutoTokenizer.from_pretrained(adapter if adapter and (Path(adapter) / "tokenizer_config.json").exists()
+                                              else model_id)
+    tokenizer.padding_side = "left"  # decoder-only: pad on the left so generation continues the prompt
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(model_id, dtype=torch.bfloat16 if on_gpu else torch.float32)
+    if adapter:
+        from peft import PeftModel
+        model = PeftModel.from_pretrained(model, adapter)
+    model.to("cuda" if on_gpu else "cpu").eval()
+    texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in prompts]
+    outs: list[list[str]] = []
+    lens: list[list[int]] = []
+    do_sample = temperature > 0
+    for start in range(0, len(texts), batch_size):
+        batch = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True,
+                          add_special_tokens=False).to(model.device)
+        with torch.no_grad():
+            gen = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                                 temperature=temperature if do_sample else None, top_p=1.0 if do_sample else None,
+                                 num_return_sequences=samples, pad_token_id=tokenizer.pad_token_id)
+        new = gen[:, batch["input_ids"].shape[1]:]
+        for i in range(0, new.shape[0], samples):
+            group = new[i:i + samples]
+            outs.append([tokenizer.decode(g, skip_special_tokens=True) for g in group])
+            lens.append([int((g != tokenizer.pad_token_id).sum()) for g in group])
+        print(f"generated {min(start + batch_size, len(texts))}/{len(texts)} problems", flush=True)
+    return outs, lens
+
+
+def generate_vllm(model_id: str, adapter: str | None, prompts: list[list[dict]], samples: int, max_new_tokens: int,
+                  temperature: float, seed: int) -> tuple[list[list[str]], list[list[int]]]:
+    try:
+        from vllm import LLM, SamplingParams
+    except ImportError:
+        sys.exit("--vllm was asked for but vLLM is not installed (pip install vllm on a CUDA machine), "
+                 "or drop --vllm to use transformers' generate")
+    llm = LLM(model=model_id, enable_lora=bool(adapter), seed=seed)
+    params = SamplingParams(n=samples, temperature=temperature, max_tokens=max_new_tokens, seed=seed)
+    lora = None
+    if adapter:
+        from vllm.lora.request import LoRARequest
+        lora = LoRARequest("adapter", 1, adapter)
+    results = llm.chat(prompts, params, lora_request=lora)
+    return ([[o.text for o in r.outputs] for r in results], [[len(o.token_ids) for o in r.outputs] for r in results])
+
+
+def grade_completions(chosen: list[Problem], texts: list[list[str]], lens: list[list[int]], k: int,
+                      max_new_tokens: int, scorer: RewardScorer, min_lines: int) -> tuple[dict, list[dict]]:
+    """Grade every completion and aggregate: pass@1, pass@k, rates, per-difficulty table, verdict.
+    `texts[i]` holds the completions of `chosen[i]`, all lists the same length (the samples)."""
+    samples = len(texts[0])
+    flat = [(p, t, n) for p, ts, ns in zip(chosen, texts, lens) for t, n in zip(ts, ns)]
+    graded = scorer.score_batch([f[0] for f in flat], [f[1] for f in flat], [f[2] for f in flat], max_new_tokens)
+
+    def train_reward(b: Breakdown) -> float:  # the training reward, line gate included
+        return 0.0 if b.code_lines < min_lines else b.reward
+
+    rows = [{"problem_id": p.id, "completion": text, "completion_tokens": ntok, "max_completion_tokens": max_new_tokens,
+             "solved": solved(b), "train_reward": train_reward(b),
+             **{key: v for key, v in asdict(b).items() if key != "problem_id"}}
+            for (p, text, ntok), b in zip(flat, graded)]
+    per_problem: dict[str, list[Breakdown]] = defaultdict(list)
+    for (p, _, _), b in zip(flat, graded):
+        per_problem[p.id].append(b)
+
+    def mean_pass(ids, kk):
+        return sum(pass_at_k(samples, sum(map(solved, per_problem[i])), kk) for i in ids) / len(ids)
+
+    n = len(graded)
+    rates = {
+        "end_marker": sum(b.has_end_marker for b in graded) / n,
+        "type_check": sum(b.compiled for b in graded) / n,  # the solution alone type-checks (0 errors)
+        "compile": sum(b.compiled for b in graded) / n,
+        "tests_all": sum(map(solved, graded)) / n,
+    }
+    by_diff: dict[str, list[str]] = defaultdict(list)
+    for p in chosen:
+        by_diff[p.difficulty or "unknown"].append(p.id)
+    per_difficulty = {d: {"n_problems": len(ids), "pass@1": mean_pass(ids, 1),
+                          "mean_reward": sum(train_reward(b) for i in ids for b in per_problem[i]) / (len(ids) * samples)}
+                      for d, ids in sorted(by_diff.items())}
+    ids = [p.id for p in chosen]
+    pass1 = mean_pass(ids, 1)
+    core = {"pass@1": pass1, "pass@k": mean_pass(ids, k), "mean_reward": sum(map(train_reward, graded)) / n,
+            "rates": rates, "per_difficulty": per_difficulty, "verdict": verdict(pass1)}
+    return core, rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="hub id or local dir; `demo` = the tiny offline demo model")
+    ap.add_argument("--adapter", default=None, help="a LoRA adapter dir (e.g. grpo_runs/final_adapter)")
+    ap.add_argument("--dataset", default="bundled", help="bundled, a local .jsonl/.json/.csv/.parquet, or a hub id")
+    ap.add_argument("--n", type=int, default=10, help="problems sampled (reproducibly, by --seed)")
+    ap.add_argument("--k", type=int, default=1, help="the k of pass@k")
+    ap.add_argument("--samples", type=int, default=0, help="completions per problem (default k; >= k)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--temperature", type=float, default=None, help="default 0 (greedy) for one sample, else 0.8")
+    ap.add_argument("--max-new-tokens", type=int, default=512)
+    ap.add_argument("--batch-size", type=int, default=8, help="problems per generate() call")
+    ap.add_argument("--vllm", action="store_true", help="generate with vLLM (must be installed)")
+    ap.add_argument("--out", default=None, help="report directory (default eval_runs/<time>)")
+    args = ap.parse_args(argv)
+    samples = args.samples or args.k
+    errors = [m for bad, m in [(args.n < 1, "--n must be >= 1"), (args.k < 1, "--k must be >= 1"),
+                               (samples < args.k, f"--samples {samples} must be >= --k {args.k}"),
+                               (args.max_new_tokens < 1, "--max-new-tokens must be >= 1")] if bad]
+    if errors:
+        ap.error("; ".join(errors))
+    temperature = args.temperature if args.temperature is not None else (0.0 if samples == 1 else 0.8)
+    if samples > 1 and temperature == 0:
+        ap.error("several samples per problem need --temperature > 0")
+
+    # Data and grader first: a bad path or a missing toolchain costs seconds, not a model load.
+    try:
+        problems = load_problems(args.dataset)
+    except DatasetError as e:
+        print(f"dataset error: {e}", file=sys.stderr)
+        return 2
+    rng = random.Random(args.seed)
+    chosen: list[Problem] = rng.sample(problems, min(args.n, len(problems)))
+    env_cfg = RewardConfig.from_env()
+    # Grade every completion (no line gate) so pass@k is about correctness; the training reward,
+    # gate included, is reported as mean_reward.
+    scorer = RewardScorer(RewardConfig(env_cfg.weights, env_cfg.end_marker, env_cfg.runaway_multiplier, 0, env_cfg.workers))
+    model_id = args.model
+    if model_id == "demo":
+        from demo_model import DEMO_MODEL_DIR, ensure_demo_model
+        model_id = str(ensure_demo_model(DEMO_MODEL_DIR))
+    out = Path(args.out or f"eval_runs/{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+
+    prompts = [chat_messages(p.prompt) for p in chosen]
+    t0 = time.time()
+    if args.vllm:
+        texts, lens = generate_vllm(model_id, args.adapter, prompts, samples, args.max_new_tokens, temperature, args.seed)
+    else:
+        texts, lens = generate_hf(model_id, args.adapter, prompts, samples, args.max_new_tokens, temperature,
+                                  args.batch_size, args.seed)
+    t_gen = time.time() - t0
+    try:
+        core, rows = grade_completions(chosen, texts, lens, args.k, args.max_new_tokens, scorer, env_cfg.min_lines)
+    finally:
+        scorer.close()
+    with open(out / "completions.jsonl", "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    report = {"model": args.model, "adapter": args.adapter, "dataset": args.dataset, "n_problems": len(chosen),
+              "k": args.k, "samples_per_problem": samples, "temperature": temperature, "seed": args.seed, **core,
+              "generation_seconds": round(t_gen, 1), "problem_ids": [p.id for p in chosen]}
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "report.md").write_text(render_markdown(report))
+    print(render_markdown(report))
+    print(f"report: {out / 'report.md'}")
+    return 0
+
+
+def render_markdown(r: dict) -> str:
+    title = f"# Evaluation: {r['model']}" + (f" + adapter {r['adapter']}" if r["adapter"] else "")
+    lines = [title, "",
+             f"Dataset `{r['dataset']}`, {r['n_problems']} problems (seed {r['seed']}), "
+             f"{r['samples_per_problem']} sample(s) each at temperature {r['temperature']}.", "",
+             "| metric | value |", "|---|---:|",
+             f"| pass@1 | {r['pass@1']:.1%} |", f"| pass@{r['k']} | {r['pass@k']:.1%} |",
+             f"| mean training reward | {r['mean_reward']:.3f} |"]
+    lines += [f"| {name.replace('_', ' ')} rate | {v:.1%} |" for name, v in r["rates"].items()]
+    lines += ["", "| difficulty | problems | pass@1 | mean reward |", "|---|---:|---:|---:|"]
+    lines += [f"| {d} | {v['n_problems']} | {v['pass@1']:.1%} | {v['mean_reward']:.3f} |"
+              for d, v in r["per_difficulty"].items()]
+    lines += ["", f"**Verdict:** {r['verdict']}", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

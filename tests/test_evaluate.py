@@ -1,0 +1,74 @@
+"""evaluate.py: the pass@k estimator, aggregation over real grading, and an offline end-to-end run."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ocaml_source as src
+from evaluate import grade_completions, pass_at_k, verdict
+from problems import load_problems
+from rewards import RewardConfig, RewardScorer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_pass_at_k_matches_hand_computed_values():
+    assert pass_at_k(1, 1, 1) == 1.0 and pass_at_k(1, 0, 1) == 0.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # 1 - C(3,2)/C(4,2)
+    assert pass_at_k(5, 2, 3) == pytest.approx(1 - 1 / 10)  # 1 - C(3,3)/C(5,3)
+    assert pass_at_k(10, 3, 5) == pytest.approx(1 - 21 / 252)  # 1 - C(7,5)/C(10,5)
+    assert pass_at_k(3, 1, 3) == 1.0  # n - c < k: some draw always contains the correct one
+    with pytest.raises(ValueError):
+        pass_at_k(2, 1, 3)
+
+
+def test_aggregation_over_real_grading():
+    probs = load_problems("bundled")[:2]
+    good = [f"```ocaml\n{p.solution}\n```\n(* END *)" for p in probs]
+    stub = [f"```ocaml\n{src.parse_signature(p.prompt).signature}\n  failwith \"no\"\n```" for p in probs]
+    texts = [[good[0], stub[0]], [stub[1], stub[1]]]  # problem 0: 1 of 2 solved; problem 1: 0 of 2
+    scorer = RewardScorer(RewardConfig(min_lines=0, workers=2))
+    try:
+        core, rows = grade_completions(probs, texts, [[10, 10], [10, 10]], 2, 512, scorer, min_lines=0)
+    finally:
+        scorer.close()
+    assert core["pass@1"] == pytest.approx((0.5 + 0.0) / 2)
+    assert core["pass@k"] == pytest.approx((1.0 + 0.0) / 2)
+    assert core["rates"]["tests_all"] == pytest.approx(0.25)
+    assert core["rates"]["end_marker"] == pytest.approx(0.25)
+    assert core["rates"]["compile"] == 1.0
+    assert [r["solved"] for r in rows] == [True, False, False, False]
+    assert core["mean_reward"] == pytest.approx((1.0 + 3 * 0.30) / 4)  # stubs: type check + compile
+    assert sum(v["n_problems"] for v in core["per_difficulty"].values()) == 2
+    assert "stronger base model" in verdict(0.1) and "enough" in verdict(0.5)
+
+
+def test_end_to_end_on_the_demo_model(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--model", "demo", "--n", "3", "--k", "2",
+                        "--max-new-tokens", "24", "--out", str(tmp_path / "out"),
+                        "--dataset", str(ROOT.parent / "shared" / "benchmarks" / "multipl_e_ml.jsonl")],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    for key in ("model", "adapter", "dataset", "n_problems", "k", "pass@1", "pass@k", "mean_reward", "rates",
+                "per_difficulty"):
+        assert key in report
+    assert set(report["rates"]) == {"end_marker", "type_check", "compile", "tests_all"}
+    assert report["n_problems"] == 3 and report["k"] == 2
+    rows = [json.loads(l) for l in (tmp_path / "out" / "completions.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and all(0 <= x["reward"] <= 1 for x in rows)
+    assert "pass@1" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_bad_arguments_fail_before_any_model_loads(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--model", "demo", "--k", "3", "--samples", "2"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--samples 2 must be >= --k 3" in r.stderr
+    r = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--model", "demo", "--dataset", str(tmp_path / "x.jsonl")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "x.jsonl: no such file" in r.stderr
