@@ -32,3 +32,4 @@ test: setup
 bench: setup
 	$(PY) bench_rewards.py
 	$(PY) bench_audit.py
+	$(PY) bench_train.py

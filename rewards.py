@@ -78,19 +78,25 @@ def curriculum_phase(epoch: float) -> tuple[str, Weights]:
     return name, weights
 
 
+def default_workers() -> int:
+    """Cores per training process: N processes on one machine (accelerate launch sets
+    LOCAL_WORLD_SIZE) share the cores instead of each taking all of them."""
+    return max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1)))
+
+
 @dataclass(frozen=True)
 class RewardConfig:
     weights: Weights = field(default_factory=Weights)
     end_marker: str = "(* END *)"
     runaway_multiplier: float = 0.3
     min_lines: int = 8
-    workers: int = max(1, os.cpu_count() or 1)
+    workers: int = field(default_factory=default_workers)
 
     @classmethod
     def from_env(cls) -> "RewardConfig":
         min_lines = _env_float("MIN_NON_EMPTY_LINES", 8)
         mult = _env_float("RUNAWAY_PENALTY_MULTIPLIER", 0.3)
-        workers = _env_float("REWARD_WORKERS", os.cpu_count() or 1)
+        workers = _env_float("REWARD_WORKERS", default_workers())
         if min_lines < 0 or min_lines != int(min_lines):
             raise ValueError(f"MIN_NON_EMPTY_LINES={min_lines}: expected an integer >= 0")
         if not 0 <= mult <= 1:
@@ -325,7 +331,8 @@ class JsonlWriter:
 
 
 class RewardLogger:
-    def __init__(self, output_dir: str | Path):
+    def __init__(self, output_dir: str | Path, rank: int = 0):
+        self.rank = rank
         logs = Path(output_dir) / "reward_logs"
         self.completions = JsonlWriter(logs / "completions.jsonl")
         self.breakdown = JsonlWriter(logs / "syntax_aware_breakdown.jsonl")
@@ -335,22 +342,23 @@ class RewardLogger:
         toks = completion_tokens or [None] * len(breakdowns)
         self.completions.write_many([
             {"step": step, "epoch": epoch, "problem_id": b.problem_id, "completion": completion_text(c),
-             "reward": b.reward, "completion_tokens": t}
+             "reward": b.reward, "completion_tokens": t, "rank": self.rank}
             for b, c, t in zip(breakdowns, completions, toks)])
-        self.breakdown.write_many([{"step": step, "epoch": epoch, **asdict(b)} for b in breakdowns])
+        self.breakdown.write_many([{"step": step, "epoch": epoch, "rank": self.rank, **asdict(b)} for b in breakdowns])
 
 
 # ---------------------------------------------------------------------------------------------
 # The TRL reward function.
 
 def make_syntax_aware_reward(output_dir: str | Path | None, max_completion_tokens: int | None = None,
-                             curriculum: bool = False, scorer: RewardScorer | None = None,
-                             is_main_process: bool = True):
+                             curriculum: bool = False, scorer: RewardScorer | None = None, rank: int = 0):
     """An async TRL reward function named `syntax_aware_reward` (TRL logs it under that name).
     Dataset columns used: `id`, `problem` (the OCaml prompt; else the chat prompt),
     `tests`, optional `requires`, `entry_point`."""
     scorer = scorer or RewardScorer()
-    logger = RewardLogger(output_dir) if output_dir is not None and is_main_process else None
+    # Under accelerate every process scores (and logs) its own share of the batch: each line is
+    # written once, whole, by the process that scored it, tagged with its rank.
+    logger = RewardLogger(output_dir, rank) if output_dir is not None else None
 
     async def syntax_aware_reward(prompts, completions, completion_ids=None, trainer_state=None,
                                   log_metric=None, **columns) -> list[float]:

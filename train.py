@@ -129,6 +129,12 @@ CONFIG = [
     ("REWARD_CURRICULUM", "0", Flag, "1: syntax-first reward weights that shift to tests by epoch 1.0"),
     ("GRPO_AUTO_STOP", "1", Flag, "1: at epoch >= 1.0 save and stop when the stop criteria hold; 0: only warn"),
     ("GRPO_RESUME", "auto", Resume, "auto: resume from the last checkpoint-* in the output dir; never; or a path"),
+    ("GRPO_USE_VLLM", "0", Flag, "1: generate with vLLM through TRL (pip install vllm; CUDA only)"),
+    ("GRPO_VLLM_MODE", "colocate", Choice("colocate", "server"),
+     "colocate: vLLM shares the training GPUs; server: a separate `trl vllm-serve` process"),
+    ("GRPO_VLLM_GPU_MEMORY", "0.3", Float(0, 1, lo_open=True), "colocate: share of GPU memory vLLM may take"),
+    ("GRPO_VLLM_SERVER_URL", "http://localhost:8000", Text, "server mode: where `trl vllm-serve` listens"),
+    ("GRPO_CONTINUOUS_BATCHING", "0", Flag, "1: transformers' paged continuous-batching generation (no vLLM needed)"),
     ("AUDIT_DATASET", "1", Flag, "1: drop problems whose tests cannot compile (cached); 0: only the prompt-length filter"),
     ("GRPO_DEMO", "0", Flag, "1: offline CPU demo (tiny model, bundled problems, ~20 steps)"),
 ]
@@ -198,14 +204,25 @@ try:
     reward_config = rewards.RewardConfig.from_env()
 except ValueError as e:
     errors.append(str(e))
+# Optional engines: asked for but missing must stop here, with the way to get them.
+if cfg.get("GRPO_USE_VLLM") and importlib.util.find_spec("vllm") is None:
+    errors.append("GRPO_USE_VLLM=1 but vLLM is not installed: `pip install vllm` on a CUDA machine "
+                  "(server mode also needs `trl vllm-serve --model $BASE_MODEL_ID` running), or set GRPO_USE_VLLM=0")
+if cfg.get("GRPO_USE_VLLM") and cfg.get("GRPO_CONTINUOUS_BATCHING"):
+    errors.append("GRPO_USE_VLLM=1 and GRPO_CONTINUOUS_BATCHING=1: choose one generation engine")
+if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and importlib.util.find_spec("deepspeed") is None:
+    errors.append("the accelerate config asks for DeepSpeed (configs/zero*.yaml) but it is not installed: "
+                  "`pip install deepspeed`, or launch without --config_file configs/zero*.yaml")
 if errors:
     sys.exit("config error:\n  " + "\n  ".join(errors) + "\nSee python train.py --help")
 if cfg["GRPO_REPORT_TO"] != "none" and importlib.util.find_spec(cfg["GRPO_REPORT_TO"]) is None:
     print(f"note: GRPO_REPORT_TO={cfg['GRPO_REPORT_TO']} but that package is not installed; reporting to learning.log only")
     cfg["GRPO_REPORT_TO"] = "none"
 
-# Only rank 0 writes files; accelerate/torchrun set RANK for the others.
-IS_MAIN = int(os.environ.get("RANK", "0")) == 0
+# Only rank 0 writes learning.log, config and checkpoints; each rank logs the completions it
+# scored. accelerate/torchrun set RANK for every process.
+RANK = int(os.environ.get("RANK", "0"))
+IS_MAIN = RANK == 0
 out_dir = Path(cfg["GRPO_OUTPUT_DIR"])
 resume_from = None
 if cfg["GRPO_RESUME"] == "auto":
@@ -304,7 +321,7 @@ peft_config = LoraConfig(r=cfg["LORA_R"], lora_alpha=cfg["LORA_ALPHA"], lora_dro
                          task_type="CAUSAL_LM")
 reward_fn = rewards.make_syntax_aware_reward(out_dir, max_completion_tokens=cfg["GRPO_MAX_COMPLETION"],
                                              curriculum=cfg["REWARD_CURRICULUM"], scorer=scorer,
-                                             is_main_process=IS_MAIN)
+                                             rank=RANK)
 G = cfg["GRPO_NUM_GENERATIONS"]
 args = GRPOConfig(
     output_dir=str(out_dir),
@@ -337,6 +354,11 @@ args = GRPOConfig(
     gradient_checkpointing=on_gpu,  # trades compute for memory; pointless for CPU-sized models
     remove_unused_columns=False,  # the reward needs id/problem/tests/requires/entry_point
     log_completions=False,  # completions go to reward_logs/completions.jsonl instead
+    use_vllm=cfg["GRPO_USE_VLLM"],
+    vllm_mode=cfg["GRPO_VLLM_MODE"],
+    vllm_gpu_memory_utilization=cfg["GRPO_VLLM_GPU_MEMORY"],
+    vllm_server_base_url=cfg["GRPO_VLLM_SERVER_URL"] if cfg["GRPO_VLLM_MODE"] == "server" else None,
+    use_transformers_continuous_batching=cfg["GRPO_CONTINUOUS_BATCHING"],
 )
 
 

@@ -23,12 +23,6 @@ BREAKDOWN_FIELDS = {"step", "epoch", "problem_id", "reward", "structural", "type
                     "has_end_marker", "tests_passed", "tests_total", "runaway"}
 
 
-@pytest.fixture(scope="session")
-def cache_home(tmp_path_factory) -> Path:
-    """XDG cache holding the demo model, built once per session (train.py builds it on first use)."""
-    return tmp_path_factory.mktemp("xdg_cache")
-
-
 def small_dataset(path: Path, n: int) -> Path:
     lines = [line for line in BUNDLED.read_text().splitlines() if line.strip()][:n]
     path.write_text("\n".join(lines) + "\n")

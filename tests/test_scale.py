@@ -1,0 +1,83 @@
+"""Scale-out: train.py under `accelerate launch` with 2 CPU processes (gloo), the optional
+engines' clear errors, reward workers per process, and bench_train.py on the tiny model."""
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from test_train import TRAIN, check_log_wellformed, checkpoints, log_lines, read_jsonl, run_env
+
+ROOT = Path(__file__).resolve().parents[1]
+ACCELERATE = Path(sys.executable).parent / "accelerate"
+
+
+def launch(tmp: Path, env: dict) -> subprocess.CompletedProcess:
+    # --multi_gpu picks torch.distributed's launcher; with no GPU the processes train on CPU over gloo.
+    cmd = [str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29533", str(TRAIN)]
+    res = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res
+
+
+@pytest.mark.slow
+def test_two_processes_log_once_checkpoint_and_resume(tmp_path, cache_home):
+    env = run_env(tmp_path, cache_home, GRPO_BATCH_SIZE=1, GRPO_MAX_STEPS=2, GRPO_SAVE_STEPS=2)
+    launch(tmp_path, env)
+    run = tmp_path / "run"
+    metrics = check_log_wellformed(log_lines(run))
+    assert len(metrics) == 2  # rank 0 alone writes learning.log
+    assert metrics[-1].startswith("[Epoch 0.25]")  # 2 steps x 2 processes x 1 prompt of 16 problems
+    rows = read_jsonl(run / "reward_logs" / "completions.jsonl")
+    # each process logs the completions it scored, once: 2 steps x 2 ranks x 1 prompt x 2 generations
+    assert sorted((r["rank"], r["step"]) for r in rows) == [(0, 0), (0, 0), (0, 1), (0, 1), (1, 0), (1, 0), (1, 1), (1, 1)]
+    assert len(read_jsonl(run / "reward_logs" / "syntax_aware_breakdown.jsonl")) == 8
+    assert checkpoints(run) == [2]
+
+    res = launch(tmp_path, {**env, "GRPO_MAX_STEPS": "3"})
+    assert "resume from: " + str(run / "checkpoint-2") in res.stdout
+    metrics = check_log_wellformed(log_lines(run))
+    assert len(metrics) == 3 and metrics[-1].startswith("[Epoch 0.38]")
+    assert len(read_jsonl(run / "reward_logs" / "completions.jsonl")) == 12
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ({"GRPO_USE_VLLM": "1"}, "pip install vllm"),
+    ({"ACCELERATE_USE_DEEPSPEED": "true"}, "pip install deepspeed"),
+    ({"GRPO_VLLM_MODE": "local"}, "GRPO_VLLM_MODE"),
+])
+def test_missing_or_bad_engine_is_a_clear_config_error(tmp_path, cache_home, extra, needle):
+    if "vllm" in needle and __import__("importlib").util.find_spec("vllm"):
+        pytest.skip("vLLM is installed here")
+    t0 = time.time()
+    res = subprocess.run([sys.executable, str(TRAIN)], cwd=tmp_path, env=run_env(tmp_path, cache_home, **extra),
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and needle in res.stderr, res.stderr
+    assert time.time() - t0 < 10
+
+
+def test_reward_workers_are_shared_between_local_processes(monkeypatch):
+    from rewards import RewardConfig
+    monkeypatch.delenv("REWARD_WORKERS", raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    alone = RewardConfig.from_env().workers
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert RewardConfig.from_env().workers == max(1, alone // 2)
+
+
+@pytest.mark.slow
+def test_bench_train_runs_on_the_tiny_model(tmp_path, cache_home):
+    env = run_env(tmp_path, cache_home)
+    out = tmp_path / "bench.json"
+    res = subprocess.run([sys.executable, str(ROOT / "bench_train.py"), "--engines", "default", "--steps", "1",
+                          "--warmup", "1", "--out", str(tmp_path / "b"), "--json", str(out)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    data = json.loads(out.read_text())
+    [r] = data["results"]
+    assert r["engine"] == "default" and r["steps"] == 1
+    assert r["step_s"] > r["generation_s"] > 0 and 0 < r["reward_share"] < 1 and r["generation_tok_per_s"] > 0
+    assert "no CUDA device" in data["device"]
