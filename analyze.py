@@ -613,86 +613,10 @@ def render_markdown(r: Report, plots: list[Path] = ()) -> str:
     md += ["", "## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in plots] if plots else []
     return "\n".join(md) + "\n"
 
-# ----------------------------------------------------------------------------- plots
-
-
-def plot_epochs(lines: list[LogLine]) -> list[float]:
-    """x positions: the log rounds epoch to 0.01, so lines sharing a value are spread across that bin."""
-    xs, i = [], 0
-    while i < len(lines):
-        j = i
-        while j < len(lines) and lines[j].epoch == lines[i].epoch:
-            j += 1
-        xs += [lines[i].epoch + 0.01 * ((k - i + 0.5) / (j - i) - 0.5) for k in range(i, j)]
-        i = j
-    return xs
-
-
-def _save(fig, path: Path) -> None:
-    tmp = path.with_name(path.stem + ".tmp.png")     # atomic: a viewer never sees half a PNG
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
-
-
-def make_plots(r: Report, out_dir: Path, th: Thresholds = THRESHOLDS) -> list[Path]:
-    import matplotlib
-    matplotlib.use("Agg")               # headless: training boxes have no display
-    import matplotlib.pyplot as plt
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    if r.lines:
-        fig, axes = plt.subplots(3, 2, figsize=(13, 11))
-        x = plot_epochs(r.lines)
-        pick = lambda key: ([xi for xi, l in zip(x, r.lines) if key in l.values], series(r.lines, key))
-        ax = axes[0, 0]
-        e, m = pick("reward")
-        s = [l.values.get("reward_std", 0.0) for l in r.lines if "reward" in l.values]
-        ax.plot(e, m, "o-", ms=3, label="reward mean")
-        ax.fill_between(e, [a - b for a, b in zip(m, s)], [a + b for a, b in zip(m, s)], alpha=0.25, label="± std")
-        grid = [min(x) + (max(x) - min(x)) * i / 50 for i in range(51)]
-        ax.plot(grid, [expected_reward(g, th) for g in grid], "g--", label="expected (trajectory)")
-        ax.set(title="Reward (mean ± std)", ylabel="reward")
-        ax.legend(fontsize=8)
-        panels = [(axes[0, 1], "frac_zero_std", "frac_zero_std (share of groups with identical rewards)",
-                   [(th.zero_std_healthy, "g", "healthy <"), (th.zero_std_critical, "r", "critical ≥")]),
-                  (axes[1, 0], "entropy", "Entropy", [(th.entropy_low, "g", "band"), (th.entropy_high, "g", None)]),
-                  (axes[1, 1], "lr", f"Learning rate ({r.lr_schedule})", []),
-                  (axes[2, 0], "grad", "Gradient norm", [(th.grad_low, "g", "band"), (th.grad_high, "g", None)]),
-                  (axes[2, 1], "loss", "Loss", [(0.0, "k", None)])]
-        for ax, key, title, hlines in panels:
-            ax.plot(*pick(key), "o-", ms=3)
-            for y, col, lab in hlines:
-                ax.axhline(y, color=col, ls="--", lw=1, label=lab)
-            ax.set(title=title, ylabel=key)
-            if any(lab for _, _, lab in hlines):
-                ax.legend(fontsize=8)
-        for ax in axes.flat:
-            ax.set_xlabel("epoch")
-            ax.grid(alpha=0.3)
-        fig.suptitle(f"{r.run_dir} — status {r.status.upper()}")
-        fig.tight_layout()
-        _save(fig, out_dir / "training_curves.png")
-        plt.close(fig)
-        written.append(out_dir / "training_curves.png")
-    if r.breakdown and r.breakdown.per_step:
-        fig, ax = plt.subplots(figsize=(10, 5))
-        steps = list(r.breakdown.per_step)
-        for comp in ("reward", "structural", "type_check", "compile", "tests"):
-            ax.plot(steps, [r.breakdown.per_step[s][comp] for s in steps], "o-" if len(steps) < 50 else "-",
-                    ms=3, lw=2.5 if comp == "reward" else 1.2, label=comp)
-        ax.set(title="Reward components per step (mean over scored completions)", xlabel="step",
-               ylabel="weighted score")
-        ax.grid(alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        _save(fig, out_dir / "reward_components.png")
-        plt.close(fig)
-        written.append(out_dir / "reward_components.png")
-    return written
-
-
 def write_report(r: Report) -> tuple[Path, list[Path]]:
     """Write RUN_DIR/analysis.md and RUN_DIR/plots/*.png; return their paths."""
+    from analyze_plots import make_plots  # matplotlib only when writing
+
     plots = make_plots(r, r.run_dir / "plots")
     path, tmp = r.run_dir / "analysis.md", r.run_dir / "analysis.md.tmp"
     tmp.write_text(render_markdown(r, plots), encoding="utf-8")

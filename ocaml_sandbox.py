@@ -63,15 +63,16 @@ let finish () = emit "D" 0
 """
 
 
-def _env_num(name: str, default: float, cast=float):
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
+def env_number(name: str, default: float, cast=float, positive: bool = True):
+    """A numeric setting from the environment; a bad value names the variable."""
+    raw = os.environ.get(name, "").strip()
+    if raw == "":
         return cast(default)
     try:
         value = cast(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not a number") from None
-    if value <= 0:
+    if positive and value <= 0:
         raise ValueError(f"{name}={raw!r} must be positive")
     return value
 
@@ -89,16 +90,16 @@ class Limits:
 
     @classmethod
     def from_env(cls) -> "Limits":
-        cpu = _env_num("OCAML_CPU_LIMIT_S", cls.cpu_s, int)
+        cpu = env_number("OCAML_CPU_LIMIT_S", cls.cpu_s, int)
         return cls(
             cpu_s=cpu,
-            wall_s=_env_num("OCAML_WALL_LIMIT_S", cpu, float),
-            compile_s=_env_num("OCAML_COMPILE_LIMIT_S", cls.compile_s, float),
-            memory_mb=_env_num("OCAML_MEMORY_MB", cls.memory_mb, int),
-            file_mb=_env_num("OCAML_FILE_MB", cls.file_mb, int),
-            max_procs=_env_num("OCAML_MAX_PROCS", cls.max_procs, int),
-            max_files=_env_num("OCAML_MAX_FILES", cls.max_files, int),
-            output_bytes=_env_num("OCAML_OUTPUT_BYTES", cls.output_bytes, int),
+            wall_s=env_number("OCAML_WALL_LIMIT_S", cpu, float),
+            compile_s=env_number("OCAML_COMPILE_LIMIT_S", cls.compile_s, float),
+            memory_mb=env_number("OCAML_MEMORY_MB", cls.memory_mb, int),
+            file_mb=env_number("OCAML_FILE_MB", cls.file_mb, int),
+            max_procs=env_number("OCAML_MAX_PROCS", cls.max_procs, int),
+            max_files=env_number("OCAML_MAX_FILES", cls.max_files, int),
+            output_bytes=env_number("OCAML_OUTPUT_BYTES", cls.output_bytes, int),
         )
 
 
@@ -167,6 +168,7 @@ class Sandbox:
         for k in range(max_jobs):
             self._uids.put(self.UID_BASE + k)
         _which_or_raise("ocamlc", "ocaml-nox")
+        _which_or_raise("ocamlfind", "ocaml-findlib")  # problems that `require` packages compile through it
         _which_or_raise("prlimit", "util-linux")
         if self.isolated:
             _which_or_raise("bwrap", "bubblewrap")

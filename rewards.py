@@ -29,21 +29,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import ocaml_source as src
-from ocaml_sandbox import Grade, OcamlGrader, Sandbox, ToolchainError
+from ocaml_sandbox import Grade, OcamlGrader, Sandbox, ToolchainError, env_number
 from problems import DatasetError, Problem, load_problems
 
 FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 OCAML_TAGS = {"", "ocaml", "ml", "caml", "ocaml-repl"}
-
-
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name, "")
-    if raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number") from None
 
 
 @dataclass(frozen=True)
@@ -55,7 +45,7 @@ class Weights:
 
     @classmethod
     def from_env(cls) -> "Weights":
-        w = cls(*(_env_float(f"REWARD_WEIGHT_{n.upper()}", getattr(cls, n)) for n in
+        w = cls(*(env_number(f"REWARD_WEIGHT_{n.upper()}", getattr(cls, n), positive=False) for n in
                   ("structural", "type_check", "compile", "tests")))
         if min(asdict(w).values()) < 0:
             raise ValueError(f"REWARD_WEIGHT_*: weights must be >= 0, got {w}")
@@ -94,9 +84,9 @@ class RewardConfig:
 
     @classmethod
     def from_env(cls) -> "RewardConfig":
-        min_lines = _env_float("MIN_NON_EMPTY_LINES", 8)
-        mult = _env_float("RUNAWAY_PENALTY_MULTIPLIER", 0.3)
-        workers = _env_float("REWARD_WORKERS", default_workers())
+        min_lines = env_number("MIN_NON_EMPTY_LINES", 8, positive=False)
+        mult = env_number("RUNAWAY_PENALTY_MULTIPLIER", 0.3, positive=False)
+        workers = env_number("REWARD_WORKERS", default_workers(), positive=False)
         if min_lines < 0 or min_lines != int(min_lines):
             raise ValueError(f"MIN_NON_EMPTY_LINES={min_lines}: expected an integer >= 0")
         if not 0 <= mult <= 1:

@@ -373,8 +373,10 @@ class LearningLog(TrainerCallback):
     REPEAT_EVERY = 10  # a persisting warning is repeated every this many log steps, not every step
     WINDOW = 20  # log steps averaged for level / stop decisions
 
-    def __init__(self, path: Path, header: list[str], resumed: bool, breakdown_path: Path, auto_stop: bool):
+    def __init__(self, path: Path, header: list[str], resumed: bool, breakdown_path: Path, auto_stop: bool,
+                 curriculum: bool):
         self.path, self.header, self.resumed = path, header, resumed
+        self.curriculum, self.phase = curriculum, None
         self.breakdown_path, self.auto_stop = breakdown_path, auto_stop
         self.fd = None
         self.history = []  # (epoch, reward, frac_zero_std)
@@ -433,6 +435,12 @@ class LearningLog(TrainerCallback):
                    f"entropy={fmt(ent, '.3f')}  frac_zero_std={fmt(fzs, '.2f')}")
         self.n_logs += 1
         self.history.append((epoch, r or 0.0, fzs or 0.0))
+        if self.curriculum:
+            phase, w = rewards.curriculum_phase(epoch)
+            if phase != self.phase:
+                self.phase = phase
+                self.write(f"[Curriculum] phase {phase} from epoch {epoch:.2f}: structural {w.structural:.2f}  "
+                           f"type {w.type_check:.2f}  compile {w.compile:.2f}  tests {w.tests:.2f}")
         recent = self.history[-self.WINDOW:]
         mean_r = sum(h[1] for h in recent) / len(recent)
         mean_fzs = sum(h[2] for h in recent) / len(recent)
@@ -500,6 +508,7 @@ class LearningLog(TrainerCallback):
 
 header = [f"{'resumed from ' + resume_from if resume_from else 'started'} {time.strftime('%Y-%m-%d %H:%M:%S')}",
           f"model: {cfg['BASE_MODEL_ID']}", f"dataset: {cfg['TRAINING_DATASET']} ({len(kept)} problems)",
+          f"reward grader: {scorer.grader.sandbox.describe()}",
           "config: " + "  ".join(f"{k}={cfg[k]}" for k in (
               "GRPO_BATCH_SIZE", "GRPO_GRAD_ACCUM_STEPS", "GRPO_NUM_GENERATIONS", "GRPO_MAX_PROMPT",
               "GRPO_MAX_COMPLETION", "GRPO_NUM_EPOCHS", "GRPO_LEARNING_RATE", "GRPO_TEMPERATURE", "GRPO_BETA",
@@ -507,7 +516,7 @@ header = [f"{'resumed from ' + resume_from if resume_from else 'started'} {time.
               "RUNAWAY_PENALTY_MULTIPLIER"))]
 callback = LearningLog(out_dir / "learning.log", header, resumed=resume_from is not None,
                        breakdown_path=out_dir / "reward_logs" / "syntax_aware_breakdown.jsonl",
-                       auto_stop=cfg["GRPO_AUTO_STOP"])
+                       auto_stop=cfg["GRPO_AUTO_STOP"], curriculum=cfg["REWARD_CURRICULUM"])
 
 # ----------------------------------------------------------------------------- train
 trainer = GRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=train_dataset,

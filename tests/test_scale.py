@@ -25,10 +25,16 @@ def launch(tmp: Path, env: dict) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_two_processes_log_once_checkpoint_and_resume(tmp_path, cache_home):
-    env = run_env(tmp_path, cache_home, GRPO_BATCH_SIZE=1, GRPO_MAX_STEPS=2, GRPO_SAVE_STEPS=2)
-    launch(tmp_path, env)
+    env = run_env(tmp_path, cache_home, GRPO_BATCH_SIZE=1, GRPO_MAX_STEPS=2, GRPO_SAVE_STEPS=2,
+                  AUDIT_DATASET=0, REWARD_CURRICULUM=1)  # (two more switches checked on the way)
+    res = launch(tmp_path, env)
+    assert "AUDIT_DATASET=0: dataset audit skipped" in res.stdout
     run = tmp_path / "run"
-    metrics = check_log_wellformed(log_lines(run))
+    assert not (run / "dataset_audit.jsonl").exists()
+    lines = log_lines(run)
+    assert "[Curriculum] phase syntax from epoch 0.12: structural 0.10  type 0.40  compile 0.30  tests 0.20" in lines
+    assert {r["phase"] for r in read_jsonl(run / "reward_logs" / "syntax_aware_breakdown.jsonl")} == {"syntax"}
+    metrics = check_log_wellformed(lines)
     assert len(metrics) == 2  # rank 0 alone writes learning.log
     assert metrics[-1].startswith("[Epoch 0.25]")  # 2 steps x 2 processes x 1 prompt of 16 problems
     rows = read_jsonl(run / "reward_logs" / "completions.jsonl")
