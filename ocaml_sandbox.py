@@ -34,7 +34,16 @@ from pathlib import Path
 
 import ocaml_source as src
 
-FORBIDDEN_IN_SOLUTIONS = {"Obj", "external"}  # would let code read the harness's memory
+# Ways to read or forge memory (the harness's nonce lives there): no test credit when used.
+FORBIDDEN_MODULES = {"Obj", "Marshal", "CamlinternalOO", "CamlinternalMod"}
+
+
+def forbidden_identifier(name: str) -> bool:
+    return (name in FORBIDDEN_MODULES or name == "external" or name.startswith("unsafe")
+            or any(name.endswith("__" + m) for m in FORBIDDEN_MODULES))  # Stdlib__Obj, the unit itself
+
+
+RUN_TOOLS = ("ocamlrun", "prlimit", "setpriv", "nice")  # all that the model-code sandbox can execute
 # A 32 MB minor heap: list-heavy tests on large inputs run ~1.7x faster in bytecode.
 RUNPARAM = "s=4M"
 NONGENERALIZABLE = "contains type variables that cannot be generalized"
@@ -135,7 +144,7 @@ class Grade:
     tests_passed: int = 0
     tests_total: int = 0
     timed_out: bool = False
-    forbidden: str | None = None  # a construct that voids test credit (Obj, external)
+    forbidden: str | None = None  # a construct that voids test credit (Obj, Marshal, external, unsafe_*)
     test_error: str | None = None  # first error compiling the tests against the solution
     output: str = ""  # the test program's stdout+stderr, capped
 
@@ -185,7 +194,8 @@ class Sandbox:
         who = "per-job unprivileged uid" if self.as_root else "own uid (not root: process limit not enforced)"
         return f"bubblewrap sandbox, {who}, limits {self.limits}"
 
-    def _command(self, argv: list[str], workdir: Path, cpu_s: int, uid: int | None, nice: int) -> list[str]:
+    def _command(self, argv: list[str], workdir: Path, cpu_s: int, uid: int | None, nice: int,
+                 program: Path | None) -> list[str]:
         lim = self.limits
         cmd = [
             "prlimit", f"--cpu={cpu_s}:{cpu_s}", f"--as={lim.memory_mb << 20}:{lim.memory_mb << 20}",
@@ -198,27 +208,39 @@ class Sandbox:
         if not self.isolated:
             return cmd
         box = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
-               "--unshare-cgroup-try", "--as-pid-1", "--die-with-parent", "--ro-bind", "/usr", "/usr"]
+               "--unshare-cgroup-try", "--as-pid-1", "--die-with-parent"]
         if not self.as_root:
             box.append("--unshare-user")
-        for d in ("bin", "sbin", "lib", "lib64", "lib32"):
-            p = Path("/") / d
-            if p.is_symlink():
-                box += ["--symlink", os.readlink(p), f"/{d}"]
-            elif p.is_dir():
-                box += ["--ro-bind", str(p), f"/{d}"]
-        box += ["--perms", "0755", "--dir", "/etc"]  # else bwrap makes it 0700: unreadable after the uid drop
-        for f in ("/etc/ocamlfind.conf", "/etc/findlib.conf", "/etc/ld.so.cache", "/etc/ld.so.conf"):
-            box += ["--ro-bind-try", f, f]
-        box += ["--dev", "/dev", "--tmpfs", "/tmp", "--bind", str(workdir), "/work", "--chdir", "/work",
-                "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/work",
+        if program is None:
+            # The toolchain (trusted, runs no model code): all of /usr, the job directory writable.
+            box += ["--ro-bind", "/usr", "/usr"] + _root_links(("bin", "sbin", "lib", "lib64", "lib32"))
+            box += ["--perms", "0755", "--dir", "/etc"]  # else bwrap makes it 0700: unreadable after the uid drop
+            for f in ("/etc/ocamlfind.conf", "/etc/findlib.conf", "/etc/ld.so.cache", "/etc/ld.so.conf"):
+                box += ["--ro-bind-try", f, f]
+            box += ["--bind", str(workdir), "/work"]
+        else:
+            # Model code: the bytecode runtime, its libraries and the launch chain, nothing else:
+            # no shell, no interpreters (a child could read its parent's memory), no compilers.
+            # /work and /tmp are small private tmpfs, so nothing reaches the host's disk.
+            box += ["--perms", "0755", "--dir", "/usr", "--perms", "0755", "--dir", "/usr/bin",
+                    "--ro-bind", "/usr/lib", "/usr/lib", "--ro-bind-try", "/usr/lib64", "/usr/lib64",
+                    "--ro-bind-try", "/usr/local/lib", "/usr/local/lib"]
+            box += _root_links(("lib", "lib64", "lib32")) + (["--symlink", "usr/bin", "/bin"] if Path("/bin").is_symlink() else [])
+            for tool in RUN_TOOLS:
+                path = os.path.realpath(shutil.which(tool) or f"/usr/bin/{tool}")
+                box += ["--ro-bind", path, f"/usr/bin/{tool}"]
+            box += ["--perms", "1777", "--size", str(lim.file_mb << 22), "--tmpfs", "/work",
+                    "--ro-bind", str(program), "/work/prog"]
+        box += ["--dev", "/dev", "--perms", "1777", "--size", str(lim.file_mb << 20), "--tmpfs", "/tmp",
+                "--chdir", "/work", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/work",
                 "--setenv", "LC_ALL", "C", "--setenv", "OCAMLRUNPARAM", RUNPARAM, "--"]
         return box + cmd
 
     def run(self, argv: list[str], workdir: Path, *, wall_s: float, cpu_s: int | None = None,
-            pass_fds: tuple[int, ...] = (), nice: int = 0) -> RunResult:
+            pass_fds: tuple[int, ...] = (), nice: int = 0, program: Path | None = None) -> RunResult:
         """Run argv inside `workdir` (seen as /work) under every limit; never raises on the
-        program's behaviour: a crash or timeout is in the result."""
+        program's behaviour: a crash or timeout is in the result. With `program`, run model code:
+        that file alone is visible, as /work/prog, in the stripped-down sandbox."""
         cpu_s = int(cpu_s or self.limits.cpu_s)
         uid = self._uids.get() if self.as_root else None
         t0 = time.monotonic()
@@ -229,7 +251,7 @@ class Sandbox:
             env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LC_ALL": "C", "OCAMLRUNPARAM": RUNPARAM}
             with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
                 proc = subprocess.Popen(
-                    self._command(argv, workdir, cpu_s, uid, nice), cwd=workdir, env=env,
+                    self._command(argv, workdir, cpu_s, uid, nice, program), cwd=workdir, env=env,
                     stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=pass_fds,
                     start_new_session=True)
                 timed_out = False
@@ -266,6 +288,18 @@ class Sandbox:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def _root_links(dirs: tuple[str, ...]) -> list[str]:
+    """/bin, /lib... as on the host: symlinks into /usr (merged /usr) or read-only binds."""
+    out = []
+    for d in dirs:
+        p = Path("/") / d
+        if p.is_symlink():
+            out += ["--symlink", os.readlink(p), f"/{d}"]
+        elif p.is_dir():
+            out += ["--ro-bind", str(p), f"/{d}"]
+    return out
 
 
 def _read_capped(f, limit: int) -> str:
@@ -449,7 +483,7 @@ class OcamlGrader:
             grade.phrases_total = max(1, len(phrases))
             plan = src.parse_assert_tests(tests)
             grade.tests_total = plan.n_assertions if plan else 1
-            grade.forbidden = src.mentions_word(solution, FORBIDDEN_IN_SOLUTIONS)
+            grade.forbidden = src.first_identifier(solution, forbidden_identifier)
             (workdir / "solution.ml").write_text(solution)
             tc = " ".join(self._compiler(requires, False) + ["-c", "solution.ml"])
             script = f"{tc} >tc.out 2>&1; echo $? >tc.rc\n"
@@ -541,21 +575,29 @@ class OcamlGrader:
             if remaining <= 0:
                 timed_out = True
                 break
-            with tempfile.TemporaryFile(dir=self.tmp_root) as results, tempfile.TemporaryFile(dir=self.tmp_root) as secret:
-                secret.write(f"{nonce}\n{start}\n".encode())
-                secret.flush()
-                secret.seek(0)
-                rfd, sfd = results.fileno(), secret.fileno()
-                res = self.sandbox.run(["./prog", str(rfd), str(sfd)], rundir, wall_s=remaining,
-                                       pass_fds=(rfd, sfd), nice=15)
-                results.seek(0)
-                events = _parse_events(results.read(4 << 20).decode("ascii", "replace"), nonce)
+            # The results file is write-only for the program: nothing it starts can read the
+            # nonce back from it. The nonce arrives on a descriptor the harness closes first.
+            results_path = self.tmp_root / f"results-{secrets.token_hex(8)}"
+            rfd = os.open(results_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o600)
+            try:
+                with tempfile.TemporaryFile(dir=self.tmp_root) as secret:
+                    secret.write(f"{nonce}\n{start}\n".encode())
+                    secret.flush()
+                    secret.seek(0)
+                    sfd = secret.fileno()
+                    res = self.sandbox.run(["./prog", str(rfd), str(sfd)], rundir, wall_s=remaining,
+                                           pass_fds=(rfd, sfd), nice=15, program=rundir / "prog")
+            finally:
+                os.close(rfd)
+            with open(results_path, "rb") as f:
+                events = _parse_events(f.read(4 << 20).decode("ascii", "replace"), nonce)
+            results_path.unlink()
             output = (res.stdout + res.stderr)[: lim.output_bytes]
-            started: set[int] = set()
+            began: set[int] = set()
             done: set[int] = set()
             for tag, i in events:
                 if tag == "S":
-                    started.add(i)
+                    began.add(i)
                 elif tag in ("P", "F"):
                     done.add(i)
                     if tag == "P":
@@ -565,7 +607,7 @@ class OcamlGrader:
             if finished or res.timed_out:
                 timed_out = res.timed_out
                 break
-            crashed_in = sorted(started - done)
+            crashed_in = sorted(began - done)
             if not crashed_in or crashed_in[-1] + 1 >= total:
                 break
             start = crashed_in[-1] + 1

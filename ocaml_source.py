@@ -341,9 +341,9 @@ def _split_top_level(toks: list[Token], sep: str) -> list[list[Token]]:
     return parts
 
 
-def mentions_word(src: str, words: set[str]) -> str | None:
-    """First of `words` used as an identifier in code (strings and comments ignored)."""
+def first_identifier(src: str, match) -> str | None:
+    """First identifier in code (strings and comments ignored) for which `match(name)` holds."""
     for t in code_tokens(src):
-        if t.kind == "ident" and t.text in words:
+        if t.kind == "ident" and match(t.text):
             return t.text
     return None

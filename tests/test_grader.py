@@ -171,6 +171,9 @@ ATTACKS = {
     "raise_exit_from_at_exit": "let add a b = at_exit (fun () -> exit 0); failwith \"no\"",
     "obj_magic_harness": "let add a b = Obj.magic 0",
     "external_primitive": 'external od : int -> out_channel = "caml_ml_open_descriptor_out"\nlet add a b = 0',
+    "obj_compilation_unit": "let add a b = Stdlib__Obj.magic 0",
+    "marshal_forgery": 'let add a b = Marshal.from_string "" 0',
+    "unsafe_memory_read": 'let add a b = Char.code (String.unsafe_get "" 100000)',
     "read_tests_file": 'let add a b = (try ignore (open_in "tests.ml"); 3 with _ -> 0)',
     "uncaught_exception_handler": "let () = Printexc.set_uncaught_exception_handler (fun _ _ -> exit 0)\nlet add a b = 0",
     "huge_output": 'let add a b = print_string (String.make 1_000_000 \'x\'); 0',
@@ -183,6 +186,20 @@ def test_attack_earns_no_test_credit(scorer, name):
     # add 0 0 = 0 and add 7 0 = 7 style coincidences: the honest baseline of `0` is 1 assertion
     honest_baseline = score(scorer, "let add a b = 0").tests_passed
     assert b.tests_passed <= honest_baseline, name
+
+
+@pytest.mark.parametrize("code,name", [
+    ("let add a b = Obj.magic (a + b)", "Obj"),
+    ("let add a b = Stdlib__Obj.magic (a + b)", "Stdlib__Obj"),
+    ("let add a b = ignore (Marshal.to_string 1 []); a + b", "Marshal"),
+    ('let add a b = ignore (String.unsafe_get "ab" 0); a + b', "unsafe_get"),
+    ('external plus : int -> int -> int = "%addint"\nlet add a b = plus a b', "external"),
+])
+def test_memory_level_constructs_void_test_credit_even_when_right(scorer, code, name):
+    b = score(scorer, code)
+    assert b.forbidden == name and b.tests == 0.0 and b.tests_passed == 0
+    assert b.type_check == 0.20 and b.compile == 0.10  # the code itself is fine OCaml
+    assert score(scorer, "let add a b = a + b (* Obj.magic in a comment is fine *)").tests_passed == 7
 
 
 def test_host_files_are_untouched_and_no_process_survives(scorer, tmp_path):
@@ -201,6 +218,28 @@ def test_host_files_are_untouched_and_no_process_survives(scorer, tmp_path):
     time.sleep(0.2)
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert "sleep 1000" not in ps and "sleep 999" not in ps
+
+
+def test_model_code_has_no_shell_and_no_room_to_fill_the_disk(scorer):
+    # With a shell a background child could read the parent's memory (same uid) or race the
+    # harness; the run sandbox holds only the bytecode runtime.
+    no_shell = score(scorer, 'let add a b = if Sys.command "true" = 127 then a + b else 0')
+    assert no_shell.tests_passed == 7
+    # /work is a small tmpfs: 100 MB cannot be written, so the host's disk is out of reach.
+    disk = score(scorer, """let add a b =
+  let wrote_all =
+    try
+      for i = 0 to 99 do
+        let oc = open_out_bin (Printf.sprintf "f%d" i) in
+        output_string oc (String.make 1_000_000 'x');
+        close_out oc
+      done;
+      true
+    with Sys_error _ -> false
+  in
+  if wrote_all then 0 else a + b""")
+    assert disk.tests_passed == 7
+    assert list(scorer.grader.tmp_root.glob("job*")) == []
 
 
 def test_infinite_loop_and_fork_bomb_finish_within_the_limit():
