@@ -85,8 +85,12 @@ class AuditCache:
         with self._lock:
             for e in entries:
                 self.entries[e["key"]] = e
-            with open(self.path, "a") as f:
-                f.write("".join(json.dumps(e) + "\n" for e in entries))
+            # one append-mode write: ranks auditing side by side never interleave inside a line
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, "".join(json.dumps(e) + "\n" for e in entries).encode())
+            finally:
+                os.close(fd)
 
 
 def _classify(err, p: Problem) -> tuple[str, str]:
@@ -133,7 +137,7 @@ def audit_problems(problems: list[Problem], output_dir: str | Path | None = None
 
     if to_compile:
         own_grader = grader is None
-        grader = grader or OcamlGrader(Sandbox(max_jobs=64), max_parallel_compiles=workers)
+        grader = grader or OcamlGrader(Sandbox(), max_parallel_compiles=workers)
         by_requires: dict[tuple, list] = collections.defaultdict(list)
         for item in to_compile:
             by_requires[tuple(sorted(item[1].requires))].append(item)

@@ -19,8 +19,8 @@ OCAML_FILE_MB (16), OCAML_MAX_PROCS (32), OCAML_MAX_FILES (64), OCAML_OUTPUT_BYT
 """
 from __future__ import annotations
 
+import fcntl
 import os
-import queue
 import re
 import secrets
 import shutil
@@ -163,19 +163,51 @@ def _which_or_raise(tool: str, package: str) -> str:
     return path
 
 
-class Sandbox:
-    UID_BASE = 61000
+class UidPool:
+    """Unprivileged uids for concurrent jobs, each held by one job at a time across every process
+    on the machine (a flock per uid): several trainer ranks or a CLI beside a trainer never share
+    a uid, so one job's process limit and kill-by-uid never touch another's processes."""
 
-    def __init__(self, limits: Limits | None = None, mode: str | None = None, max_jobs: int = 64):
+    def __init__(self, base: int = 61000, size: int = 256):
+        self.base, self.size = base, size
+        self.dir = Path(tempfile.gettempdir()) / "ocaml-grpo-uids"
+        self.dir.mkdir(mode=0o700, exist_ok=True)
+        self._held: dict[int, int] = {}  # uid -> lock fd
+        self._lock = threading.Lock()
+
+    def acquire(self) -> int:
+        start = secrets.randbelow(self.size)
+        while True:
+            for k in range(self.size):
+                uid = self.base + (start + k) % self.size
+                with self._lock:
+                    if uid in self._held:
+                        continue
+                    fd = os.open(self.dir / f"{uid}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        os.close(fd)
+                        continue
+                    self._held[uid] = fd
+                    return uid
+            time.sleep(0.01)  # every uid busy: wait for a job to end
+
+    def release(self, uid: int) -> None:
+        with self._lock:
+            fd = self._held.pop(uid)
+        os.close(fd)  # closing drops the flock
+
+
+class Sandbox:
+    def __init__(self, limits: Limits | None = None, mode: str | None = None):
         self.limits = limits or Limits.from_env()
         self.mode = (mode or os.environ.get("OCAML_SANDBOX", "bwrap")).strip().lower()
         if self.mode not in ("bwrap", "none"):
             raise ValueError(f"OCAML_SANDBOX={self.mode!r}: expected 'bwrap' or 'none'")
         self.isolated = self.mode == "bwrap"
         self.as_root = os.geteuid() == 0
-        self._uids: queue.Queue[int] = queue.Queue()
-        for k in range(max_jobs):
-            self._uids.put(self.UID_BASE + k)
+        self._uids = UidPool() if self.as_root else None
         _which_or_raise("ocamlc", "ocaml-nox")
         _which_or_raise("ocamlfind", "ocaml-findlib")  # problems that `require` packages compile through it
         _which_or_raise("prlimit", "util-linux")
@@ -242,7 +274,7 @@ class Sandbox:
         program's behaviour: a crash or timeout is in the result. With `program`, run model code:
         that file alone is visible, as /work/prog, in the stripped-down sandbox."""
         cpu_s = int(cpu_s or self.limits.cpu_s)
-        uid = self._uids.get() if self.as_root else None
+        uid = self._uids.acquire() if self._uids else None
         t0 = time.monotonic()
         try:
             if uid is not None:
@@ -266,7 +298,7 @@ class Sandbox:
                                  time.monotonic() - t0)
         finally:
             if uid is not None:
-                self._uids.put(uid)
+                self._uids.release(uid)
 
     @staticmethod
     def _kill(proc: subprocess.Popen, uid: int | None) -> None:

@@ -304,3 +304,14 @@ def test_weights_from_env_and_curriculum(monkeypatch):
     assert curriculum_phase(0.2)[1].type_check == 0.40
     assert curriculum_phase(0.7)[1].tests == 0.50
     assert curriculum_phase(1.3)[1].tests == 0.65
+
+
+def test_uids_are_never_shared_between_processes():
+    from ocaml_sandbox import UidPool
+    a, b = UidPool(size=8), UidPool(size=8)  # two pools = two processes: each flock is its own
+    held_a = {a.acquire() for _ in range(5)}
+    held_b = {b.acquire() for _ in range(3)}
+    assert len(held_a) == 5 and len(held_b) == 3 and not held_a & held_b
+    uid = held_a.pop()
+    a.release(uid)
+    assert b.acquire() == uid  # the only free one left
