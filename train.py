@@ -152,7 +152,9 @@ if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
     for name, default, parse, meaning in CONFIG:
         print(f"  {name}={default}\n      {meaning}; {parse.accepts}")
     print(f"  GRPO_DEMO=1 sets: {' '.join(f'{k}={v}' for k, v in DEMO_DEFAULTS.items())} BASE_MODEL_ID={DEMO_MODEL_DIR}")
-    print("  Reward knobs read by rewards.py: REWARD_WEIGHT_{STRUCTURAL,TYPE_CHECK,COMPILE,TESTS}, REWARD_WORKERS")
+    print("  Read by the reward and the sandbox (see README): REWARD_WEIGHT_{STRUCTURAL,TYPE_CHECK,COMPILE,TESTS},\n"
+          "  REWARD_WORKERS, REWARD_END_MARKER, OCAML_SANDBOX, OCAML_{CPU,WALL,COMPILE}_LIMIT_S, OCAML_MEMORY_MB,\n"
+          "  OCAML_FILE_MB, OCAML_MAX_PROCS, OCAML_MAX_FILES, OCAML_OUTPUT_BYTES, OCAML_SANDBOX_TMPDIR, AUDIT_CACHE_DIR")
     sys.exit(0)
 
 if len(sys.argv) > 1 and sys.argv[1] == "merge":
