@@ -204,6 +204,18 @@ def read_jsonl(path: Path) -> tuple[list[dict], int]:
     return recs, bad
 
 
+def drop_superseded(items: list, position) -> list:
+    """A run killed and resumed from a checkpoint redoes the steps after it, so the logs hold
+    them twice; when the position (epoch, step) goes back, the later copy replaces the earlier."""
+    out: list = []
+    for item in items:
+        pos = position(item)
+        if out and pos < position(out[-1]):
+            out = [x for x in out if position(x) < pos]
+        out.append(item)
+    return out
+
+
 def cfg_float(config: dict, key: str) -> float | None:
     try:
         return float(config[key])
@@ -316,6 +328,7 @@ def analyze(run_dir: str | Path, th: Thresholds = THRESHOLDS) -> Report:
     if not log_path.is_file():
         raise FileNotFoundError(f"learning log not found: {log_path}")
     header, lines, skipped = parse_learning_log(log_path)
+    lines = drop_superseded(lines, lambda l: l.epoch)
     config, audit, bd, bad = {}, None, None, 0
     try:
         config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
@@ -323,6 +336,7 @@ def analyze(run_dir: str | Path, th: Thresholds = THRESHOLDS) -> Report:
         pass                            # absent or mid-write: only config-based advice is lost
     if (p := run_dir / "reward_logs" / "syntax_aware_breakdown.jsonl").is_file():
         recs, bad = read_jsonl(p)
+        recs = drop_superseded(recs, lambda r: r.get("step") or 0)
         bd = summarize_breakdown(recs) if recs else None
     if (p := run_dir / "dataset_audit.jsonl").is_file():
         arecs, b = read_jsonl(p)

@@ -35,7 +35,7 @@ def seed_breakdown():
     out += [rec(1, "p_pass", 1.0, passed=5), rec(1, "p_pass", 0.56, passed=2),
             rec(1, "p_pass", 0.35), rec(1, "p_pass", 0.35)]
     out += [rec(2, "p_pass", 1.0, passed=5) for _ in range(4)]   # zero variance, but solved
-    return out
+    return sorted(out, key=lambda r: r["step"])   # the trainer logs steps in order
 
 
 def make_run(tmp_path, log_lines, breakdown, config=None, truncate=True):
@@ -231,3 +231,11 @@ def test_stop_criteria_at_epoch_1(tmp_path):
     assert states["epoch 1.0: upward reward trend"] == "not met"
     assert states["epoch 1.0: regular test passes (10-20%)"] == "met"  # step 2: 4 of 8 pass
     assert r.recommendation.startswith("Stop this run")
+
+
+def test_steps_redone_after_a_resume_are_counted_once():
+    from analyze import LogLine, drop_superseded
+    lines = [LogLine(e, "", {}, {}) for e in (0.1, 0.2, 0.3, 0.4, 0.3, 0.4, 0.5)]  # killed at 0.4, resumed at 0.2
+    assert [l.epoch for l in drop_superseded(lines, lambda l: l.epoch)] == [0.1, 0.2, 0.3, 0.4, 0.5]
+    recs = [{"step": s} for s in (0, 0, 1, 1, 2, 2, 1, 1, 2, 2, 3)]
+    assert [r["step"] for r in drop_superseded(recs, lambda r: r["step"])] == [0, 0, 1, 1, 2, 2, 3]
