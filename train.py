@@ -239,6 +239,14 @@ print("config:\n" + "\n".join(f"  {k.ljust(width)} = {v}" for k, v in cfg.items(
 print(f"  resume from: {resume_from or '(fresh run)'}")
 if IS_MAIN:
     out_dir.mkdir(parents=True, exist_ok=True)
+    old_logs = [p for p in (out_dir / "learning.log", out_dir / "reward_logs") if p.exists()]
+    if resume_from is None and old_logs:
+        # A fresh run must not append to another run's logs; keep them, out of the way.
+        archive = out_dir / "previous_runs" / time.strftime("%Y%m%d-%H%M%S")
+        archive.mkdir(parents=True)
+        for p in old_logs:
+            p.rename(archive / p.name)
+        print(f"  earlier logs moved to {archive}")
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 # ----------------------------------------------------------------------------- toolchain and data

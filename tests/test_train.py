@@ -148,6 +148,14 @@ def test_train_logs_checkpoints_resume_and_merge(tmp_path, cache_home):
     assert len(read_jsonl(run / "reward_logs" / "completions.jsonl")) == 6 * 2 * 2
     assert checkpoints(run)[-1] == 6
 
+    # Third run, GRPO_RESUME=never: a fresh run; the earlier logs are kept aside, not appended to.
+    res = train(tmp_path, run_env(tmp_path, cache_home, GRPO_RESUME="never", GRPO_MAX_STEPS=2))
+    [archive] = (run / "previous_runs").iterdir()
+    assert len(read_jsonl(archive / "reward_logs" / "completions.jsonl")) == 6 * 2 * 2
+    assert len(check_log_wellformed(log_lines(archive))) == 6
+    assert len(check_log_wellformed(log_lines(run))) == 2
+    assert len(read_jsonl(run / "reward_logs" / "completions.jsonl")) == 2 * 2 * 2
+
     merged = tmp_path / "merged"
     res = subprocess.run([sys.executable, str(TRAIN), "merge", str(run / "final_adapter"), str(merged)],
                          cwd=tmp_path, env=run_env(tmp_path, cache_home), capture_output=True, text=True, timeout=120)
