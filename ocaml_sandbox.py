@@ -1,10 +1,12 @@
 """Everything that touches the OCaml toolchain or runs model code, isolated and bounded.
 
-Isolation (bubblewrap): no network, read-only /usr, no /proc, a private /tmp, only the job's
-own directory writable, a scrubbed environment, a fresh PID namespace (everything the program
-started dies with it), and, when we are root, an unprivileged uid per concurrent job so that
-the process-count limit counts. rlimits (prlimit) bound CPU seconds, address space, file
-size, processes and open files; a wall-clock deadline kills the whole tree.
+Isolation (bubblewrap): no network, no /proc, a scrubbed environment, a fresh PID namespace
+(everything the program started dies with it), and, when we are root, an unprivileged uid per
+concurrent job (held machine-wide) so that the process-count limit counts. Compiles see a
+read-only /usr and write only the job's directory; model code sees only the bytecode runtime and
+its libraries (no shell, no interpreter), with small in-memory /work and /tmp. rlimits
+(prlimit) bound CPU seconds, address space, file size, processes and open files; a wall-clock
+deadline kills the whole tree.
 
 Grading model code (`OcamlGrader.grade`):
 1. type check the solution alone; if it fails, count independent errors phrase by phrase;

@@ -227,7 +227,8 @@ class RewardScorer:
         self.grader.close()
 
     def _grade_cached(self, problem: Problem, solution: str, entries: list[str]) -> tuple[Grade, bool]:
-        key = hashlib.sha256("\0".join([problem.id, problem.tests, ",".join(problem.requires), solution]).encode()).hexdigest()
+        key = hashlib.sha256("\0".join([problem.id, problem.tests, ",".join(problem.requires), ",".join(entries),
+                                        solution]).encode()).hexdigest()
         while True:
             with self._lock:
                 if key in self._cache:

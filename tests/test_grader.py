@@ -315,3 +315,17 @@ def test_uids_are_never_shared_between_processes():
     uid = held_a.pop()
     a.release(uid)
     assert b.acquire() == uid  # the only free one left
+
+
+def test_explicit_no_isolation_mode_still_grades_and_says_so(monkeypatch):
+    monkeypatch.setenv("OCAML_SANDBOX", "none")
+    s = RewardScorer(RewardConfig(min_lines=0, workers=1))
+    try:
+        b = s.score_one(ADD, fenced("let add a b = a + b"))
+        assert b.reward == 1.0 and b.isolated is False
+        assert "isolation OFF" in s.grader.sandbox.describe()
+    finally:
+        s.close()
+    monkeypatch.setenv("OCAML_SANDBOX", "docker")
+    with pytest.raises(ValueError, match="OCAML_SANDBOX"):
+        RewardScorer(RewardConfig(min_lines=0, workers=1))
