@@ -52,6 +52,8 @@ NONGENERALIZABLE = "contains type variables that cannot be generalized"
 HARNESS_ML = r"""
 (* Trusted: linked before the solution, so it reads the nonce before any model code runs. *)
 external fd_out : int -> out_channel = "caml_ml_open_descriptor_out"
+(* The runtime has loaded the program; its file (holding the tests' constants) goes now. *)
+let () = try Sys.remove Sys.executable_name with Sys_error _ -> ()
 external fd_in : int -> in_channel = "caml_ml_open_descriptor_in"
 let nonce, start =
   let ic = fd_in (int_of_string Sys.argv.(2)) in
@@ -229,7 +231,7 @@ class Sandbox:
         return f"bubblewrap sandbox, {who}, limits {self.limits}"
 
     def _command(self, argv: list[str], workdir: Path, cpu_s: int, uid: int | None, nice: int,
-                 program: Path | None) -> list[str]:
+                 program: Path | None, program_fd: int | None) -> list[str]:
         lim = self.limits
         cmd = [
             "prlimit", f"--cpu={cpu_s}:{cpu_s}", f"--as={lim.memory_mb << 20}:{lim.memory_mb << 20}",
@@ -263,8 +265,10 @@ class Sandbox:
             for tool in RUN_TOOLS:
                 path = os.path.realpath(shutil.which(tool) or f"/usr/bin/{tool}")
                 box += ["--ro-bind", path, f"/usr/bin/{tool}"]
-            box += ["--perms", "1777", "--size", str(lim.file_mb << 22), "--tmpfs", "/work",
-                    "--ro-bind", str(program), "/work/prog"]
+            # The program is copied in (bwrap closes that descriptor), so the harness can delete
+            # it before model code runs: nothing can read the tests' constants from the binary.
+            box += ["--perms", "0777", "--size", str(lim.file_mb << 22), "--tmpfs", "/work",
+                    "--perms", "0755", "--file", str(program_fd), "/work/prog"]
         box += ["--dev", "/dev", "--perms", "1777", "--size", str(lim.file_mb << 20), "--tmpfs", "/tmp",
                 "--chdir", "/work", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/work",
                 "--setenv", "LC_ALL", "C", "--setenv", "OCAMLRUNPARAM", RUNPARAM, "--"]
@@ -283,11 +287,18 @@ class Sandbox:
                 for p in [workdir, *workdir.rglob("*")]:
                     os.chown(p, uid, uid)
             env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LC_ALL": "C", "OCAMLRUNPARAM": RUNPARAM}
+            program_fd = os.open(program, os.O_RDONLY) if program is not None and self.isolated else None
+            if program_fd is not None:
+                pass_fds = (*pass_fds, program_fd)
             with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-                proc = subprocess.Popen(
-                    self._command(argv, workdir, cpu_s, uid, nice, program), cwd=workdir, env=env,
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=pass_fds,
-                    start_new_session=True)
+                try:
+                    proc = subprocess.Popen(
+                        self._command(argv, workdir, cpu_s, uid, nice, program, program_fd), cwd=workdir,
+                        env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=pass_fds,
+                        start_new_session=True)
+                finally:
+                    if program_fd is not None:
+                        os.close(program_fd)
                 timed_out = False
                 try:
                     rc = proc.wait(timeout=wall_s)

@@ -174,7 +174,11 @@ ATTACKS = {
     "obj_compilation_unit": "let add a b = Stdlib__Obj.magic 0",
     "marshal_forgery": 'let add a b = Marshal.from_string "" 0',
     "unsafe_memory_read": 'let add a b = Char.code (String.unsafe_get "" 100000)',
-    "read_tests_file": 'let add a b = (try ignore (open_in "tests.ml"); 3 with _ -> 0)',
+    # each of these is right exactly when the file it reaches for is readable
+    "read_tests_file": 'let add a b = (try ignore (open_in "tests.ml"); a + b with _ -> 0)',
+    "read_own_binary": 'let add a b = (try ignore (open_in_bin Sys.executable_name); a + b with _ -> 0)',
+    "read_binary_by_name": 'let add a b = (try ignore (open_in_bin "prog"); a + b with _ -> 0)',
+    "read_solution_source": 'let add a b = (try ignore (open_in "solution.ml"); a + b with _ -> 0)',
     "uncaught_exception_handler": "let () = Printexc.set_uncaught_exception_handler (fun _ _ -> exit 0)\nlet add a b = 0",
     "huge_output": 'let add a b = print_string (String.make 1_000_000 \'x\'); 0',
 }
