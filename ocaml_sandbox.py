@@ -31,6 +31,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -217,7 +218,8 @@ class Sandbox:
         _which_or_raise("prlimit", "util-linux")
         if self.isolated:
             _which_or_raise("bwrap", "bubblewrap")
-            probe = self.run(["true"], Path(tempfile.mkdtemp(prefix="ocaml-probe-")), wall_s=10, cpu_s=5)
+            with tempfile.TemporaryDirectory(prefix="ocaml-probe-") as probe_dir:
+                probe = self.run(["true"], Path(probe_dir), wall_s=10, cpu_s=5)
             if probe.returncode != 0:
                 raise ToolchainError(
                     "bubblewrap is installed but cannot create a sandbox here: "
@@ -418,6 +420,7 @@ class OcamlGrader:
         self._compile_slots = threading.BoundedSemaphore(max_parallel_compiles or os.cpu_count() or 1)
         self.tmp_root = Path(tempfile.mkdtemp(prefix="ocaml-grader-", dir=tmp_root or os.environ.get("OCAML_SANDBOX_TMPDIR")))
         os.chmod(self.tmp_root, 0o755)
+        weakref.finalize(self, shutil.rmtree, self.tmp_root, True)  # also when close() is never called
         probe = self.tmp_root / "probe"
         probe.mkdir()
         (probe / "probe.ml").write_text(HARNESS_ML)
