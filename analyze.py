@@ -580,7 +580,8 @@ def render_markdown(r: Report, plots: list[Path] = ()) -> str:
           f"**Recommendation:** {r.recommendation}", ""]
     md += [f"- {ICON[f.severity]} {f.title}" for f in r.findings if f.severity != "info"] or ["- no issues"]
     md += ["", "## Configuration in Use", ""]
-    md += ["```bash"] + [f"{k}={v}" for k, v in sorted(c.items())] + ["```"] if c else ["_no config.json_"]
+    env_value = lambda v: int(v) if isinstance(v, bool) else v  # noqa: E731  (as it would be exported)
+    md += ["```bash"] + [f"{k}={env_value(v)}" for k, v in sorted(c.items())] + ["```"] if c else ["_no config.json_"]
     if r.header:
         md += ["", "Log header:", "```"] + r.header + ["```"]
     head, tail = (r.lines, []) if len(r.lines) <= 6 else (r.lines[:3], r.lines[-3:])
