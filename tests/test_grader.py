@@ -335,3 +335,11 @@ def test_explicit_no_isolation_mode_still_grades_and_says_so(monkeypatch):
     monkeypatch.setenv("OCAML_SANDBOX", "docker")
     with pytest.raises(ValueError, match="OCAML_SANDBOX"):
         RewardScorer(RewardConfig(min_lines=0, workers=1))
+
+
+@pytest.mark.parametrize("spec", ["bundled", str(BENCH / "multipl_e_ml.jsonl"), str(BENCH / "ocamler_eval_sample.csv")])
+def test_every_assert_of_the_known_sets_becomes_one_graded_assertion(spec):
+    for p in load_problems(spec):
+        plan = src.parse_assert_tests(p.tests)
+        asserts = sum(1 for t in src.code_tokens(p.tests) if t.text == "assert")
+        assert plan is not None and plan.n_assertions == asserts, p.id
