@@ -14,7 +14,6 @@ scoring time and its share, the rest (log-probs, loss, backward, optimizer), pea
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib.util
 import json
 import os

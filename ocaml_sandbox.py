@@ -127,7 +127,6 @@ class RunResult:
     stdout: str
     stderr: str
     timed_out: bool
-    elapsed_s: float
 
 
 @dataclass
@@ -151,7 +150,6 @@ class Grade:
     timed_out: bool = False
     forbidden: str | None = None  # a construct that voids test credit (Obj, Marshal, external, unsafe_*)
     test_error: str | None = None  # first error compiling the tests against the solution
-    output: str = ""  # the test program's stdout+stderr, capped
 
     @property
     def syntax_errors(self) -> int:
@@ -283,7 +281,6 @@ class Sandbox:
         that file alone is visible, as /work/prog, in the stripped-down sandbox."""
         cpu_s = int(cpu_s or self.limits.cpu_s)
         uid = self._uids.acquire() if self._uids else None
-        t0 = time.monotonic()
         try:
             if uid is not None:
                 for p in [workdir, *workdir.rglob("*")]:
@@ -309,8 +306,7 @@ class Sandbox:
                     self._kill(proc, uid)
                     rc = proc.wait()
                 return RunResult(rc, _read_capped(out, self.limits.output_bytes),
-                                 _read_capped(err, self.limits.output_bytes), timed_out,
-                                 time.monotonic() - t0)
+                                 _read_capped(err, self.limits.output_bytes), timed_out)
         finally:
             if uid is not None:
                 self._uids.release(uid)
@@ -448,10 +444,11 @@ class OcamlGrader:
             return ["ocamlc", "-w", "-a"]
         return ["ocamlfind", "ocamlc", "-w", "-a", "-package", ",".join(requires)] + (["-linkpkg"] if link else [])
 
-    def _compile(self, argv: list[str], workdir: Path) -> RunResult:
-        lim = self.sandbox.limits
+    def _compile(self, argv: list[str], workdir: Path, files: int = 1) -> RunResult:
+        """A toolchain call under a compile slot; the limits scale with the files it builds."""
+        limit = self.sandbox.limits.compile_s * max(1, files / 4)
         with self._compile_slots:
-            return self.sandbox.run(argv, workdir, wall_s=lim.compile_s, cpu_s=int(lim.compile_s))
+            return self.sandbox.run(argv, workdir, wall_s=limit, cpu_s=int(limit))
 
     def _count_errors(self, phrases: list[src.Phrase], first: CompileError, requires: list[str],
                       workdir: Path, grade: Grade) -> None:
@@ -530,7 +527,7 @@ class OcamlGrader:
             phrases = src.split_phrases(solution)
             grade.phrases_total = max(1, len(phrases))
             plan = src.parse_assert_tests(tests)
-            grade.tests_total = plan.n_assertions if plan else 1
+            grade.tests_total = src.assertion_count(plan)
             grade.forbidden = src.first_identifier(solution, forbidden_identifier)
             (workdir / "solution.ml").write_text(solution)
             tc = " ".join(self._compiler(requires, False) + ["-c", "solution.ml"])
@@ -567,7 +564,7 @@ class OcamlGrader:
             rundir = workdir / "run"
             rundir.mkdir()
             shutil.move(workdir / "prog", rundir / "prog")
-            passed, finished, grade.timed_out, grade.output = self._execute(rundir, grade.tests_total, started)
+            passed, finished, grade.timed_out = self._execute(rundir, grade.tests_total, started)
             grade.tests_passed = len(passed) if plan else int(finished)
             return grade
         finally:
@@ -586,10 +583,7 @@ class OcamlGrader:
             comp = " ".join(self._compiler(list(requires), False) + ["-c"])
             script = (f"{comp} {harness}.ml >h.out 2>&1 || exit 3\n"
                       f"for k in $(seq 0 {len(jobs) - 1}); do {comp} p$k.ml >e$k.txt 2>&1; echo $? >r$k.txt; done\n")
-            lim = self.sandbox.limits
-            with self._compile_slots:
-                res = self.sandbox.run(["sh", "-c", script], workdir, wall_s=lim.compile_s * max(1, len(jobs) / 4),
-                                       cpu_s=int(lim.compile_s * max(1, len(jobs) / 4)))
+            res = self._compile(["sh", "-c", script], workdir, files=len(jobs))
             if res.returncode == 3:  # the harness itself did not build: a toolchain or package problem
                 err = parse_compiler_error(_read(workdir / "h.out"))
                 return [err] * len(jobs)
@@ -606,7 +600,7 @@ class OcamlGrader:
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    def _execute(self, rundir: Path, total: int, started: float) -> tuple[set[int], bool, bool, str]:
+    def _execute(self, rundir: Path, total: int, started: float) -> tuple[set[int], bool, bool]:
         """Run the test program until it finishes, restarting after an assertion that killed
         the process (exit, fatal error) while the wall-clock budget lasts.
 
@@ -617,7 +611,7 @@ class OcamlGrader:
         deadline = max(started + lim.wall_s, time.monotonic() + lim.wall_s / 2)
         nonce = secrets.token_hex(16)
         passed: set[int] = set()
-        start, finished, timed_out, output = 0, False, False, ""
+        start, finished, timed_out = 0, False, False
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -644,7 +638,6 @@ class OcamlGrader:
             with open(results_path, "rb") as f:
                 events = _parse_events(f.read(4 << 20).decode("ascii", "replace"), nonce)
             results_path.unlink()
-            output = (res.stdout + res.stderr)[: lim.output_bytes]
             began: set[int] = set()
             done: set[int] = set()
             for tag, i in events:
@@ -663,7 +656,7 @@ class OcamlGrader:
             if not crashed_in or crashed_in[-1] + 1 >= total:
                 break
             start = crashed_in[-1] + 1
-        return passed, finished, timed_out, output
+        return passed, finished, timed_out
 
 
 def _read(path: Path) -> str:

@@ -274,6 +274,11 @@ def parse_assert_tests(tests: str) -> TestPlan | None:
     return TestPlan(items, n) if n else None
 
 
+def assertion_count(plan: TestPlan | None) -> int:
+    """Graded units of a test block: its assertions, or 1 for all-or-nothing tests."""
+    return plan.n_assertions if plan else 1
+
+
 def _parse_unit_let(text: str) -> TestBlock | None:
     toks = code_tokens(text)
     if len(toks) < 5 or [t.text for t in toks[:4]] != ["let", "(", ")", "="]:

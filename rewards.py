@@ -266,7 +266,7 @@ class RewardScorer:
         if b.code_lines < cfg.min_lines or not code.strip():
             b.gated_min_lines = True
             b.structural = 0.0
-            b.tests_total = _tests_total(problem.tests)
+            b.tests_total = src.assertion_count(src.parse_assert_tests(problem.tests))
         else:
             solution, entries = assemble_solution(code, problem.prompt, problem.entry_point)
             grade, b.cached = self._grade_cached(problem, solution, entries)
@@ -284,11 +284,6 @@ class RewardScorer:
         futures = [self.pool.submit(self.score_one, p, c, t, max_completion_tokens, weights)
                    for p, c, t in zip(problems, completions, toks)]
         return [f.result() for f in futures]
-
-
-def _tests_total(tests: str) -> int:
-    plan = src.parse_assert_tests(tests)
-    return plan.n_assertions if plan else 1
 
 
 # ---------------------------------------------------------------------------------------------
