@@ -1,6 +1,6 @@
 # make demo   - install everything on a fresh machine, then run the offline GRPO demo
 # make test   - the test suite (real OCaml, real TRL, a tiny local model)
-# make bench  - the grader and audit benchmarks (BENCHMARKS.md)
+# make bench  - the grader, audit and trainer benchmarks (BENCHMARKS.md)
 PY := .venv/bin/python
 APT_PACKAGES := ocaml-nox ocaml-findlib bubblewrap libbase-ocaml-dev libreact-ocaml-dev libcalendar-ocaml-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

@@ -1,21 +1,37 @@
 """Trainer speed per GRPO step, side by side for each generation engine.
 
-    python bench_train.py                                  # CUDA: seed config, Qwen2.5-1.5B-shaped model
-    python bench_train.py --engines default,paged,vllm --steps 3 --warmup 1
-    python bench_train.py --tiny                           # the tiny demo model (what CI runs, on CPU)
+    python bench_train.py                                   # CUDA: the seed config; CPU: the tiny model
+    python bench_train.py --engines default,paged,vllm --steps 3 --warmup 1 --json bench.json
+    python bench_train.py --model /models/Qwen2.5-Coder-1.5B-Instruct   # real weights, its own answers graded
+    python bench_train.py --model qwen1.5b-shape --prompts 1 --generations 2 --completion 4   # GPU model on CPU
 
-On CUDA the model has Qwen2.5-Coder-1.5B's shape (28 layers, hidden 1536, vocab 151936) with
-random weights in bf16 and LoRA r=32, the seed's config: 4 prompts x 6 generations, prompts
-<= 704 tokens, completions of 512 tokens (random weights never stop early). Engines: `default`
-(TRL's transformers generate), `paged` (transformers continuous batching), `vllm` (colocated,
-when installed). Per step, after warm-up: total time, generation time and tokens/s, reward
-scoring time and its share, the rest (log-probs, loss, backward, optimizer), peak GPU memory.
+Models: `qwen1.5b-shape` (the CUDA default) has Qwen2.5-Coder-1.5B's shape (28 layers, hidden
+1536, vocab 151936) with random weights and the demo tokenizer; `tiny` (the CPU default) is the
+demo model; a path loads a local model. Random-weight models get every prompt cut to the prompt
+budget (the demo tokenizer is less compact than Qwen's); a real model's prompts are filtered by
+length as train.py does. Seed config on CUDA: 4 prompts x 6 generations, prompts
+<= 704 tokens, 512-token completions (random weights never stop early), bf16, LoRA r=32.
+Engines: `default` (TRL's transformers generate), `paged` (transformers continuous batching),
+`vllm` (TRL's colocated vLLM, when installed). Each engine runs in a fresh process, so its peak
+memory is its own and one engine's failure is reported without stopping the others.
+
+Per step, after warm-up: total time, generation time and tokens/s, reward scoring time and its
+share of the step, the rest (log-probs, loss, backward, optimizer), peak GPU memory as PyTorch
+allocated it and as the device saw it (CUDA context and vLLM's pool included).
+
+Random weights write noise, which the grader rejects in microseconds, so for random-weight models
+every completion is graded as a stand-in answer of the kind a training batch holds — the batch
+cycles through correct, failing tests, type error, correct, syntax error, failing tests, built
+from the problem's reference solution — so the reward time is a real grading of a realistic batch. A model
+loaded from a path has its own completions graded.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import importlib.util
 import json
+import multiprocessing
 import os
 import time
 from pathlib import Path
@@ -24,14 +40,19 @@ os.environ.setdefault("MIN_NON_EMPTY_LINES", "0")
 
 import torch  # noqa: E402
 
+from bench_rewards import variants  # noqa: E402
 from demo_model import DEMO_MODEL_DIR, ensure_demo_model  # noqa: E402
-from problems import load_problems  # noqa: E402
-from prompting import chat_messages  # noqa: E402
+from generation_engines import ENGINES, engine_kwargs  # noqa: E402
+from problems import Problem, load_problems  # noqa: E402
+from prompting import END_MARKER, chat_messages, prompt_token_count  # noqa: E402
 from rewards import RewardScorer, make_syntax_aware_reward  # noqa: E402
 
 QWEN_15B_SHAPE = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                       num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
                       tie_word_embeddings=True)
+STANDIN_KINDS = ["correct", "failing_tests", "type_error", "correct", "syntax_error", "failing_tests"]
+SEED_CONFIG = dict(prompts=4, generations=6, completion=512, max_prompt=704)  # the seed's .envrc, on CUDA
+CPU_CONFIG = dict(prompts=2, generations=2, completion=32, max_prompt=4096)
 
 
 def qwen_shaped_model_dir() -> Path:
@@ -39,6 +60,7 @@ def qwen_shaped_model_dir() -> Path:
     path = DEMO_MODEL_DIR.parent / "bench-qwen2.5-1.5b-shape"
     if not (path / "config.json").exists():
         from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+        print(f"building the random Qwen2.5-1.5B-shaped model once into {path}", flush=True)
         tok = AutoTokenizer.from_pretrained(ensure_demo_model())
         cfg = Qwen2Config(**QWEN_15B_SHAPE, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                           pad_token_id=tok.pad_token_id)
@@ -48,37 +70,79 @@ def qwen_shaped_model_dir() -> Path:
     return path
 
 
-def run_engine(engine: str, model_dir: Path, a, scorer: RewardScorer, on_gpu: bool) -> dict:
+def resolve_model(name: str) -> tuple[Path, bool]:
+    """(model dir, random weights?) for `tiny`, `qwen1.5b-shape` or a local path."""
+    if name == "tiny":
+        return ensure_demo_model(), True
+    if name == "qwen1.5b-shape":
+        return qwen_shaped_model_dir(), True
+    if not (Path(name) / "config.json").exists():
+        raise SystemExit(f"--model {name}: not `tiny`, `qwen1.5b-shape`, or a local model folder with config.json")
+    return Path(name), False
+
+
+def standin_completion(problem: Problem, i: int) -> str:
+    """A realistic answer for sample i of a batch (the GRPO group cycles through STANDIN_KINDS)."""
+    kind = STANDIN_KINDS[i % len(STANDIN_KINDS)]
+    # The sample number keeps equal kinds textually distinct, so none is served from the grader's cache.
+    return f"```ocaml\n{variants(problem)[kind]}\n(* sample {i} *)\n```\n{END_MARKER}"
+
+
+def device_used_gb() -> float:
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2**30
+
+
+def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Namespace) -> dict:
+    """One engine's warm-up and measured steps, in this (fresh) process."""
+    import warnings
+    # TRL 1.16 calls a transformers API deprecated in 5.x once per step; the warning says nothing actionable.
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    on_gpu = torch.cuda.is_available()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    problems = load_problems("bundled")
-    rows = []
-    for p in problems:
-        msgs = chat_messages(p.prompt)
-        n = len(tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
-        if n <= a.max_prompt:
-            rows.append({"prompt": msgs, **p.to_row()})
+    problems = {p.id: p for p in load_problems("bundled") if p.solution and not p.requires}
+    rows, prompt_lens = [], []
+    for p in problems.values():
+        if random_weights:
+            # The demo tokenizer spends ~1.4x Qwen2.5's tokens on the same text (its 1,500-token vocabulary),
+            # so few real prompts would fit the seed's budget: every templated prompt is cut to the budget
+            # instead. Real prompts are 606-791 Qwen2.5 tokens (README, "Prompt length"); content is noise
+            # to random weights, token counts are what cost time.
+            text = tokenizer.apply_chat_template(chat_messages(p.prompt), add_generation_prompt=True, tokenize=False)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"][:a.max_prompt]
+            rows.append({"prompt": tokenizer.decode(ids), **p.to_row()})
+            prompt_lens.append(len(ids))
+        elif (n := prompt_token_count(tokenizer, p.prompt)) <= a.max_prompt:
+            rows.append({"prompt": chat_messages(p.prompt), **p.to_row()})
+            prompt_lens.append(n)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if on_gpu else torch.float32)
+    scorer = RewardScorer()
     reward_fn = make_syntax_aware_reward(None, a.completion, scorer=scorer)
     reward_times: list[float] = []
+    reward_means: list[float] = []
+    peak_used = [0.0]
 
-    async def syntax_aware_reward(**kw):
+    async def syntax_aware_reward(completions, **kw):
         t0 = time.perf_counter()
-        out = await reward_fn(**kw)
+        if random_weights:
+            completions = [standin_completion(problems[pid], i) for i, pid in enumerate(kw["id"])]
+        out = await reward_fn(completions=completions, **kw)
         reward_times.append(time.perf_counter() - t0)
+        reward_means.append(sum(out) / len(out))
         return out
 
+    sequences = a.prompts * a.generations
     args = GRPOConfig(
-        output_dir=str(Path(a.out) / engine), per_device_train_batch_size=a.prompts * a.generations,
+        output_dir=str(Path(a.out) / engine), per_device_train_batch_size=sequences,
         num_generations=a.generations, max_completion_length=a.completion, max_steps=a.warmup + a.steps,
-        learning_rate=5e-6, temperature=0.9, beta=0.0, logging_steps=1, save_strategy="no", report_to=[],
-        bf16=on_gpu, use_cpu=not on_gpu, gradient_checkpointing=on_gpu, remove_unused_columns=False,
-        use_vllm=engine == "vllm", vllm_mode="colocate", vllm_gpu_memory_utilization=0.3,
-        use_transformers_continuous_batching=engine == "paged", seed=0)
+        learning_rate=5e-6, temperature=0.9, beta=0.0, logging_steps=10**6, save_strategy="no", report_to=[],
+        bf16=on_gpu, use_cpu=not on_gpu, activation_checkpointing=on_gpu, remove_unused_columns=False, seed=0,
+        **engine_kwargs(engine, sequences, a.max_prompt, a.completion, vllm_gpu_memory=a.vllm_gpu_memory))
     peft = LoraConfig(r=32, lora_alpha=64, lora_dropout=0.05, target_modules=[
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], task_type="CAUSAL_LM")
     step_times: list[float] = []
@@ -89,6 +153,8 @@ def run_engine(engine: str, model_dir: Path, a, scorer: RewardScorer, on_gpu: bo
 
         def on_step_end(self, *args, **kw):
             step_times.append(time.perf_counter() - self.t0)
+            if on_gpu:
+                peak_used[0] = max(peak_used[0], device_used_gb())
 
     trainer = GRPOTrainer(model=model, reward_funcs=[syntax_aware_reward], args=args,
                           train_dataset=Dataset.from_list(rows), processing_class=tokenizer, peft_config=peft,
@@ -104,6 +170,7 @@ def run_engine(engine: str, model_dir: Path, a, scorer: RewardScorer, on_gpu: bo
         out = generate(prompts)
         if on_gpu:
             torch.cuda.synchronize()
+            peak_used[0] = max(peak_used[0], device_used_gb())
         gen_times.append(time.perf_counter() - t0)
         gen_tokens.append(sum(len(c) for c in out[1]))  # out[1]: completion ids per sample
         return out
@@ -112,56 +179,83 @@ def run_engine(engine: str, model_dir: Path, a, scorer: RewardScorer, on_gpu: bo
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
+    scorer.close()
     w = a.warmup
     steps, gens, toks, rews = step_times[w:], gen_times[w:], gen_tokens[w:], reward_times[w:]
     mean = lambda xs: sum(xs) / max(1, len(xs))  # noqa: E731
     step, gen, rew = mean(steps), mean(gens), mean(rews)
     return {"engine": engine, "steps": len(steps), "step_s": step, "generation_s": gen,
-            "generation_tok_per_s": sum(toks) / max(1e-9, sum(gens)), "reward_s": rew,
-            "reward_share": rew / step if step else 0.0, "train_s": step - gen - rew,
-            "peak_gpu_gb": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None}
+            "generation_tokens_per_step": mean(toks), "generation_tok_per_s": sum(toks) / max(1e-9, sum(gens)),
+            "reward_s": rew, "reward_share": rew / step if step else 0.0, "train_s": step - gen - rew,
+            "reward_mean": mean(reward_means[w:]),
+            "prompts_kept": len(rows), "prompt_tokens_max": max(prompt_lens, default=0),
+            "peak_alloc_gb": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
+            "peak_used_gb": peak_used[0] if on_gpu else None}
+
+
+def run_isolated(engine: str, model_dir: Path, random_weights: bool, a: argparse.Namespace) -> dict:
+    """run_engine in a fresh spawned process: its own CUDA context, peak memory and vLLM state."""
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        return pool.submit(run_engine, engine, str(model_dir), random_weights, a).result()
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    on_gpu = torch.cuda.is_available()
+    base = SEED_CONFIG if on_gpu else CPU_CONFIG
     ap.add_argument("--engines", default=None, help="comma list of default,paged,vllm (default: all available)")
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--tiny", action="store_true", help="the tiny demo model even on CUDA")
-    ap.add_argument("--out", default="grpo_runs/bench_train")
+    ap.add_argument("--model", default="qwen1.5b-shape" if on_gpu else "tiny",
+                    help="tiny | qwen1.5b-shape | a local model folder (default: qwen1.5b-shape on CUDA, tiny on CPU)")
+    ap.add_argument("--prompts", type=int, default=base["prompts"], help="prompts per step")
+    ap.add_argument("--generations", type=int, default=base["generations"], help="completions per prompt")
+    ap.add_argument("--completion", type=int, default=base["completion"], help="max completion tokens")
+    ap.add_argument("--max-prompt", type=int, default=base["max_prompt"], help="prompt token budget: longer prompts are dropped (random weights: cut to it)")
+    ap.add_argument("--steps", type=int, default=3, help="measured steps")
+    ap.add_argument("--warmup", type=int, default=1, help="steps run first and not measured")
+    ap.add_argument("--vllm-gpu-memory", type=float, default=None,
+                    help="vLLM's share of the GPU (default: 12 GiB worth, at most 0.3)")
+    ap.add_argument("--out", default="grpo_runs/bench_train", help="trainer output folders (nothing is saved)")
     ap.add_argument("--json", default=None, help="also write the results here")
     a = ap.parse_args()
-    on_gpu = torch.cuda.is_available()
-    full = on_gpu and not a.tiny
-    a.prompts, a.generations = (4, 6) if full else (2, 2)
-    a.completion, a.max_prompt = (512, 704) if full else (32, 4096)
-    engines = (a.engines or ("default,paged" + (",vllm" if importlib.util.find_spec("vllm") else ""))).split(",")
-    model_dir = qwen_shaped_model_dir() if full else ensure_demo_model()
+    if a.vllm_gpu_memory is None:
+        total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if on_gpu else 80.0
+        a.vllm_gpu_memory = round(min(0.3, 12 / total_gib), 3)
+    engines = (a.engines or ",".join(e for e in ENGINES if e != "vllm" or importlib.util.find_spec("vllm"))).split(",")
+    for e in engines:
+        if e not in ENGINES:
+            raise SystemExit(f"--engines: unknown engine {e!r} (choose from {', '.join(ENGINES)})")
+    model_dir, random_weights = resolve_model(a.model)
     device = torch.cuda.get_device_name(0) if on_gpu else f"CPU ({os.cpu_count()} cores), no CUDA device"
-    print(f"device: {device}; model: {'Qwen2.5-1.5B-shaped, random, bf16' if full else 'tiny demo model'}; "
-          f"{a.prompts} prompts x {a.generations} generations, completion {a.completion} tokens, LoRA r=32; "
-          f"{a.warmup} warm-up + {a.steps} measured steps")
-    scorer = RewardScorer()
+    print(f"device: {device}; model: {a.model} ({'random weights, stand-in answers graded' if random_weights else 'own answers graded'}, "
+          f"{'bf16' if on_gpu else 'fp32'}); {a.prompts} prompts x {a.generations} generations, completion "
+          f"{a.completion} tokens, prompts <= {a.max_prompt} tokens, LoRA r=32; {a.warmup} warm-up + {a.steps} measured steps",
+          flush=True)
     results = []
     for engine in engines:
         if engine == "vllm" and importlib.util.find_spec("vllm") is None:
             print("vllm: not installed (pip install vllm), skipped")
             continue
         try:
-            results.append(run_engine(engine, model_dir, a, scorer, on_gpu))
+            results.append(run_isolated(engine, model_dir, random_weights, a))
         except Exception as e:  # an engine that cannot run here is a result, not a crash of the others
             print(f"{engine}: failed: {type(e).__name__}: {str(e)[:300]}")
-    scorer.close()
-    base = next((r for r in results if r["engine"] == "default"), None)
+    base_r = next((r for r in results if r["engine"] == "default"), None)
+    gb = lambda v: f"{v:.1f}" if v is not None else "-"  # noqa: E731
     print(f"{'engine':<9}{'step s':>8}{'gen s':>8}{'gen tok/s':>11}{'vs default':>11}{'reward s':>10}"
-          f"{'reward %':>10}{'train s':>9}{'peak GB':>9}")
+          f"{'reward %':>10}{'train s':>9}{'alloc GB':>10}{'used GB':>9}")
     for r in results:
-        ratio = r["generation_tok_per_s"] / base["generation_tok_per_s"] if base else float("nan")
-        peak = f"{r['peak_gpu_gb']:.1f}" if r["peak_gpu_gb"] is not None else "-"
+        ratio = r["generation_tok_per_s"] / base_r["generation_tok_per_s"] if base_r else float("nan")
         print(f"{r['engine']:<9}{r['step_s']:>8.2f}{r['generation_s']:>8.2f}{r['generation_tok_per_s']:>11.1f}"
-              f"{ratio:>10.2f}x{r['reward_s']:>10.3f}{100 * r['reward_share']:>9.1f}%{r['train_s']:>9.2f}{peak:>9}")
+              f"{ratio:>10.2f}x{r['reward_s']:>10.3f}{100 * r['reward_share']:>9.1f}%{r['train_s']:>9.2f}"
+              f"{gb(r['peak_alloc_gb']):>10}{gb(r['peak_used_gb']):>9}")
+    if results:
+        print(f"prompts kept: {results[0]['prompts_kept']} (longest {results[0]['prompt_tokens_max']} tokens); "
+              f"generated tokens per step: {results[0]['generation_tokens_per_step']:.0f}")
     if a.json:
-        Path(a.json).write_text(json.dumps({"device": device, "results": results}, indent=2))
+        Path(a.json).write_text(json.dumps({"device": device, "model": a.model, "config": vars(a),
+                                            "results": results}, indent=2))
 
 
 if __name__ == "__main__":

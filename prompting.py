@@ -35,3 +35,9 @@ def user_message(problem_text: str) -> str:
 
 def chat_messages(problem_text: str) -> list[dict]:
     return [{"role": "user", "content": user_message(problem_text)}]
+
+
+def prompt_token_count(tokenizer, problem_text: str) -> int:
+    """Tokens of the chat prompt as the model sees it (template and generation prompt included)."""
+    text = tokenizer.apply_chat_template(chat_messages(problem_text), add_generation_prompt=True, tokenize=False)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -101,7 +101,7 @@ CONFIG = [
     ("GRPO_BATCH_SIZE", "4", Int(1), "prompts per optimizer step per device (TRL batch = this x generations)"),
     ("GRPO_GRAD_ACCUM_STEPS", "1", Int(1), "gradient accumulation steps"),
     ("GRPO_NUM_GENERATIONS", "6", Int(2), "completions sampled per prompt (the GRPO group)"),
-    ("GRPO_MAX_PROMPT", "704", Int(16), "max prompt tokens; longer prompts are dropped (counted at start)"),
+    ("GRPO_MAX_PROMPT", "1024", Int(16), "max prompt tokens; longer prompts are dropped (counted at start)"),
     ("GRPO_MAX_COMPLETION", "512", Int(8), "max completion tokens; hitting it without END is penalized"),
     ("GRPO_NUM_EPOCHS", "1.0", Float(0, lo_open=True), "epochs over the problem set"),
     ("GRPO_LEARNING_RATE", "5e-6", Float(0, 1, lo_open=True), "peak learning rate"),
@@ -198,7 +198,8 @@ for name, default, parse, meaning in CONFIG:
 os.environ.setdefault("MIN_NON_EMPTY_LINES", str(cfg.get("MIN_NON_EMPTY_LINES", 8)))
 os.environ.setdefault("RUNAWAY_PENALTY_MULTIPLIER", str(cfg.get("RUNAWAY_PENALTY_MULTIPLIER", 0.3)))
 import rewards  # noqa: E402  (no torch inside)
-from prompting import chat_messages  # noqa: E402
+from prompting import chat_messages, prompt_token_count  # noqa: E402
+from generation_engines import engine_kwargs  # noqa: E402
 from ocaml_sandbox import ToolchainError  # noqa: E402
 from problems import DatasetError, load_problems  # noqa: E402
 
@@ -297,8 +298,7 @@ if tokenizer.pad_token is None:
 
 # ----------------------------------------------------------------------------- prompts (text: prompting.py)
 def prompt_tokens(problem) -> int:
-    text = tokenizer.apply_chat_template(chat_messages(problem.prompt), add_generation_prompt=True, tokenize=False)
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return prompt_token_count(tokenizer, problem.prompt)
 
 
 # TRL 1.16 has no max_prompt_length: prompts longer than GRPO_MAX_PROMPT are dropped here. The audit
@@ -361,14 +361,14 @@ args = GRPOConfig(
     report_to=[] if cfg["GRPO_REPORT_TO"] == "none" else [cfg["GRPO_REPORT_TO"]],
     bf16=on_gpu,
     use_cpu=not on_gpu,
-    gradient_checkpointing=on_gpu,  # trades compute for memory; pointless for CPU-sized models
+    activation_checkpointing=on_gpu,  # trades compute for memory; pointless for CPU-sized models
     remove_unused_columns=False,  # the reward needs id/problem/tests/requires/entry_point
     log_completions=False,  # completions go to reward_logs/completions.jsonl instead
-    use_vllm=cfg["GRPO_USE_VLLM"],
-    vllm_mode=cfg["GRPO_VLLM_MODE"],
-    vllm_gpu_memory_utilization=cfg["GRPO_VLLM_GPU_MEMORY"],
-    vllm_server_base_url=cfg["GRPO_VLLM_SERVER_URL"] if cfg["GRPO_VLLM_MODE"] == "server" else None,
-    use_transformers_continuous_batching=cfg["GRPO_CONTINUOUS_BATCHING"],
+    **engine_kwargs("vllm" if cfg["GRPO_USE_VLLM"] else "paged" if cfg["GRPO_CONTINUOUS_BATCHING"] else "default",
+                    sequences=cfg["GRPO_BATCH_SIZE"] * G * cfg["GRPO_GRAD_ACCUM_STEPS"],
+                    max_prompt=cfg["GRPO_MAX_PROMPT"], max_completion=cfg["GRPO_MAX_COMPLETION"],
+                    vllm_mode=cfg["GRPO_VLLM_MODE"], vllm_gpu_memory=cfg["GRPO_VLLM_GPU_MEMORY"],
+                    vllm_server_url=cfg["GRPO_VLLM_SERVER_URL"]),
 )
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from test_train import TRAIN, check_log_wellformed, checkpoints, log_lines, read_jsonl, run_env
+from test_train import TRAIN, check_log_wellformed, checkpoints, log_lines, read_jsonl, run_env, train
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCELERATE = Path(sys.executable).parent / "accelerate"
@@ -50,6 +50,16 @@ def test_two_processes_log_once_checkpoint_and_resume(tmp_path, cache_home):
     assert len(read_jsonl(run / "reward_logs" / "completions.jsonl")) == 12
 
 
+@pytest.mark.slow
+def test_train_generates_with_paged_continuous_batching(tmp_path, cache_home):
+    env = run_env(tmp_path, cache_home, GRPO_CONTINUOUS_BATCHING=1, GRPO_MAX_STEPS=1, GRPO_SAVE_STEPS=10)
+    train(tmp_path, env)
+    run = tmp_path / "run"
+    assert len(check_log_wellformed(log_lines(run))) == 1
+    rows = read_jsonl(run / "reward_logs" / "completions.jsonl")
+    assert len(rows) == 4 and all(0 < r["completion_tokens"] <= 24 for r in rows)
+
+
 @pytest.mark.parametrize("extra,needle", [
     ({"GRPO_USE_VLLM": "1"}, "pip install vllm"),
     ({"ACCELERATE_USE_DEEPSPEED": "true"}, "pip install deepspeed"),
@@ -75,15 +85,34 @@ def test_reward_workers_are_shared_between_local_processes(monkeypatch):
 
 
 @pytest.mark.slow
-def test_bench_train_runs_on_the_tiny_model(tmp_path, cache_home):
+def test_bench_train_runs_both_transformers_engines_on_the_tiny_model(tmp_path, cache_home):
     env = run_env(tmp_path, cache_home)
     out = tmp_path / "bench.json"
-    res = subprocess.run([sys.executable, str(ROOT / "bench_train.py"), "--engines", "default", "--steps", "1",
+    res = subprocess.run([sys.executable, str(ROOT / "bench_train.py"), "--engines", "default,paged", "--steps", "1",
                           "--warmup", "1", "--out", str(tmp_path / "b"), "--json", str(out)],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     data = json.loads(out.read_text())
-    [r] = data["results"]
-    assert r["engine"] == "default" and r["steps"] == 1
-    assert r["step_s"] > r["generation_s"] > 0 and 0 < r["reward_share"] < 1 and r["generation_tok_per_s"] > 0
-    assert "no CUDA device" in data["device"]
+    assert "no CUDA device" in data["device"] and data["model"] == "tiny"
+    assert [r["engine"] for r in data["results"]] == ["default", "paged"], res.stdout[-3000:]
+    for r in data["results"]:
+        assert r["steps"] == 1 and r["prompts_kept"] == 128
+        assert r["step_s"] > r["generation_s"] > 0 and 0 < r["reward_share"] < 1 and r["generation_tok_per_s"] > 0
+        # random weights: the 4 answers are graded as stand-ins: correct, failing tests, type error, correct
+        assert r["reward_mean"] == pytest.approx((1.0 + 0.35 + 0.15 + 1.0) / 4)
+        assert 0 < r["generation_tokens_per_step"] <= 2 * 2 * 32
+
+
+def test_engine_caches_are_sized_to_one_step():
+    from generation_engines import engine_kwargs
+    assert engine_kwargs("default", 24, 704, 512) == {"use_vllm": False, "use_transformers_continuous_batching": False}
+    paged = engine_kwargs("paged", 24, 704, 512)
+    assert paged["use_transformers_continuous_batching"] and not paged["use_vllm"]
+    assert paged["transformers_continuous_batching_config"] == {"num_blocks": 24 * 5}  # 1216 tokens: 5 pages of 256
+    colocate = engine_kwargs("vllm", 24, 704, 512, vllm_gpu_memory=0.15)
+    assert colocate["vllm_max_model_length"] == 1216 and colocate["vllm_gpu_memory_utilization"] == 0.15
+    assert colocate["vllm_server_base_url"] is None
+    server = engine_kwargs("vllm", 24, 704, 512, vllm_mode="server", vllm_server_url="http://h:8000")
+    assert server["vllm_server_base_url"] == "http://h:8000" and "vllm_max_model_length" not in server
+    with pytest.raises(ValueError, match="paged"):
+        engine_kwargs("sglang", 24, 704, 512)
