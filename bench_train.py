@@ -17,7 +17,8 @@ memory is its own and one engine's failure is reported without stopping the othe
 
 Per step, after warm-up: total time, generation time and tokens/s, reward scoring time and its
 share of the step, the rest (log-probs, loss, backward, optimizer), peak GPU memory as PyTorch
-allocated it and as the device saw it (CUDA context and vLLM's pool included).
+allocated it and as the device saw it (CUDA context and vLLM's pool included; every process on the
+GPU counts, so run it on an idle one — the parent process never touches CUDA).
 
 Random weights write noise, which the grader rejects in microseconds, so for random-weight models
 every completion is graded as a stand-in answer of the kind a training batch holds — the batch
@@ -33,6 +34,7 @@ import importlib.util
 import json
 import multiprocessing
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -104,6 +106,8 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
     from trl import GRPOConfig, GRPOTrainer
 
     on_gpu = torch.cuda.is_available()
+    if on_gpu and a.vllm_gpu_memory is None:
+        a.vllm_gpu_memory = round(min(0.3, 12 / (torch.cuda.get_device_properties(0).total_memory / 2**30)), 3)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     problems = {p.id: p for p in load_problems("bundled") if p.solution and not p.requires}
     rows, prompt_lens = [], []
@@ -142,7 +146,7 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
         num_generations=a.generations, max_completion_length=a.completion, max_steps=a.warmup + a.steps,
         learning_rate=5e-6, temperature=0.9, beta=0.0, logging_steps=10**6, save_strategy="no", report_to=[],
         bf16=on_gpu, use_cpu=not on_gpu, activation_checkpointing=on_gpu, remove_unused_columns=False, seed=0,
-        **engine_kwargs(engine, sequences, a.max_prompt, a.completion, vllm_gpu_memory=a.vllm_gpu_memory))
+        **engine_kwargs(engine, sequences, a.max_prompt, a.completion, vllm_gpu_memory=a.vllm_gpu_memory or 0.3))
     peft = LoraConfig(r=32, lora_alpha=64, lora_dropout=0.05, target_modules=[
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], task_type="CAUSAL_LM")
     step_times: list[float] = []
@@ -184,13 +188,15 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
     steps, gens, toks, rews = step_times[w:], gen_times[w:], gen_tokens[w:], reward_times[w:]
     mean = lambda xs: sum(xs) / max(1, len(xs))  # noqa: E731
     step, gen, rew = mean(steps), mean(gens), mean(rews)
-    return {"engine": engine, "steps": len(steps), "step_s": step, "generation_s": gen,
+    device = torch.cuda.get_device_name(0) if on_gpu else f"CPU ({os.cpu_count()} cores), no CUDA device"
+    return {"engine": engine, "device": device, "steps": len(steps), "step_s": step, "generation_s": gen,
             "generation_tokens_per_step": mean(toks), "generation_tok_per_s": sum(toks) / max(1e-9, sum(gens)),
             "reward_s": rew, "reward_share": rew / step if step else 0.0, "train_s": step - gen - rew,
             "reward_mean": mean(reward_means[w:]),
             "prompts_kept": len(rows), "prompt_tokens_max": max(prompt_lens, default=0),
             "peak_alloc_gb": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
-            "peak_used_gb": peak_used[0] if on_gpu else None}
+            "peak_used_gb": peak_used[0] if on_gpu else None,
+            "vllm_gpu_memory": a.vllm_gpu_memory if engine == "vllm" else None}
 
 
 def run_isolated(engine: str, model_dir: Path, random_weights: bool, a: argparse.Namespace) -> dict:
@@ -201,8 +207,8 @@ def run_isolated(engine: str, model_dir: Path, random_weights: bool, a: argparse
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     on_gpu = torch.cuda.is_available()
     base = SEED_CONFIG if on_gpu else CPU_CONFIG
     ap.add_argument("--engines", default=None, help="comma list of default,paged,vllm (default: all available)")
@@ -211,7 +217,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=base["prompts"], help="prompts per step")
     ap.add_argument("--generations", type=int, default=base["generations"], help="completions per prompt")
     ap.add_argument("--completion", type=int, default=base["completion"], help="max completion tokens")
-    ap.add_argument("--max-prompt", type=int, default=base["max_prompt"], help="prompt token budget: longer prompts are dropped (random weights: cut to it)")
+    ap.add_argument("--max-prompt", type=int, default=base["max_prompt"],
+                    help="prompt token budget: longer prompts are dropped (random weights: cut to it)")
     ap.add_argument("--steps", type=int, default=3, help="measured steps")
     ap.add_argument("--warmup", type=int, default=1, help="steps run first and not measured")
     ap.add_argument("--vllm-gpu-memory", type=float, default=None,
@@ -219,20 +226,16 @@ def main() -> None:
     ap.add_argument("--out", default="grpo_runs/bench_train", help="trainer output folders (nothing is saved)")
     ap.add_argument("--json", default=None, help="also write the results here")
     a = ap.parse_args()
-    if a.vllm_gpu_memory is None:
-        total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if on_gpu else 80.0
-        a.vllm_gpu_memory = round(min(0.3, 12 / total_gib), 3)
     engines = (a.engines or ",".join(e for e in ENGINES if e != "vllm" or importlib.util.find_spec("vllm"))).split(",")
     for e in engines:
         if e not in ENGINES:
             raise SystemExit(f"--engines: unknown engine {e!r} (choose from {', '.join(ENGINES)})")
     model_dir, random_weights = resolve_model(a.model)
-    device = torch.cuda.get_device_name(0) if on_gpu else f"CPU ({os.cpu_count()} cores), no CUDA device"
-    print(f"device: {device}; model: {a.model} ({'random weights, stand-in answers graded' if random_weights else 'own answers graded'}, "
-          f"{'bf16' if on_gpu else 'fp32'}); {a.prompts} prompts x {a.generations} generations, completion "
-          f"{a.completion} tokens, prompts <= {a.max_prompt} tokens, LoRA r=32; {a.warmup} warm-up + {a.steps} measured steps",
-          flush=True)
-    results = []
+    graded = "random weights, stand-in answers graded" if random_weights else "own answers graded"
+    print(f"device: {'CUDA' if on_gpu else 'CPU'}; model: {a.model} ({graded}, {'bf16' if on_gpu else 'fp32'}); "
+          f"{a.prompts} prompts x {a.generations} generations, completion {a.completion} tokens, prompts <= "
+          f"{a.max_prompt} tokens, LoRA r=32; {a.warmup} warm-up + {a.steps} measured steps", flush=True)
+    results, failed = [], []
     for engine in engines:
         if engine == "vllm" and importlib.util.find_spec("vllm") is None:
             print("vllm: not installed (pip install vllm), skipped")
@@ -241,6 +244,7 @@ def main() -> None:
             results.append(run_isolated(engine, model_dir, random_weights, a))
         except Exception as e:  # an engine that cannot run here is a result, not a crash of the others
             print(f"{engine}: failed: {type(e).__name__}: {str(e)[:300]}")
+            failed.append(engine)
     base_r = next((r for r in results if r["engine"] == "default"), None)
     gb = lambda v: f"{v:.1f}" if v is not None else "-"  # noqa: E731
     print(f"{'engine':<9}{'step s':>8}{'gen s':>8}{'gen tok/s':>11}{'vs default':>11}{'reward s':>10}"
@@ -250,12 +254,16 @@ def main() -> None:
         print(f"{r['engine']:<9}{r['step_s']:>8.2f}{r['generation_s']:>8.2f}{r['generation_tok_per_s']:>11.1f}"
               f"{ratio:>10.2f}x{r['reward_s']:>10.3f}{100 * r['reward_share']:>9.1f}%{r['train_s']:>9.2f}"
               f"{gb(r['peak_alloc_gb']):>10}{gb(r['peak_used_gb']):>9}")
+    device = results[0]["device"] if results else ("CUDA" if on_gpu else "CPU")
+    print(f"device: {device}")
     if results:
         print(f"prompts kept: {results[0]['prompts_kept']} (longest {results[0]['prompt_tokens_max']} tokens); "
               f"generated tokens per step: {results[0]['generation_tokens_per_step']:.0f}")
     if a.json:
         Path(a.json).write_text(json.dumps({"device": device, "model": a.model, "config": vars(a),
-                                            "results": results}, indent=2))
+                                            "results": results, "failed": failed}, indent=2))
+    if failed:
+        sys.exit(f"failed engines: {', '.join(failed)} (the error is printed above the table)")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """Scale-out: train.py under `accelerate launch` with 2 CPU processes (gloo), the optional
 engines' clear errors, reward workers per process, and bench_train.py on the tiny model."""
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -66,7 +68,7 @@ def test_train_generates_with_paged_continuous_batching(tmp_path, cache_home):
     ({"GRPO_VLLM_MODE": "local"}, "GRPO_VLLM_MODE"),
 ])
 def test_missing_or_bad_engine_is_a_clear_config_error(tmp_path, cache_home, extra, needle):
-    if "vllm" in needle and __import__("importlib").util.find_spec("vllm"):
+    if "vllm" in needle and importlib.util.find_spec("vllm"):
         pytest.skip("vLLM is installed here")
     t0 = time.time()
     res = subprocess.run([sys.executable, str(TRAIN)], cwd=tmp_path, env=run_env(tmp_path, cache_home, **extra),
@@ -116,3 +118,13 @@ def test_engine_caches_are_sized_to_one_step():
     assert server["vllm_server_base_url"] == "http://h:8000" and "vllm_max_model_length" not in server
     with pytest.raises(ValueError, match="paged"):
         engine_kwargs("sglang", 24, 704, 512)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--engines", "default,sglang"], "--engines: unknown engine 'sglang'"),
+    (["--model", "/nonexistent/model"], "--model /nonexistent/model: not `tiny`"),
+])
+def test_bench_train_bad_arguments_are_named(args, needle):
+    res = subprocess.run([sys.executable, str(ROOT / "bench_train.py"), *args], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert res.returncode != 0 and needle in res.stderr, res.stderr[-2000:]
