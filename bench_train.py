@@ -9,11 +9,13 @@ Models: `qwen1.5b-shape` (the CUDA default) has Qwen2.5-Coder-1.5B's shape (28 l
 1536, vocab 151936) with random weights and the demo tokenizer; `tiny` (the CPU default) is the
 demo model; a path loads a local model. Random-weight models get every prompt cut to the prompt
 budget (the demo tokenizer is less compact than Qwen's); a real model's prompts are filtered by
-length as train.py does. Seed config on CUDA: 4 prompts x 6 generations, prompts
-<= 704 tokens, 512-token completions (random weights never stop early), bf16, LoRA r=32.
+length as train.py does. Seed config on CUDA: 4 prompts x 6 generations, prompts <= 704 tokens,
+512-token completions (random weights never stop early), bf16, LoRA r=32.
+
 Engines: `default` (TRL's transformers generate), `paged` (transformers continuous batching),
 `vllm` (TRL's colocated vLLM, when installed). Each engine runs in a fresh process, so its peak
-memory is its own and one engine's failure is reported without stopping the others.
+memory is its own and one engine's failure is reported without stopping the others (the exit
+status is then non-zero).
 
 Per step, after warm-up: total time, generation time and tokens/s, reward scoring time and its
 share of the step, the rest (log-probs, loss, backward, optimizer), peak GPU memory as PyTorch
@@ -21,10 +23,10 @@ allocated it and as the device saw it (CUDA context and vLLM's pool included; ev
 GPU counts, so run it on an idle one — the parent process never touches CUDA).
 
 Random weights write noise, which the grader rejects in microseconds, so for random-weight models
-every completion is graded as a stand-in answer of the kind a training batch holds — the batch
+every completion is graded as a stand-in answer of the kind a training batch holds (the batch
 cycles through correct, failing tests, type error, correct, syntax error, failing tests, built
-from the problem's reference solution — so the reward time is a real grading of a realistic batch. A model
-loaded from a path has its own completions graded.
+from the problem's reference solution): the reward time is a real grading of a realistic batch.
+A model loaded from a path has its own completions graded.
 """
 from __future__ import annotations
 
