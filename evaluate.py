@@ -130,7 +130,7 @@ def grade_completions(chosen: list[Problem], texts: list[list[str]], lens: list[
     rates = {
         "end_marker": sum(b.has_end_marker for b in graded) / n,
         "type_check": sum(b.compiled for b in graded) / n,  # the solution alone type-checks (0 errors)
-        "compile": sum(b.compiled for b in graded) / n,
+        "compile": sum(b.tests_compiled for b in graded) / n,  # the solution and the tests build one program
         "tests_all": sum(map(solved, graded)) / n,
     }
     by_diff: dict[str, list[str]] = defaultdict(list)

@@ -41,6 +41,14 @@ def test_aggregation_over_real_grading():
     assert core["rates"]["tests_all"] == pytest.approx(0.25)
     assert core["rates"]["end_marker"] == pytest.approx(0.25)
     assert core["rates"]["compile"] == 1.0
+    # a definition that type-checks alone but at a type the tests cannot use: type check yes, compile no
+    wrong_type = [[f"```ocaml\nlet {src.parse_signature(probs[0].prompt).entry} (x : unit) : unit = x\n```"]]
+    scorer = RewardScorer(RewardConfig(min_lines=0, workers=2))
+    try:
+        other, _ = grade_completions(probs[:1], wrong_type, [[10]], 1, 512, scorer, min_lines=0)
+    finally:
+        scorer.close()
+    assert other["rates"]["type_check"] == 1.0 and other["rates"]["compile"] == 0.0
     assert [r["solved"] for r in rows] == [True, False, False, False]
     assert core["mean_reward"] == pytest.approx((1.0 + 3 * 0.30) / 4)  # stubs: type check + compile
     assert sum(v["n_problems"] for v in core["per_difficulty"].values()) == 2
