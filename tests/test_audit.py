@@ -39,13 +39,15 @@ def test_duplicates_empty_tests_long_prompts_and_report_file(tmp_path):
     ok = Problem("a", "(** x *)\nlet f (x : int) : int =", "let () =\n  assert (f 1 = 1)\n;;")
     probs = [ok, Problem("a", ok.prompt, ok.tests), Problem("b", ok.prompt, "  "),
              Problem("c", "(** " + "long " * 50 + "*)\nlet f (x : int) : int =", ok.tests),
-             Problem("d", "no signature here", ok.tests)]
+             Problem("d", "no signature here", ok.tests),
+             Problem("e", "no signature, an entry point", ok.tests, entry_point="f")]
     result = audit_problems(probs, output_dir=tmp_path / "run", prompt_tokens=lambda p: len(p.prompt.split()),
                             max_prompt_tokens=20, cache_dir=tmp_path, verbose=False)
-    assert [r.reason for r in result.records] == ["", "duplicate_id", "empty_tests", "prompt_too_long", "no_signature"]
+    assert [r.reason for r in result.records] == ["", "duplicate_id", "empty_tests", "prompt_too_long", "no_signature",
+                                                  "no_signature"]
     assert [p.id for p in result.kept] == ["a"]
     lines = [json.loads(l) for l in (tmp_path / "run" / "dataset_audit.jsonl").read_text().splitlines()]
-    assert [l["id"] for l in lines] == ["a", "a", "b", "c", "d"] and lines[1]["ok"] is False
+    assert [l["id"] for l in lines] == ["a", "a", "b", "c", "d", "e"] and lines[1]["ok"] is False
 
 
 def test_second_audit_is_served_from_the_cache(tmp_path):
