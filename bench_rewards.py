@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from dataclasses import replace
 
 from problems import Problem, load_problems
 from rewards import RewardConfig, RewardScorer, assemble_solution, extract_code
@@ -80,7 +81,7 @@ def main() -> None:
     problems = [p for p in load_problems(args.problems) if p.solution and not p.requires]
     corpus = build_corpus(problems, args.n, args.loops)
     cfg = RewardConfig.from_env()
-    scorer = RewardScorer(RewardConfig(cfg.weights, cfg.end_marker, cfg.runaway_multiplier, 0, cfg.workers))
+    scorer = RewardScorer(replace(cfg, min_lines=0))
     wall = scorer.grader.sandbox.limits.wall_s
     print(f"cores={os.cpu_count()} workers={cfg.workers} wall_limit={wall}s  {scorer.grader.sandbox.describe()}")
     counts = {k: sum(1 for c in corpus if c[2] == k) for k in sorted({c[2] for c in corpus})}
@@ -95,7 +96,7 @@ def main() -> None:
     t_ours = time.perf_counter() - t0
     agree = 0
     for (p, _, kind), b, ok in zip(corpus, ours, naive):
-        if (b.tests_total > 0 and b.tests_passed == b.tests_total) == ok:
+        if b.solved == ok:
             agree += 1
         else:
             print(f"  verdicts differ: {p.id} ({kind}): naive {ok}, grader {b.tests_passed}/{b.tests_total} "

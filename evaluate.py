@@ -19,7 +19,7 @@ import random
 import sys
 import time
 from collections import defaultdict
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from problems import DatasetError, Problem, load_problems
@@ -36,10 +36,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def solved(b: Breakdown) -> bool:
-    return b.tests_total > 0 and b.tests_passed == b.tests_total
 
 
 def verdict(pass1: float) -> str:
@@ -116,7 +112,7 @@ def grade_completions(chosen: list[Problem], texts: list[list[str]], lens: list[
         return 0.0 if b.code_lines < min_lines else b.reward
 
     rows = [{"problem_id": p.id, "completion": text, "completion_tokens": ntok, "max_completion_tokens": max_new_tokens,
-             "solved": solved(b), "train_reward": train_reward(b),
+             "solved": b.solved, "train_reward": train_reward(b),
              **{key: v for key, v in asdict(b).items() if key != "problem_id"}}
             for (p, text, ntok), b in zip(flat, graded)]
     per_problem: dict[str, list[Breakdown]] = defaultdict(list)
@@ -124,14 +120,14 @@ def grade_completions(chosen: list[Problem], texts: list[list[str]], lens: list[
         per_problem[p.id].append(b)
 
     def mean_pass(ids, kk):
-        return sum(pass_at_k(samples, sum(map(solved, per_problem[i])), kk) for i in ids) / len(ids)
+        return sum(pass_at_k(samples, sum(b.solved for b in per_problem[i]), kk) for i in ids) / len(ids)
 
     n = len(graded)
     rates = {
         "end_marker": sum(b.has_end_marker for b in graded) / n,
         "type_check": sum(b.compiled for b in graded) / n,  # the solution alone type-checks (0 errors)
         "compile": sum(b.tests_compiled for b in graded) / n,  # the solution and the tests build one program
-        "tests_all": sum(map(solved, graded)) / n,
+        "tests_all": sum(b.solved for b in graded) / n,
     }
     by_diff: dict[str, list[str]] = defaultdict(list)
     for p in chosen:
@@ -182,11 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     env_cfg = RewardConfig.from_env()
     # Grade every completion (no line gate) so pass@k is about correctness; the training reward,
     # gate included, is reported as mean_reward.
-    scorer = RewardScorer(RewardConfig(env_cfg.weights, env_cfg.end_marker, env_cfg.runaway_multiplier, 0, env_cfg.workers))
+    scorer = RewardScorer(replace(env_cfg, min_lines=0))
     model_id = args.model
     if model_id == "demo":
-        from demo_model import DEMO_MODEL_DIR, ensure_demo_model
-        model_id = str(ensure_demo_model(DEMO_MODEL_DIR))
+        from demo_model import ensure_demo_model
+        model_id = str(ensure_demo_model())
     out = Path(args.out or f"eval_runs/{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
 

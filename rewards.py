@@ -25,7 +25,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import ocaml_source as src
@@ -126,6 +126,11 @@ class Breakdown:
     cached: bool = False
     isolated: bool = True
     phase: str | None = None
+
+    @property
+    def solved(self) -> bool:
+        """Every test assertion passed."""
+        return self.tests_total > 0 and self.tests_passed == self.tests_total
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,8 +372,7 @@ def make_syntax_aware_reward(output_dir: str | Path | None, max_completion_token
             logger.log(step, round(epoch, 4), breakdowns, list(completions), tokens)
         if log_metric is not None:
             log_metric("ocaml/compiled", sum(b.compiled for b in breakdowns) / max(1, n))
-            log_metric("ocaml/tests_all_passed", sum(b.tests_total > 0 and b.tests_passed == b.tests_total
-                                                    for b in breakdowns) / max(1, n))
+            log_metric("ocaml/tests_all_passed", sum(b.solved for b in breakdowns) / max(1, n))
             log_metric("ocaml/end_marker", sum(b.has_end_marker for b in breakdowns) / max(1, n))
         return [b.reward for b in breakdowns]
 
@@ -412,7 +416,7 @@ def cmd_score(args) -> int:
         raise DatasetError(f"{args.completions}: problem ids not in {args.problems}: {unknown[:5]}")
     cfg = RewardConfig.from_env()
     if args.workers:
-        cfg = RewardConfig(cfg.weights, cfg.end_marker, cfg.runaway_multiplier, cfg.min_lines, args.workers)
+        cfg = replace(cfg, workers=args.workers)
     scorer = RewardScorer(cfg)
     if not scorer.grader.sandbox.isolated:
         print("WARNING: " + scorer.grader.sandbox.describe(), file=sys.stderr)
@@ -423,8 +427,7 @@ def cmd_score(args) -> int:
                    for r in records]
         for r, fut in zip(records, futures):
             b = fut.result()
-            out = {"problem_id": b.problem_id, **{k: v for k, v in asdict(b).items() if k != "problem_id"}}
-            print(json.dumps(out), flush=True)
+            print(json.dumps(asdict(b)), flush=True)  # problem_id is the first field
     finally:
         scorer.close()
     return 0
