@@ -38,18 +38,17 @@ import multiprocessing
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
-os.environ.setdefault("MIN_NON_EMPTY_LINES", "0")
+import torch
 
-import torch  # noqa: E402
-
-from bench_rewards import variants  # noqa: E402
-from demo_model import DEMO_MODEL_DIR, ensure_demo_model  # noqa: E402
-from generation_engines import ENGINES, engine_kwargs  # noqa: E402
-from problems import Problem, load_problems  # noqa: E402
-from prompting import END_MARKER, chat_messages, prompt_token_count  # noqa: E402
-from rewards import RewardScorer, make_syntax_aware_reward  # noqa: E402
+from bench_rewards import variants
+from demo_model import DEMO_MODEL_DIR, ensure_demo_model
+from generation_engines import ENGINES, engine_kwargs
+from problems import Problem, load_problems
+from prompting import END_MARKER, chat_messages, prompt_ids, prompt_token_count
+from rewards import RewardConfig, RewardScorer, make_syntax_aware_reward
 
 QWEN_15B_SHAPE = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                       num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
@@ -108,8 +107,8 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
     from trl import GRPOConfig, GRPOTrainer
 
     on_gpu = torch.cuda.is_available()
-    if on_gpu and a.vllm_gpu_memory is None:
-        a.vllm_gpu_memory = round(min(0.3, 12 / (torch.cuda.get_device_properties(0).total_memory / 2**30)), 3)
+    vllm_memory = a.vllm_gpu_memory or (
+        round(min(0.3, 12 / (torch.cuda.get_device_properties(0).total_memory / 2**30)), 3) if on_gpu else 0.3)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     problems = {p.id: p for p in load_problems("bundled") if p.solution and not p.requires}
     rows, prompt_lens = [], []
@@ -119,15 +118,14 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
             # so few real prompts would fit the seed's budget: every templated prompt is cut to the budget
             # instead. Real prompts are 606-791 Qwen2.5 tokens (README, "Prompt length"); content is noise
             # to random weights, token counts are what cost time.
-            text = tokenizer.apply_chat_template(chat_messages(p.prompt), add_generation_prompt=True, tokenize=False)
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"][:a.max_prompt]
+            ids = prompt_ids(tokenizer, p.prompt)[:a.max_prompt]
             rows.append({"prompt": tokenizer.decode(ids), **p.to_row()})
             prompt_lens.append(len(ids))
         elif (n := prompt_token_count(tokenizer, p.prompt)) <= a.max_prompt:
             rows.append({"prompt": chat_messages(p.prompt), **p.to_row()})
             prompt_lens.append(n)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if on_gpu else torch.float32)
-    scorer = RewardScorer()
+    scorer = RewardScorer(replace(RewardConfig.from_env(), min_lines=0))  # stand-ins are short; grade them all
     reward_fn = make_syntax_aware_reward(None, a.completion, scorer=scorer)
     reward_times: list[float] = []
     reward_means: list[float] = []
@@ -148,7 +146,8 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
         num_generations=a.generations, max_completion_length=a.completion, max_steps=a.warmup + a.steps,
         learning_rate=5e-6, temperature=0.9, beta=0.0, logging_steps=10**6, save_strategy="no", report_to=[],
         bf16=on_gpu, use_cpu=not on_gpu, activation_checkpointing=on_gpu, remove_unused_columns=False, seed=0,
-        **engine_kwargs(engine, sequences, a.max_prompt, a.completion, vllm_gpu_memory=a.vllm_gpu_memory or 0.3))
+        **engine_kwargs(engine, sequences, a.max_prompt, a.completion, vllm_gpu_memory=vllm_memory))
+    # LoRA as train.py's defaults (LORA_R, LORA_ALPHA, LORA_DROPOUT, LORA_TARGET_MODULES)
     peft = LoraConfig(r=32, lora_alpha=64, lora_dropout=0.05, target_modules=[
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], task_type="CAUSAL_LM")
     step_times: list[float] = []
@@ -198,7 +197,7 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
             "prompts_kept": len(rows), "prompt_tokens_max": max(prompt_lens, default=0),
             "peak_alloc_gb": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
             "peak_used_gb": peak_used[0] if on_gpu else None,
-            "vllm_gpu_memory": a.vllm_gpu_memory if engine == "vllm" else None}
+            "vllm_gpu_memory": vllm_memory if engine == "vllm" else None}
 
 
 def run_isolated(engine: str, model_dir: Path, random_weights: bool, a: argparse.Namespace) -> dict:

@@ -26,10 +26,11 @@ EXAMPLES = [
      "  match xs with\n  | [] -> None\n  | x :: rest ->\n    let m = List.fold_left pick x rest in\n    Some m"),
 ]
 
+SHOTS = "\n\n".join(f"Problem:\n```ocaml\n{p}\n```\nAnswer:\n```ocaml\n{a}\n```\n{END_MARKER}" for p, a in EXAMPLES)
+
 
 def user_message(problem_text: str) -> str:
-    shots = "\n\n".join(f"Problem:\n```ocaml\n{p}\n```\nAnswer:\n```ocaml\n{a}\n```\n{END_MARKER}" for p, a in EXAMPLES)
-    return (f"{INSTRUCTIONS}\n\nExamples:\n\n{shots}\n\nNow solve this problem.\nProblem:\n```ocaml\n"
+    return (f"{INSTRUCTIONS}\n\nExamples:\n\n{SHOTS}\n\nNow solve this problem.\nProblem:\n```ocaml\n"
             f"{problem_text.strip()}\n```\nAnswer with the ```ocaml block, then {END_MARKER}.")
 
 
@@ -37,7 +38,11 @@ def chat_messages(problem_text: str) -> list[dict]:
     return [{"role": "user", "content": user_message(problem_text)}]
 
 
-def prompt_token_count(tokenizer, problem_text: str) -> int:
-    """Tokens of the chat prompt as the model sees it (template and generation prompt included)."""
+def prompt_ids(tokenizer, problem_text: str) -> list[int]:
+    """The chat prompt's token ids as the model sees them (template and generation prompt included)."""
     text = tokenizer.apply_chat_template(chat_messages(problem_text), add_generation_prompt=True, tokenize=False)
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def prompt_token_count(tokenizer, problem_text: str) -> int:
+    return len(prompt_ids(tokenizer, problem_text))
