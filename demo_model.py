@@ -8,12 +8,12 @@ through the same `from_pretrained` code path as a real hub model.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
+from problems import BUNDLED, read_rows
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Same shape as Qwen2.5's template (system default, <|im_start|>role ... <|im_end|>), minus tools.
 CHAT_TEMPLATE = (
@@ -32,13 +32,9 @@ VERSION = "1"  # bump when the recipe changes so cached copies are rebuilt
 def _corpus() -> list[str]:
     """Problem prompts, tests and solutions from the bundled set, plus a little fixed OCaml so
     the tokenizer never starts empty."""
-    files = [ROOT / "data" / "ocaml_problems.jsonl"]
     texts = ["let rec f x = match x with [] -> 0 | _ :: t -> 1 + f t\n(* END *)\n```ocaml\n```\n"]
-    for f in files:
-        for line in f.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                row = json.loads(line)
-                texts += [str(row.get(k) or "") for k in ("prompt", "problem", "tests", "solution")]
+    for row in read_rows(BUNDLED):
+        texts += [str(row.get(k) or "") for k in ("prompt", "problem", "tests", "solution")]
     return texts
 
 
