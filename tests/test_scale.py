@@ -80,10 +80,12 @@ def test_missing_or_bad_engine_is_a_clear_config_error(tmp_path, cache_home, ext
 def test_reward_workers_are_shared_between_local_processes(monkeypatch):
     from rewards import RewardConfig
     monkeypatch.delenv("REWARD_WORKERS", raising=False)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    alone = RewardConfig.from_env().workers
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert RewardConfig.from_env().workers == max(1, alone // 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    workers = {}
+    for n in ("1", "2", "3", "16"):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", n)
+        workers[n] = RewardConfig.from_env().workers
+    assert workers == {"1": 8, "2": 4, "3": 2, "16": 1}
 
 
 @pytest.mark.slow
