@@ -198,6 +198,7 @@ for name, default, parse, meaning in CONFIG:
 os.environ.setdefault("MIN_NON_EMPTY_LINES", str(cfg.get("MIN_NON_EMPTY_LINES", 8)))
 os.environ.setdefault("RUNAWAY_PENALTY_MULTIPLIER", str(cfg.get("RUNAWAY_PENALTY_MULTIPLIER", 0.3)))
 import rewards  # noqa: E402  (no torch inside)
+from analyze import THRESHOLDS as TH  # noqa: E402  (the health thresholds analyze.py reports against)
 from prompting import chat_messages, prompt_token_count  # noqa: E402
 from generation_engines import engine_kwargs  # noqa: E402
 from ocaml_sandbox import ToolchainError  # noqa: E402
@@ -459,16 +460,18 @@ class LearningLog(TrainerCallback):
             self.write(f"[Health] the reward crashed on {GuardedScorer.crashes - self.crashes_seen} completion(s) "
                        "since the last log (scored 0; see first_error in the breakdown log and stderr)")
             self.crashes_seen = GuardedScorer.crashes
-        # Health rules from the seed analysis (thresholds quoted there).
-        if fzs is not None and fzs >= 0.30:
-            self.warn("fzs", f"CRITICAL frac_zero_std={fzs:.2f} >= 0.30: groups with identical rewards give no signal "
-                             "(mode collapse); raise GRPO_TEMPERATURE / GRPO_NUM_GENERATIONS")
-        elif fzs is not None and fzs >= 0.10:
-            self.warn("fzs", f"warning frac_zero_std={fzs:.2f} >= 0.10 (healthy < 0.10)")
-        if ent is not None and not 0.10 <= ent <= 0.20:
-            self.warn("entropy", f"entropy={ent:.3f} outside 0.10-0.20 ({'too confident' if ent < 0.10 else 'too random'})")
-        if r and r_std is not None and r > 0 and r_std / r > 0.30:
-            self.warn("cv", f"reward coefficient of variation {r_std / r:.2f} > 0.30: unstable signal")
+        # Health rules from the seed analysis; thresholds shared with analyze.py (analyze.THRESHOLDS).
+        if fzs is not None and fzs >= TH.zero_std_critical:
+            self.warn("fzs", f"CRITICAL frac_zero_std={fzs:.2f} >= {TH.zero_std_critical:.2f}: groups with identical "
+                             "rewards give no signal (mode collapse); raise GRPO_TEMPERATURE / GRPO_NUM_GENERATIONS")
+        elif fzs is not None and fzs >= TH.zero_std_healthy:
+            self.warn("fzs", f"warning frac_zero_std={fzs:.2f} >= {TH.zero_std_healthy:.2f} "
+                             f"(healthy < {TH.zero_std_healthy:.2f})")
+        if ent is not None and not TH.entropy_low <= ent <= TH.entropy_high:
+            self.warn("entropy", f"entropy={ent:.3f} outside {TH.entropy_low:.2f}-{TH.entropy_high:.2f} "
+                                 f"({'too confident' if ent < TH.entropy_low else 'too random'})")
+        if r and r_std is not None and r > 0 and r_std / r > TH.cv_max:
+            self.warn("cv", f"reward coefficient of variation {r_std / r:.2f} > {TH.cv_max:.2f}: unstable signal")
         expected = 0.35 if epoch >= 1.0 else 0.30 if epoch >= 0.5 else None
         if expected is not None and mean_r < expected:
             self.warn("level", f"mean reward {mean_r:.3f} over the last {len(recent)} logs is below {expected:.2f} "
@@ -476,12 +479,12 @@ class LearningLog(TrainerCallback):
 
         # Stop criteria at epoch >= 1.0. A flat trend alone is not a red flag for a run already
         # above the epoch-1 level (a plateau at 0.7 is fine), so it counts only below 0.35.
-        if epoch >= 1.0 and not control.should_training_stop:
+        if epoch >= TH.stop_epoch and not control.should_training_stop:
             reasons = []
-            if mean_r < 0.15:
-                reasons.append(f"mean reward {mean_r:.3f} < 0.15")
-            if mean_fzs > 0.30:
-                reasons.append(f"mean frac_zero_std {mean_fzs:.2f} > 0.30")
+            if mean_r < TH.stop_reward:
+                reasons.append(f"mean reward {mean_r:.3f} < {TH.stop_reward:.2f}")
+            if mean_fzs > TH.stop_zero_std:
+                reasons.append(f"mean frac_zero_std {mean_fzs:.2f} > {TH.stop_zero_std:.2f}")
             if self.count_test_passes() == 0 and self.fd is not None:
                 reasons.append("no test passes in the breakdown log")
             rs = [h[1] for h in self.history[-50:]]
