@@ -30,6 +30,6 @@ test: setup
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
 bench: setup
-	$(PY) bench_rewards.py
-	$(PY) bench_audit.py
-	$(PY) bench_train.py
+	$(PY) -m bench.bench_rewards
+	$(PY) -m bench.bench_audit
+	$(PY) -m bench.bench_train

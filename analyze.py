@@ -630,7 +630,7 @@ def render_markdown(r: Report, plots: list[Path] = ()) -> str:
 
 def write_report(r: Report) -> tuple[Path, list[Path]]:
     """Write RUN_DIR/analysis.md and RUN_DIR/plots/*.png; return their paths."""
-    from analyze_plots import make_plots  # matplotlib only when writing
+    from ocaml_grpo.analyze_plots import make_plots  # matplotlib only when writing
 
     plots = make_plots(r, r.run_dir / "plots")
     path, tmp = r.run_dir / "analysis.md", r.run_dir / "analysis.md.tmp"

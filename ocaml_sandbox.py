@@ -35,7 +35,7 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import ocaml_source as src
+from ocaml_grpo import ocaml_source as src
 
 # Ways to read or forge memory (the harness's nonce lives there): no test credit when used.
 FORBIDDEN_MODULES = {"Obj", "Marshal", "CamlinternalOO", "CamlinternalMod"}

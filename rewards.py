@@ -28,9 +28,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import ocaml_source as src
+from ocaml_grpo import ocaml_source as src
 from ocaml_sandbox import Grade, OcamlGrader, Sandbox, ToolchainError, env_number
-from problems import DatasetError, Problem, load_problems
+from ocaml_grpo.problems import DatasetError, Problem, load_problems
 
 FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 OCAML_TAGS = {"", "ocaml", "ml", "caml", "ocaml-repl"}
@@ -448,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "audit":
-            import dataset_audit
+            from ocaml_grpo import dataset_audit
             return dataset_audit.cli(args)
         return cmd_score(args)
     except (DatasetError, ToolchainError, ValueError) as e:

@@ -144,7 +144,7 @@ DEMO_DEFAULTS = {  # GRPO_DEMO=1 replaces defaults and .envrc values, never the 
     "GRPO_SAVE_STEPS": "10", "GRPO_LEARNING_RATE": "1e-4", "GRPO_TEMPERATURE": "1.0", "MIN_NON_EMPTY_LINES": "0",
     "GRPO_REPORT_TO": "none", "LORA_R": "8", "LORA_ALPHA": "16",
 }
-from demo_model import DEMO_MODEL_DIR, ensure_demo_model  # noqa: E402  (no torch at import)
+from ocaml_grpo.demo_model import DEMO_MODEL_DIR, ensure_demo_model  # noqa: E402  (no torch at import)
 
 if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
     print(__doc__)
@@ -199,10 +199,10 @@ os.environ.setdefault("MIN_NON_EMPTY_LINES", str(cfg.get("MIN_NON_EMPTY_LINES", 
 os.environ.setdefault("RUNAWAY_PENALTY_MULTIPLIER", str(cfg.get("RUNAWAY_PENALTY_MULTIPLIER", 0.3)))
 import rewards  # noqa: E402  (no torch inside)
 from analyze import THRESHOLDS as TH  # noqa: E402  (the health thresholds analyze.py reports against)
-from prompting import chat_messages, prompt_token_count  # noqa: E402
-from generation_engines import engine_kwargs  # noqa: E402
+from ocaml_grpo.prompting import chat_messages, prompt_token_count  # noqa: E402
+from ocaml_grpo.generation_engines import engine_kwargs  # noqa: E402
 from ocaml_sandbox import ToolchainError  # noqa: E402
-from problems import DatasetError, load_problems  # noqa: E402
+from ocaml_grpo.problems import DatasetError, load_problems  # noqa: E402
 
 try:
     reward_config = rewards.RewardConfig.from_env()
@@ -306,7 +306,7 @@ def prompt_tokens(problem) -> int:
 # also drops problems no answer could pass (tests that do not compile against a stub, missing
 # packages, duplicates) and records why in <output dir>/dataset_audit.jsonl.
 if cfg["AUDIT_DATASET"]:
-    import dataset_audit
+    from ocaml_grpo import dataset_audit
     audit = dataset_audit.audit_problems(problems, out_dir if IS_MAIN else None, prompt_tokens=prompt_tokens,
                                          max_prompt_tokens=cfg["GRPO_MAX_PROMPT"], grader=scorer.grader)
     kept = audit.kept

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dataset_audit import audit_problems
-from problems import Problem, load_problems
+from ocaml_grpo.dataset_audit import audit_problems
+from ocaml_grpo.problems import Problem, load_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT.parent / "shared" / "benchmarks"

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-import ocaml_source as src
-from problems import BUNDLED, load_problems
+from ocaml_grpo import ocaml_source as src
+from ocaml_grpo.problems import BUNDLED, load_problems
 from rewards import RewardConfig, RewardScorer
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-import ocaml_source as src
+from ocaml_grpo import ocaml_source as src
 from evaluate import grade_completions, pass_at_k, verdict
-from problems import load_problems
+from ocaml_grpo.problems import load_problems
 from rewards import RewardConfig, RewardScorer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-import ocaml_source as src
-from problems import Problem, load_problems
+from ocaml_grpo import ocaml_source as src
+from ocaml_grpo.problems import Problem, load_problems
 from rewards import RewardConfig, RewardScorer, Weights, assemble_solution, extract_code
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from problems import DatasetError, load_problems
+from ocaml_grpo.problems import DatasetError, load_problems
 
 ROW = {"id": "p1", "problem": "(** d *)\nlet f (x : int) : int =", "tests": "let () =\n  assert (f 1 = 1)\n;;",
        "requires": "base"}
@@ -47,7 +47,7 @@ def test_bundled_set_loads():
 
 
 def test_hub_id_offline_fails_with_a_way_out():
-    code = "from problems import load_problems; load_problems('kiranpg/ocaml-training-problems')"
+    code = "from ocaml_grpo.problems import load_problems; load_problems('kiranpg/ocaml-training-problems')"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                             "HF_HOME": "/nonexistent-hf-home"}, cwd=os.path.dirname(os.path.dirname(__file__)))

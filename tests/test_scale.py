@@ -92,7 +92,7 @@ def test_reward_workers_are_shared_between_local_processes(monkeypatch):
 def test_bench_train_runs_both_transformers_engines_on_the_tiny_model(tmp_path, cache_home):
     env = run_env(tmp_path, cache_home)
     out = tmp_path / "bench.json"
-    res = subprocess.run([sys.executable, str(ROOT / "bench_train.py"), "--engines", "default,paged", "--steps", "1",
+    res = subprocess.run([sys.executable, "-m", "bench.bench_train", "--engines", "default,paged", "--steps", "1",
                           "--warmup", "1", "--out", str(tmp_path / "b"), "--json", str(out)],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -108,7 +108,7 @@ def test_bench_train_runs_both_transformers_engines_on_the_tiny_model(tmp_path, 
 
 
 def test_engine_caches_are_sized_to_one_step():
-    from generation_engines import engine_kwargs
+    from ocaml_grpo.generation_engines import engine_kwargs
     assert engine_kwargs("default", 24, 704, 512) == {"use_vllm": False, "use_transformers_continuous_batching": False}
     paged = engine_kwargs("paged", 24, 704, 512)
     assert paged["use_transformers_continuous_batching"] and not paged["use_vllm"]
@@ -127,6 +127,6 @@ def test_engine_caches_are_sized_to_one_step():
     (["--model", "/nonexistent/model"], "--model /nonexistent/model: not `tiny`"),
 ])
 def test_bench_train_bad_arguments_are_named(args, needle):
-    res = subprocess.run([sys.executable, str(ROOT / "bench_train.py"), *args], cwd=ROOT, capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "bench.bench_train", *args], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert res.returncode != 0 and needle in res.stderr, res.stderr[-2000:]

@@ -1,6 +1,6 @@
 """Grader throughput: this grader (isolation on) against a naive reference pipeline, side by side.
 
-    python bench_rewards.py [--problems data/ocaml_problems.jsonl] [--n 48]
+    python -m bench.bench_rewards [--problems data/ocaml_problems.jsonl] [--n 48]
 
 The corpus is fixed and mixed, built from the bundled problems' reference solutions:
 correct answers, type errors, syntax errors, failing tests, infinite loops and duplicates.
@@ -19,9 +19,9 @@ import tempfile
 import time
 from dataclasses import replace
 
-from problems import Problem, load_problems
+from ocaml_grpo.problems import Problem, load_problems
 from rewards import RewardConfig, RewardScorer, assemble_solution, extract_code
-import ocaml_source as src
+from ocaml_grpo import ocaml_source as src
 
 
 def variants(p: Problem) -> dict[str, str]:

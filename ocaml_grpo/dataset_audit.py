@@ -24,9 +24,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-import ocaml_source as src
+from ocaml_grpo import ocaml_source as src
 from ocaml_sandbox import OcamlGrader, Sandbox
-from problems import Problem, load_problems
+from ocaml_grpo.problems import Problem, load_problems
 
 AUDIT_VERSION = "1"  # bump when the grader's notion of "compiles" changes
 CHUNK = 16  # problems per sandbox call

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-BUNDLED = Path(__file__).resolve().parent / "data" / "ocaml_problems.jsonl"
+BUNDLED = Path(__file__).resolve().parents[1] / "data" / "ocaml_problems.jsonl"
 LOCAL_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 
 

@@ -1,6 +1,6 @@
 """A tiny random-weight Qwen2 model + byte-level BPE tokenizer for the offline demo and tests.
 
-    python demo_model.py PATH      # build it (train.py does this itself under GRPO_DEMO=1)
+    python -m ocaml_grpo.demo_model PATH      # build it (train.py does this itself under GRPO_DEMO=1)
 
 Nothing is downloaded: the tokenizer is trained here with the `tokenizers` library on the
 problem texts in data/, then both are saved with save_pretrained, so train.py loads them
@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from problems import BUNDLED, read_rows
+from ocaml_grpo.problems import BUNDLED, read_rows
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Same shape as Qwen2.5's template (system default, <|im_start|>role ... <|im_end|>), minus tools.

@@ -1,6 +1,6 @@
 """Dataset audit speed: 1,000 problems audited cold (empty cache), then again (cached).
 
-    python bench_audit.py [--n 1000]
+    python -m bench.bench_audit [--n 1000]
 
 The problems are the bundled ones repeated with distinct ids and a distinct comment in the
 tests, so no two share a cache entry. Target: < 30 s cold, < 2 s cached, on 2 cores.
@@ -11,8 +11,8 @@ import tempfile
 import time
 from dataclasses import replace
 
-from dataset_audit import audit_problems, summary
-from problems import load_problems
+from ocaml_grpo.dataset_audit import audit_problems, summary
+from ocaml_grpo.problems import load_problems
 
 
 def main() -> None:

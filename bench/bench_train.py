@@ -1,9 +1,9 @@
 """Trainer speed per GRPO step, side by side for each generation engine.
 
-    python bench_train.py                                   # CUDA: the seed config; CPU: the tiny model
-    python bench_train.py --engines default,paged,vllm --steps 3 --warmup 1 --json bench.json
-    python bench_train.py --model /models/Qwen2.5-Coder-1.5B-Instruct   # real weights, its own answers graded
-    python bench_train.py --model qwen1.5b-shape --prompts 1 --generations 2 --completion 4   # GPU model on CPU
+    python -m bench.bench_train                                   # CUDA: the seed config; CPU: the tiny model
+    python -m bench.bench_train --engines default,paged,vllm --steps 3 --warmup 1 --json bench.json
+    python -m bench.bench_train --model /models/Qwen2.5-Coder-1.5B-Instruct   # real weights, its own answers graded
+    python -m bench.bench_train --model qwen1.5b-shape --prompts 1 --generations 2 --completion 4   # GPU model on CPU
 
 Models: `qwen1.5b-shape` (the CUDA default) has Qwen2.5-Coder-1.5B's shape (28 layers, hidden
 1536, vocab 151936) with random weights and the demo tokenizer; `tiny` (the CPU default) is the
@@ -43,11 +43,11 @@ from pathlib import Path
 
 import torch
 
-from bench_rewards import variants
-from demo_model import DEMO_MODEL_DIR, ensure_demo_model
-from generation_engines import ENGINES, engine_kwargs
-from problems import Problem, load_problems
-from prompting import END_MARKER, chat_messages, prompt_ids, prompt_token_count
+from bench.bench_rewards import variants
+from ocaml_grpo.demo_model import DEMO_MODEL_DIR, ensure_demo_model
+from ocaml_grpo.generation_engines import ENGINES, engine_kwargs
+from ocaml_grpo.problems import Problem, load_problems
+from ocaml_grpo.prompting import END_MARKER, chat_messages, prompt_ids, prompt_token_count
 from rewards import RewardConfig, RewardScorer, make_syntax_aware_reward
 
 QWEN_15B_SHAPE = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
