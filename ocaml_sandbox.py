@@ -9,19 +9,23 @@ its libraries (no shell, no interpreter), with small in-memory /work and /tmp. r
 deadline kills the whole tree.
 
 Grading model code (`OcamlGrader.grade`):
-1. type check the solution alone; if it fails, count independent errors phrase by phrase;
+1. type check the solution alone (its typed tree decides whether it uses Obj, Marshal,
+   `external` or unsafe_*: no test credit then); if it fails, count independent errors phrase
+   by phrase, within one compile limit for the whole completion;
 2. link it with the tests, each assertion wrapped by a trusted harness module that is
    initialised *before* the solution and reports through a file descriptor with a secret nonce
    the solution never sees (fail-closed: only verified passes count);
-3. run it, restarting after the assertion that crashed the process.
+3. run it, restarting after the assertion that crashed the process; runs are bounded by the
+   cores and judged by the CPU time they used.
 
 Environment (defaults): OCAML_SANDBOX=bwrap|none (bwrap), OCAML_CPU_LIMIT_S (5),
-OCAML_WALL_LIMIT_S (= CPU limit), OCAML_COMPILE_LIMIT_S (20), OCAML_MEMORY_MB (512),
+OCAML_WALL_LIMIT_S (3x the CPU limit), OCAML_COMPILE_LIMIT_S (20), OCAML_MEMORY_MB (512),
 OCAML_FILE_MB (16), OCAML_MAX_PROCS (32), OCAML_MAX_FILES (64), OCAML_OUTPUT_BYTES (65536).
 """
 from __future__ import annotations
 
 import fcntl
+import math
 import os
 import re
 import secrets
@@ -38,18 +42,71 @@ from pathlib import Path
 from ocaml_grpo import ocaml_source as src
 
 # Ways to read or forge memory (the harness's nonce lives there): no test credit when used.
-FORBIDDEN_MODULES = {"Obj", "Marshal", "CamlinternalOO", "CamlinternalMod"}
+# The verdict is the compiler's: the solution's typed tree (`typed_tree_forbidden`) names every
+# module and value it refers to, resolved through opens and includes, and every `external`.
+# The text check (`forbidden_identifier`) only saves building a program that cannot earn credit.
+FORBIDDEN_MODULES = {"Obj", "Marshal"}  # and every Camlinternal* unit
+FORBIDDEN_VALUES = {"input_value", "output_value"}  # Marshal under another name  (and unsafe_*)
 
 
 def forbidden_identifier(name: str) -> bool:
-    return (name in FORBIDDEN_MODULES or name == "external" or name.startswith("unsafe")
-            or any(name.endswith("__" + m) for m in FORBIDDEN_MODULES))  # Stdlib__Obj, the unit itself
+    name = name.removeprefix("Stdlib__")
+    return (name in FORBIDDEN_MODULES or name in FORBIDDEN_VALUES or name == "external"
+            or name.startswith(("unsafe", "Camlinternal")))
+
+
+TYPED_PATH_RE = re.compile(r'^\s*(T[a-z]+_[a-z_]+) "([^"]*)"')
+# Nodes whose quoted text is a name being defined or a constructor/label as written, not a path.
+NOT_A_PATH = {"Tpat_var", "Tpat_alias", "Tpat_construct", "Texp_construct", "Tpat_variant", "Texp_variant"}
+
+
+def typed_tree_forbidden(dump: str) -> str | None:
+    """The first forbidden construct in an `ocamlc -dtypedtree` dump, else None.
+
+    Paths in the dump are the compiler's resolved ones (`Stdlib!.Obj.magic`, `O/158.repr`), so
+    opens, includes and aliases cannot hide a module: any path through Obj, Marshal or a
+    Camlinternal* unit counts, as does a value named unsafe_*, input_value or output_value, and
+    every primitive declaration (`external`, in a structure or a signature). String constants
+    are printed escaped on their own `Const_string` lines, so no literal can forge a line here."""
+    lines = dump.splitlines()
+    for k, line in enumerate(lines):
+        stripped = line.strip()
+        if stripped.startswith("value_description"):
+            # Its primitive list follows its type, one level deeper: `[]` unless it is an external.
+            indent = len(line) - len(line.lstrip()) + 2
+            for nxt in lines[k + 1:]:
+                ind = len(nxt) - len(nxt.lstrip())
+                if ind < indent:
+                    break
+                if ind == indent and nxt.strip().startswith("["):
+                    if nxt.strip() != "[]":
+                        return "external"
+                    break
+            continue
+        m = TYPED_PATH_RE.match(line)
+        if not m or m.group(1) in NOT_A_PATH or "Const_string" in line:
+            continue
+        parts = [re.sub(r"(/\d+)?!?$", "", c) for c in re.split(r"[.()]", m.group(2)) if c]
+        for c in parts:
+            if c.removeprefix("Stdlib__") in FORBIDDEN_MODULES or c.startswith(("Camlinternal", "Stdlib__Camlinternal")):
+                return c
+        if m.group(1) == "Texp_ident" and parts and forbidden_identifier(parts[-1]):
+            return parts[-1]
+    return None
 
 
 RUN_TOOLS = ("ocamlrun", "prlimit", "setpriv", "nice")  # all that the model-code sandbox can execute
 # A 32 MB minor heap: list-heavy tests on large inputs run ~1.7x faster in bytecode.
 RUNPARAM = "s=4M"
+# Only a trigger for a second, `-i`, type check that decides (the message itself is text a
+# solution can print with [%%ocaml.error "..."]).
 NONGENERALIZABLE = "contains type variables that cannot be generalized"
+WARNINGS_OFF = ["-w", "-a", "-alert", "-all"]
+UID_POOL_BASE, UID_POOL_SIZE = 61000, 256  # unprivileged uids lent to jobs (above the usual user range)
+RUN_NICE = 15  # model code yields the CPU to compiles and to the trainer
+RESULTS_READ_CAP = 4 << 20  # bytes of harness result lines read back; a test program writes ~40 per assertion
+RUN_WORK_FILES = 4  # the model code's in-memory /work holds this many maximum-size files (/tmp: one)
+CPU_TIMEOUT_SLACK_S = 0.05  # a run that used its CPU budget less this much was stopped by the CPU limit
 HARNESS_ML = r"""
 (* Trusted: linked before the solution, so it reads the nonce before any model code runs. *)
 external fd_out : int -> out_channel = "caml_ml_open_descriptor_out"
@@ -93,8 +150,9 @@ def env_number(name: str, default: float, cast=float, positive: bool = True):
 
 @dataclass(frozen=True)
 class Limits:
+    WALL_FACTOR = 3  # the default wall-clock guard of a test run, in CPU limits
     cpu_s: int = 5
-    wall_s: float = 5.0
+    wall_s: float = 15.0
     compile_s: float = 20.0
     memory_mb: int = 512
     file_mb: int = 16
@@ -107,7 +165,7 @@ class Limits:
         cpu = env_number("OCAML_CPU_LIMIT_S", cls.cpu_s, int)
         return cls(
             cpu_s=cpu,
-            wall_s=env_number("OCAML_WALL_LIMIT_S", cpu, float),
+            wall_s=env_number("OCAML_WALL_LIMIT_S", cls.WALL_FACTOR * cpu, float),
             compile_s=env_number("OCAML_COMPILE_LIMIT_S", cls.compile_s, float),
             memory_mb=env_number("OCAML_MEMORY_MB", cls.memory_mb, int),
             file_mb=env_number("OCAML_FILE_MB", cls.file_mb, int),
@@ -126,7 +184,8 @@ class RunResult:
     returncode: int
     stdout: str
     stderr: str
-    timed_out: bool
+    timed_out: bool  # the wall-clock guard fired
+    cpu_s: float = 0.0  # CPU seconds used by everything the run started
 
 
 @dataclass
@@ -171,7 +230,7 @@ class UidPool:
     on the machine (a flock per uid): several trainer ranks or a CLI beside a trainer never share
     a uid, so one job's process limit and kill-by-uid never touch another's processes."""
 
-    def __init__(self, base: int = 61000, size: int = 256):
+    def __init__(self, base: int = UID_POOL_BASE, size: int = UID_POOL_SIZE):
         self.base, self.size = base, size
         self.dir = Path(tempfile.gettempdir()) / "ocaml-grpo-uids"
         self.dir.mkdir(mode=0o700, exist_ok=True)
@@ -267,7 +326,7 @@ class Sandbox:
                 box += ["--ro-bind", path, f"/usr/bin/{tool}"]
             # The program is copied in (bwrap closes that descriptor), so the harness can delete
             # it before model code runs: nothing can read the tests' constants from the binary.
-            box += ["--perms", "0777", "--size", str(lim.file_mb << 22), "--tmpfs", "/work",
+            box += ["--perms", "0777", "--size", str(RUN_WORK_FILES * lim.file_mb << 20), "--tmpfs", "/work",
                     "--perms", "0755", "--file", str(program_fd), "/work/prog"]
         box += ["--dev", "/dev", "--perms", "1777", "--size", str(lim.file_mb << 20), "--tmpfs", "/tmp",
                 "--chdir", "/work", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/work",
@@ -298,23 +357,28 @@ class Sandbox:
                 finally:
                     if program_fd is not None:
                         os.close(program_fd)
-                timed_out = False
-                try:
-                    rc = proc.wait(timeout=wall_s)
-                except subprocess.TimeoutExpired:
-                    timed_out = True
-                    self._kill(proc, uid)
-                    rc = proc.wait()
-                return RunResult(rc, _read_capped(out, self.limits.output_bytes),
-                                 _read_capped(err, self.limits.output_bytes), timed_out)
+                status, cpu_s, timed_out = _wait_with_usage(proc, wall_s, uid)
+                return RunResult(status, _read_capped(out, self.limits.output_bytes),
+                                 _read_capped(err, self.limits.output_bytes), timed_out, cpu_s)
         finally:
             if uid is not None:
                 self._uids.release(uid)
 
-    @staticmethod
-    def _kill(proc: subprocess.Popen, uid: int | None) -> None:
-        # Kill the job's processes first, while bwrap is alive to reap its child (killing bwrap
-        # first leaves the child a zombie of init); then the process group, for the rest.
+
+
+def _wait_with_usage(proc: subprocess.Popen, wall_s: float, uid: int | None) -> tuple[int, float, bool]:
+    """Wait for proc up to wall_s, then kill everything it started; reap it with wait4: (exit
+    status, CPU seconds of it and every descendant it reaped, whether the wall guard fired). The
+    CPU figure is what a time-out is judged by, so a run slowed by its neighbours is not a loop."""
+    box: dict = {}
+    waiter = threading.Thread(target=lambda: box.update(w=os.wait4(proc.pid, 0)), daemon=True)
+    waiter.start()
+    waiter.join(wall_s)
+    timed_out = waiter.is_alive()
+    if timed_out:
+        # The job's processes first, while bwrap is alive to reap its child (killing bwrap first
+        # leaves the child a zombie of init); then the process group, for the rest. proc stays
+        # unreaped until the waiter returns, so its pid (the group id) cannot be reused meanwhile.
         if uid is not None:
             for pid in os.listdir("/proc"):
                 if pid.isdigit():
@@ -323,14 +387,15 @@ class Sandbox:
                             os.kill(int(pid), signal.SIGKILL)
                     except (FileNotFoundError, ProcessLookupError, PermissionError):
                         pass
-            try:
-                proc.wait(timeout=1)
-            except subprocess.TimeoutExpired:
-                pass
+            waiter.join(1)
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        waiter.join()
+    _, status, usage = box["w"]
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+    return proc.returncode, usage.ru_utime + usage.ru_stime, timed_out
 
 
 def _root_links(dirs: tuple[str, ...]) -> list[str]:
@@ -405,22 +470,45 @@ UNBOUND_NAME_RE = re.compile(r"Unbound (?:value|constructor|module|type construc
 # ---------------------------------------------------------------------------------------------
 # The grader.
 
+@dataclass
+class CompileBudget:
+    """One compile limit per completion, shared by every toolchain call made for it: a phrase
+    whose type checking blows up costs one limit, not one per error-counting pass."""
+    seconds: float
+    exhausted: bool = False  # a call ran out of it: count no further errors
+
+
 class OcamlGrader:
+    """Grades one solution against its tests. The sandbox's shell scripts leave their results
+    in the job directory, one small file each (the protocol between the scripts and Python):
+
+    tc.out / tc.rc         type check of the solution alone: output, exit status
+    solution.cmo.dump      its typed tree (-dtypedtree), read for forbidden constructs
+    tci.out / tci.rc       only when tc failed on weak type variables: the `-i` check that
+                           decides whether typing got to the end
+    bad, err<i>.txt        after a syntax error: the phrases that do not parse, and why
+    check.ml/.out/.rc      the phrases that parse, type-checked together
+    link.out / link.rc     the test program (harness + solution + tests) built as `prog`
+
+    A file that is missing means its step did not run (or the call timed out before it)."""
     MAX_CHECKS = 10  # bound on compiler calls spent counting errors in one solution
 
     def __init__(self, sandbox: Sandbox | None = None, tmp_root: str | None = None,
                  max_parallel_compiles: int | None = None):
         self.sandbox = sandbox or Sandbox()
-        # Compiles are CPU-bound: bound them by cores. Test runs are not bounded here, so an
-        # infinite loop waits out its deadline beside the others instead of in a queue.
-        self._compile_slots = threading.BoundedSemaphore(max_parallel_compiles or os.cpu_count() or 1)
+        cores = max_parallel_compiles or os.cpu_count() or 1
+        # Compiles and test runs are CPU-bound: each is bounded by the cores, so a test run gets
+        # a core to itself and a correct but slow answer never loses its verdict to neighbours
+        # that loop (a loop is stopped by its CPU limit, not by the wall clock).
+        self._compile_slots = threading.BoundedSemaphore(cores)
+        self._run_slots = threading.BoundedSemaphore(cores)
         self.tmp_root = Path(tempfile.mkdtemp(prefix="ocaml-grader-", dir=tmp_root or os.environ.get("OCAML_SANDBOX_TMPDIR")))
         os.chmod(self.tmp_root, 0o755)
         weakref.finalize(self, shutil.rmtree, self.tmp_root, True)  # also when close() is never called
         probe = self.tmp_root / "probe"
         probe.mkdir()
         (probe / "probe.ml").write_text(HARNESS_ML)
-        res = subprocess.run(["ocamlc", "-w", "-a", "-c", "probe.ml"], cwd=probe, capture_output=True, text=True)
+        res = subprocess.run(["ocamlc", *WARNINGS_OFF, "-c", "probe.ml"], cwd=probe, capture_output=True, text=True)
         if res.returncode != 0:
             raise ToolchainError(f"ocamlc is installed but cannot compile a trivial module: {res.stderr.strip()[:400]}")
         shutil.rmtree(probe)
@@ -441,19 +529,26 @@ class OcamlGrader:
     @staticmethod
     def _compiler(requires: list[str], link: bool) -> list[str]:
         if not requires:
-            return ["ocamlc", "-w", "-a"]
-        return ["ocamlfind", "ocamlc", "-w", "-a", "-package", ",".join(requires)] + (["-linkpkg"] if link else [])
+            return ["ocamlc", *WARNINGS_OFF]
+        return ["ocamlfind", "ocamlc", *WARNINGS_OFF, "-package", ",".join(requires)] + (["-linkpkg"] if link else [])
 
-    def _compile(self, argv: list[str], workdir: Path, files: int = 1) -> RunResult:
-        """A toolchain call under a compile slot; the limits scale with the files it builds."""
-        limit = self.sandbox.limits.compile_s * max(1, files / 4)
+    def _compile(self, argv: list[str], workdir: Path, budget: CompileBudget | None = None, files: int = 1) -> RunResult:
+        """A toolchain call under a compile slot. With a budget, the call gets what is left of it
+        and spends what it used; without, the limit scales with the files it builds."""
+        limit = budget.seconds if budget else self.sandbox.limits.compile_s * max(1, files / 4)
         with self._compile_slots:
-            return self.sandbox.run(argv, workdir, wall_s=limit, cpu_s=int(limit))
+            t0 = time.monotonic()
+            res = self.sandbox.run(argv, workdir, wall_s=limit, cpu_s=max(1, math.ceil(limit)))
+        if budget:
+            budget.seconds -= time.monotonic() - t0
+            budget.exhausted = res.timed_out or budget.seconds <= 0
+        return res
 
     def _count_errors(self, phrases: list[src.Phrase], first: CompileError, requires: list[str],
-                      workdir: Path, grade: Grade) -> None:
+                      workdir: Path, grade: Grade, budget: CompileBudget) -> None:
         """Re-check the phrases without the failing one until the rest type-checks: each
-        independent error counts once; errors that only follow from a skipped phrase do not."""
+        independent error counts once; errors that only follow from a skipped phrase do not.
+        Counting stops when the completion's compile budget is spent."""
         good: list[int] = []
         pending = list(range(len(phrases)))
         skipped_names: set[str] = set()
@@ -472,7 +567,7 @@ class OcamlGrader:
                 pending = []
                 break
             j = _phrase_at(phrases, pending, err.line)
-            if j is None:  # cannot attribute (e.g. the compiler crashed): count it and stop
+            if j is None or budget.exhausted:  # cannot attribute (e.g. a time-out): count it and stop
                 grade.type_errors.append(err)
                 pending = []
                 break
@@ -486,17 +581,25 @@ class OcamlGrader:
             pending = [i for i in pending if i > j or (err.kind == "syntax" and i < j)]
             if not pending:
                 break
-            err = self._check(phrases, good + pending, requires, workdir)
+            err = self._check(phrases, good + pending, requires, workdir, budget)
         if not grade.type_errors:  # the whole failed but no phrase did: count one
             grade.type_errors.append(first)
         grade.phrases_ok = len(good)
 
-    def _check(self, phrases: list[src.Phrase], keep: list[int], requires: list[str], workdir: Path) -> CompileError | None:
+    def _check(self, phrases: list[src.Phrase], keep: list[int], requires: list[str], workdir: Path,
+               budget: CompileBudget) -> CompileError | None:
         """Type-check a subset of the phrases, keeping their original line numbers."""
         text = "".join(_with_line(phrases[i]) for i in keep)
         (workdir / "check.ml").write_text(text)
-        res = self._compile(self._compiler(requires, False) + ["-c", "check.ml"], workdir)
-        return None if res.returncode == 0 else parse_compiler_error(res.stderr + res.stdout)
+        res = self._compile(["sh", "-c", self._type_check_only(requires, "check.ml") + " >/dev/null"], workdir, budget)
+        if res.timed_out:
+            return CompileError("other", 0, "compiler timed out")
+        return None if res.returncode == 0 else parse_compiler_error(res.stderr)
+
+    def _type_check_only(self, requires: list[str], file: str) -> str:
+        """`-i` types the whole unit and stops: weak type variables, fine in a program, are not an
+        error of the unit here (and nothing is written but the signature, on stdout)."""
+        return " ".join(self._compiler(requires, False) + ["-i", file])
 
     def _syntax_script(self, phrases: list[src.Phrase], requires: list[str], workdir: Path) -> str:
         """Shell for the first sandbox call: on a syntax error, parse every phrase on its own
@@ -505,13 +608,12 @@ class OcamlGrader:
         for i, ph in enumerate(phrases):
             (workdir / f"parse{i}.ml").write_text(_with_line(ph))
         n = len(phrases) - 1
-        check = " ".join(self._compiler(requires, False) + ["-c", "check.ml"])
         return (f'if [ "$(cat tc.rc)" != 0 ] && grep -qiE "{SYNTAX_ERROR_RE}" tc.out; then\n'
                 f"  : >bad; : >check.ml\n"
                 f"  for i in $(seq 0 {n}); do ocamlc -stop-after parsing -c parse$i.ml >/dev/null 2>err$i.txt "
                 f"|| echo $i >>bad; done\n"
                 f"  for i in $(seq 0 {n}); do grep -qx $i bad || cat parse$i.ml >>check.ml; done\n"
-                f"  {check} >check.out 2>&1; echo $? >check.rc\n"
+                f"  {self._type_check_only(requires, 'check.ml')} >/dev/null 2>check.out; echo $? >check.rc\n"
                 f"fi\n")
 
     def grade(self, solution: str, tests: str, requires: list[str] = (), entry_points: list[str] = ()) -> Grade:
@@ -519,19 +621,22 @@ class OcamlGrader:
 
         The type check of the solution alone and the build of the test program share one
         sandbox call (each call costs ~20 ms of process start-up here)."""
-        started = time.monotonic()
         workdir = self._new_job_dir()
         requires = list(requires)
+        budget = CompileBudget(self.sandbox.limits.compile_s)
         try:
             grade = Grade()
+            solution = src.strip_line_directives(solution)
             phrases = src.split_phrases(solution)
             grade.phrases_total = max(1, len(phrases))
             plan = src.parse_assert_tests(tests)
             grade.tests_total = src.assertion_count(plan)
-            grade.forbidden = src.first_identifier(solution, forbidden_identifier)
+            grade.forbidden = src.first_identifier(solution, forbidden_identifier)  # text: a fast first filter
             (workdir / "solution.ml").write_text(solution)
-            tc = " ".join(self._compiler(requires, False) + ["-c", "solution.ml"])
-            script = f"{tc} >tc.out 2>&1; echo $? >tc.rc\n"
+            typed = " ".join(self._compiler(requires, False) + ["-dtypedtree", "-dump-into-file"])
+            script = (f"{typed} -c solution.ml >tc.out 2>&1; echo $? >tc.rc\n"
+                      f'if [ "$(cat tc.rc)" != 0 ] && grep -q "{NONGENERALIZABLE}" tc.out; then '
+                      f"{typed} -i solution.ml >/dev/null 2>tci.out; echo $? >tci.rc; fi\n")
             if len(phrases) > 1:
                 script += self._syntax_script(phrases, requires, workdir)
             if not grade.forbidden:
@@ -540,20 +645,21 @@ class OcamlGrader:
                 (workdir / f"{harness}.ml").write_text(HARNESS_ML)
                 (workdir / "tests.ml").write_text(render_tests(solution, tests, plan, harness.capitalize(), list(entry_points)))
                 link = " ".join(self._compiler(requires, True) + ["-o", "prog", f"{harness}.ml", "tests.ml"])
-                script += (f'if [ "$(cat tc.rc)" = 0 ] || grep -q "{NONGENERALIZABLE}" tc.out; then '
+                script += (f'if [ "$(cat tc.rc)" = 0 ] || [ "$(cat tci.rc 2>/dev/null)" = 0 ]; then '
                            f"{link} >link.out 2>&1; echo $? >link.rc; fi\n")
-            res = self._compile(["sh", "-c", script], workdir)
-            tc_out = _read(workdir / "tc.out")
-            first = parse_compiler_error(tc_out)
+            res = self._compile(["sh", "-c", script], workdir, budget)
+            first = parse_compiler_error(_read(workdir / "tc.out"))
             if res.timed_out:
                 first = CompileError("other", 0, "compiler timed out")
-            # Weak type variables (`let f = List.map g` on polymorphic variants) are fine in
-            # a program, only not in a unit without an interface; typing got to the end.
-            if _read(workdir / "tc.rc").strip() == "0" or (not res.timed_out and NONGENERALIZABLE in first.message):
+            # Typing got to the end: said by the compiler's exit status, never by its messages.
+            # Weak type variables (`let f = List.map g`) are fine in a program, only not in a
+            # unit without an interface, so the `-i` check decides that case.
+            if _read(workdir / "tc.rc").strip() == "0" or _read(workdir / "tci.rc").strip() == "0":
                 grade.compiled, grade.phrases_ok = True, grade.phrases_total
             else:
-                self._count_errors(phrases, first, requires, workdir, grade)
+                self._count_errors(phrases, first, requires, workdir, grade, budget)
                 return grade
+            grade.forbidden = grade.forbidden or typed_tree_forbidden(_read(workdir / "solution.cmo.dump"))
             if grade.forbidden:
                 return grade
             if _read(workdir / "link.rc").strip() != "0" or not (workdir / "prog").exists():
@@ -564,7 +670,7 @@ class OcamlGrader:
             rundir = workdir / "run"
             rundir.mkdir()
             shutil.move(workdir / "prog", rundir / "prog")
-            passed, finished, grade.timed_out = self._execute(rundir, grade.tests_total, started)
+            passed, finished, grade.timed_out = self._execute(rundir, grade.tests_total)
             grade.tests_passed = len(passed) if plan else int(finished)
             return grade
         finally:
@@ -600,63 +706,84 @@ class OcamlGrader:
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    def _execute(self, rundir: Path, total: int, started: float) -> tuple[set[int], bool, bool]:
+    def _execute(self, rundir: Path, total: int) -> tuple[set[int], bool, bool]:
         """Run the test program until it finishes, restarting after an assertion that killed
-        the process (exit, fatal error) while the wall-clock budget lasts.
+        the process (exit, fatal error), while its CPU budget lasts.
 
-        The budget counts from when grading of this completion began, so a batch holding
-        infinite loops ends one limit after it starts instead of one limit per loop; when
-        compiles queued for long, the run still gets at least half the limit."""
+        A run holds one of `cores` run slots, so it has a core to itself; its verdict is judged
+        by the CPU it used (the limit is shared by all restarts), with a wall-clock guard of
+        OCAML_WALL_LIMIT_S per run only for runs that do not use the CPU (blocked)."""
         lim = self.sandbox.limits
-        deadline = max(started + lim.wall_s, time.monotonic() + lim.wall_s / 2)
+        cpu_left = float(lim.cpu_s)
         nonce = secrets.token_hex(16)
         passed: set[int] = set()
         start, finished, timed_out = 0, False, False
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            # The results file is write-only for the program: nothing it starts can read the
-            # nonce back from it. The nonce arrives on a descriptor the harness closes first.
-            results_path = self.tmp_root / f"results-{secrets.token_hex(8)}"
-            rfd = os.open(results_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o600)
-            try:
-                with tempfile.TemporaryFile(dir=self.tmp_root) as secret:
-                    secret.write(f"{nonce}\n{start}\n".encode())
-                    secret.flush()
-                    secret.seek(0)
-                    sfd = secret.fileno()
-                    program = rundir / "prog"
-                    if not self.sandbox.isolated:  # the harness deletes the file it runs from
-                        program = rundir / "attempt"
-                        shutil.copy2(rundir / "prog", program)
-                    res = self.sandbox.run([f"./{program.name}", str(rfd), str(sfd)], rundir, wall_s=remaining,
-                                           pass_fds=(rfd, sfd), nice=15, program=program)
-            finally:
-                os.close(rfd)
-            with open(results_path, "rb") as f:
-                events = _parse_events(f.read(4 << 20).decode("ascii", "replace"), nonce)
-            results_path.unlink()
-            began: set[int] = set()
-            done: set[int] = set()
-            for tag, i in events:
-                if tag == "S":
-                    began.add(i)
-                elif tag in ("P", "F"):
-                    done.add(i)
-                    if tag == "P":
-                        passed.add(i)
-                elif tag == "D" and res.returncode == 0 and not res.timed_out:
+        with self._run_slots:
+            while True:
+                if cpu_left <= CPU_TIMEOUT_SLACK_S:
+                    timed_out = True
+                    break
+                # The results file is write-only for the program: nothing it starts can read the
+                # nonce back from it. The nonce arrives on a descriptor the harness closes first.
+                results_path = self.tmp_root / f"results-{secrets.token_hex(8)}"
+                rfd = os.open(results_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o600)
+                try:
+                    with tempfile.TemporaryFile(dir=self.tmp_root) as secret:
+                        secret.write(f"{nonce}\n{start}\n".encode())
+                        secret.flush()
+                        secret.seek(0)
+                        sfd = secret.fileno()
+                        program = rundir / "prog"
+                        if not self.sandbox.isolated:  # the harness deletes the file it runs from
+                            program = rundir / "attempt"
+                            shutil.copy2(rundir / "prog", program)
+                        res = self.sandbox.run([f"./{program.name}", str(rfd), str(sfd)], rundir, wall_s=lim.wall_s,
+                                               cpu_s=max(1, math.ceil(cpu_left)), pass_fds=(rfd, sfd), nice=RUN_NICE,
+                                               program=program)
+                finally:
+                    os.close(rfd)
+                with open(results_path, "rb") as f:
+                    run = tally_run(f.read(RESULTS_READ_CAP).decode("ascii", "replace"), nonce, start, total)
+                results_path.unlink()
+                passed |= run.passed
+                cpu_left -= res.cpu_s
+                if run.finished and res.returncode == 0 and not res.timed_out:
                     finished = True
-            if finished or res.timed_out:
-                timed_out = res.timed_out
-                break
-            crashed_in = sorted(began - done)
-            if not crashed_in or crashed_in[-1] + 1 >= total:
-                break
-            start = crashed_in[-1] + 1
+                    break
+                if res.timed_out or cpu_left <= CPU_TIMEOUT_SLACK_S:
+                    timed_out = True
+                    break
+                crashed_in = sorted(run.began - run.done)
+                if not crashed_in or crashed_in[-1] + 1 >= total:
+                    break
+                start = crashed_in[-1] + 1
         return passed, finished, timed_out
+
+
+@dataclass
+class RunTally:
+    began: set[int] = field(default_factory=set)
+    done: set[int] = field(default_factory=set)
+    passed: set[int] = field(default_factory=set)
+    finished: bool = False
+
+
+def tally_run(text: str, nonce: str, start: int, total: int) -> RunTally:
+    """What one run of the test program reported. Only lines carrying the run's nonce count, and
+    only for assertions this run was asked to run (start <= i < total), each once: whatever a
+    program writes, it cannot pass more assertions than the tests hold."""
+    t = RunTally()
+    for tag, i in _parse_events(text, nonce):
+        if tag == "D":
+            t.finished = True
+        elif start <= i < total:
+            if tag == "S":
+                t.began.add(i)
+            elif tag in ("P", "F"):
+                t.done.add(i)
+                if tag == "P":
+                    t.passed.add(i)
+    return t
 
 
 def _read(path: Path) -> str:

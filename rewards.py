@@ -169,7 +169,7 @@ def assemble_solution(code: str, prompt: str, entry_point: str = "") -> tuple[st
     if sig is None:
         return code, [entry] if entry else []
     code_names = {n for ph in src.split_phrases(code) for n in ph.names}
-    if entry and re.search(rf"(?m)^\s*(?:let|and)\s+(?:rec\s+)?{re.escape(entry)}\b", src.strip_comments(code)):
+    if entry and any(entry in src.defined_values(ph.text) for ph in src.split_phrases(code)):
         # Keep the prompt's definitions (types, exceptions, modules) the answer does not restate;
         # drop its prose and any stray text.
         kept = [ph.text for ph in src.split_phrases(sig.preamble)
@@ -208,7 +208,7 @@ def score_grade(grade: Grade, b: Breakdown, w: Weights) -> None:
     compile_frac = 1.0 if grade.compiled else 0.5 * grade.phrases_ok / max(1, grade.phrases_total)
     b.compile = w.compile * compile_frac
     if grade.tests_compiled and grade.tests_total and not grade.forbidden:
-        b.tests = w.tests * grade.tests_passed / grade.tests_total
+        b.tests = w.tests * min(max(grade.tests_passed, 0), grade.tests_total) / grade.tests_total
 
 
 class RewardScorer:

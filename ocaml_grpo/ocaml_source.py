@@ -13,7 +13,18 @@ TOP_LEVEL_KEYWORDS = {"let", "type", "module", "open", "exception", "external", 
 OPENERS = {"(", "[", "{", "begin", "struct", "sig", "object"}
 CLOSERS = {")", "]", "}", "end"}
 IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_']*")
-QUOTED_STRING_RE = re.compile(r"\{([a-z_]*)\|")
+NUMBER_RE = re.compile(r"[0-9][0-9a-zA-Z_.']*")
+OPERATOR_RE = re.compile(r"[!$%&*+\-./:<=>?@^|~#]+")
+# The regular expressions below follow OCaml 4.13's lexer (parsing/lexer.mll) rule by rule: every
+# place where this lexer and the compiler's disagree is a place where text can hide from a check.
+# `{id|...|id}` and `{%ext id|...|id}` quoted strings; an extension name is identchar+ ('.' identchar+)*.
+QUOTED_STRING_RE = re.compile(r"\{(?:%%?[A-Za-z0-9_']+(?:\.[A-Za-z0-9_']+)*[ \t]*)?([a-z_]*)\|")
+# Char literals: one byte that is not \\, ' or a newline (OCaml reads bytes, so only ASCII here),
+# a newline, or an escape; anything else after a quote is a type variable's quote.
+_CHAR_BODY = r"(?:\r?\n|(?![\\'\n\r])[\x00-\x7f]|\\[\\'\"ntbr ]|\\[0-9]{3}|\\o[0-3][0-7]{2}|\\x[0-9a-fA-F]{2})"
+CHAR_RE = re.compile(r"'" + _CHAR_BODY + r"'")
+COMMENT_CHAR_RE = re.compile(r"''|'" + _CHAR_BODY + r"'")  # inside comments '' is skipped too
+LINE_DIRECTIVE_RE = re.compile(r"(?m)^[ \t]*#[ \t]*[0-9].*$")
 
 
 @dataclass
@@ -43,53 +54,59 @@ def tokenize(src: str) -> list[Token]:
 
     while i < n:
         c = src[i]
-        if c in " \t\r\n":
+        if c in " \t\r\n\f":
             advance_to(i + 1)
             continue
         start, tline, tcol = i, line, i - line_start
-        if src.startswith("(*", i) and not src.startswith("(*)", i):
-            depth, j = 1, i + 2
-            while j < n and depth:
-                if src.startswith("(*", j):
-                    depth, j = depth + 1, j + 2
-                elif src.startswith("*)", j):
-                    depth, j = depth - 1, j + 2
-                elif src[j] == '"':
-                    j = _skip_string(src, j)
-                elif src[j] == "'" and j + 2 < n and src[j + 2] == "'":
-                    j += 3  # '"' inside a comment is a char, as in OCaml's lexer
-                else:
-                    j += 1
-            kind, end = "comment", j
+        if src.startswith("(*", i):  # `(*)` opens a comment too, as in OCaml
+            kind, end = "comment", _skip_comment(src, i + 2)
         elif c == '"':
             kind, end = "string", _skip_string(src, i)
-        elif c == "{" and QUOTED_STRING_RE.match(src, i):
-            tag = QUOTED_STRING_RE.match(src, i).group(1)
-            close = src.find("|" + tag + "}", i)
-            kind, end = "string", (n if close < 0 else close + len(tag) + 2)
+        elif c == "{" and (m := QUOTED_STRING_RE.match(src, i)):
+            kind, end = "string", _skip_quoted(src, m)
         elif c == "'":
-            if src.startswith("\\", i + 1):
-                close = src.find("'", i + 3)
-                kind, end = "char", (n if close < 0 else close + 1)
-            elif i + 2 < n and src[i + 2] == "'":
-                kind, end = "char", i + 3
-            else:  # a type variable's quote
-                kind, end = "symbol", i + 1
-        elif IDENT_RE.match(src, i):
-            kind, end = "ident", IDENT_RE.match(src, i).end()
+            m = CHAR_RE.match(src, i)
+            kind, end = ("char", m.end()) if m else ("symbol", i + 1)  # else a type variable's quote
+        elif m := IDENT_RE.match(src, i):
+            kind, end = "ident", m.end()
         elif "0" <= c <= "9":
-            m = re.compile(r"[0-9][0-9a-zA-Z_.']*").match(src, i)
-            kind, end = "symbol", m.end()
+            kind, end = "symbol", NUMBER_RE.match(src, i).end()
         elif src.startswith(";;", i):
             kind, end = "symbol", i + 2
         elif c in "()[]{};,":
             kind, end = "symbol", i + 1
         else:
-            m = re.compile(r"[!$%&*+\-./:<=>?@^|~#]+").match(src, i)
+            m = OPERATOR_RE.match(src, i)
             kind, end = "symbol", (m.end() if m else i + 1)
         tokens.append(Token(kind, src[start:end], start, tline, tcol))
         advance_to(end)
     return tokens
+
+
+def _skip_comment(src: str, j: int) -> int:
+    """End of a comment whose opening `(*` ends at j: nested comments, and the strings, quoted
+    strings and char literals OCaml's lexer reads inside comments (so `"*)"` does not close one)."""
+    depth, n = 1, len(src)
+    while j < n and depth:
+        if src.startswith("(*", j):
+            depth, j = depth + 1, j + 2
+        elif src.startswith("*)", j):
+            depth, j = depth - 1, j + 2
+        elif src[j] == '"':
+            j = _skip_string(src, j)
+        elif src[j] == "{" and (m := QUOTED_STRING_RE.match(src, j)):
+            j = _skip_quoted(src, m)
+        elif src[j] == "'" and (m := COMMENT_CHAR_RE.match(src, j)):
+            j = m.end()
+        else:
+            j += 1
+    return j
+
+
+def _skip_quoted(src: str, opener: re.Match) -> int:
+    """End of a quoted string; the closing `|id}` is searched after the opener, never inside it."""
+    close = src.find("|" + opener.group(1) + "}", opener.end())
+    return len(src) if close < 0 else close + len(opener.group(1)) + 2
 
 
 def _skip_string(src: str, i: int) -> int:
@@ -102,6 +119,14 @@ def _skip_string(src: str, i: int) -> int:
         else:
             j += 1
     return len(src)
+
+
+def strip_line_directives(src: str) -> str:
+    """Blank every line that OCaml could read as a line directive (`# 900 "solution.ml"`): they
+    move the compiler's error locations, which error counting maps back to phrases. The match is
+    wider than the compiler's (any line starting with `#` and a digit, indented or inside a
+    string), so no directive survives; line numbers are kept."""
+    return LINE_DIRECTIVE_RE.sub("", src)
 
 
 def code_tokens(src: str) -> list[Token]:
@@ -197,26 +222,81 @@ def _is_let_in(toks: list[Token]) -> bool:
     return ins >= lets > 0
 
 
+BINDERS = ("let", "and", "type", "module", "exception", "external")
+
+
 def defined_names(phrase: str) -> list[str]:
     """Names a top-level phrase binds: `let [rec] f`, `and g`, `type t`, `module M`, `exception E`."""
+    return [name for _, name in _bindings(phrase)]
+
+
+def defined_values(phrase: str) -> list[str]:
+    """Values a top-level phrase binds with `let` / `and` (`let[@inline never] rec f`, `let%ext f`)."""
+    values, in_let = [], False
+    for keyword, name in _bindings(phrase):
+        in_let = keyword == "let" or (keyword == "and" and in_let)
+        if in_let:
+            values.append(name)
+    return values
+
+
+def _bindings(phrase: str) -> list[tuple[str, str]]:
+    """(keyword, name) for each definition at depth 0. A `let` closed by its own `in` is an
+    expression, not a definition (its names, and those of its `and`s, are local)."""
     toks = code_tokens(phrase)
-    names: list[str] = []
-    depth = 0
+    found: list[tuple[str, str, int]] = []  # keyword, name, index of the let it belongs to (-1: none)
+    open_lets: list[int] = []  # depth-0 lets not yet closed by an `in`
+    local: set[int] = set()
+    last_let, depth = -1, 0
     for k, t in enumerate(toks):
-        if depth == 0 and t.text in ("let", "and", "type", "module", "exception", "external"):
-            j = k + 1
-            while j < len(toks) and toks[j].text in ("rec", "nonrec", "type", "'") or (
-                j < len(toks) and j > k + 1 and toks[j - 1].text == "'"
-            ):
-                j += 1
-            if j < len(toks) and toks[j].kind == "ident" and toks[j].text not in ("open", "in"):
-                names.append(toks[j].text)
-            elif j + 2 < len(toks) and toks[j].text == "(" and toks[j + 2].text == ")":
-                names.append(toks[j + 1].text)  # an operator: let ( = ) ...
-        if t.text == "in" and depth == 0 and names and t is not toks[0]:
-            break
+        if depth == 0 and t.kind == "ident":
+            if t.text == "in" and open_lets:
+                local.add(open_lets.pop())
+            elif t.text in BINDERS:
+                if t.text == "let":
+                    last_let = k
+                    open_lets.append(k)
+                j = _skip_binder_modifiers(toks, k + 1)
+                owner = last_let if t.text in ("let", "and") else -1
+                if j < len(toks) and toks[j].kind == "ident" and toks[j].text not in ("open", "in", "type"):
+                    found.append((t.text, toks[j].text, owner))
+                elif j + 2 < len(toks) and toks[j].text == "(" and toks[j + 2].text == ")":
+                    found.append((t.text, toks[j + 1].text, owner))  # an operator: let ( = ) ...
         depth += _depth_changes(t)
-    return names
+    return [(kw, name) for kw, name, owner in found if owner not in local]
+
+
+def _skip_binder_modifiers(toks: list[Token], j: int) -> int:
+    """Past what may stand between a binder and its name: `%ext`, `[@attr ...]`, `rec`, `nonrec`,
+    `module type`, and type parameters (`'a`, `+'a`, `_`, `('a, 'b)`)."""
+    while j < len(toks):
+        t = toks[j].text
+        if t == "%" and j + 1 < len(toks):  # let%ext: the extension name, dotted
+            j += 2
+            while j + 1 < len(toks) and toks[j].text == ".":
+                j += 2
+        elif t == "[" and j + 1 < len(toks) and toks[j + 1].text.startswith("@"):
+            depth = 0
+            while j < len(toks):
+                depth += _depth_changes(toks[j])
+                j += 1
+                if depth == 0:
+                    break
+        elif t in ("rec", "nonrec", "_", "+", "-", "!", "+!", "-!", "!+", "!-") or (t == "type" and j > 0
+                                                                                and toks[j - 1].text != "module"):
+            j += 1
+        elif t == "'":  # a type parameter: the quote, then its name
+            j += 2
+        elif t == "(" and j + 1 < len(toks) and toks[j + 1].text in ("'", "_", "+", "-"):
+            depth = 0
+            while j < len(toks):  # ('a, 'b): the parameter list
+                depth += _depth_changes(toks[j])
+                j += 1
+                if depth == 0:
+                    break
+        else:
+            return j
+    return j
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,7 +309,7 @@ class Signature:
     entry: str  # the function's name
 
 
-SIGNATURE_RE = re.compile(r"^let\s+(?:rec\s+)?([a-z_][A-Za-z0-9_']*)\b.*=\s*$")
+SIGNATURE_RE = re.compile(r"^let(?:%[\w.]+)?(?:\s*\[@[^\]]*\])*\s+(?:rec\s+)?([a-z_][A-Za-z0-9_']*)\b.*=\s*$")
 
 
 def parse_signature(prompt: str) -> Signature | None:
