@@ -505,13 +505,16 @@ class OcamlGrader:
         self.tmp_root = Path(tempfile.mkdtemp(prefix="ocaml-grader-", dir=tmp_root or os.environ.get("OCAML_SANDBOX_TMPDIR")))
         os.chmod(self.tmp_root, 0o755)
         weakref.finalize(self, shutil.rmtree, self.tmp_root, True)  # also when close() is never called
-        probe = self.tmp_root / "probe"
-        probe.mkdir()
-        (probe / "probe.ml").write_text(HARNESS_ML)
-        res = subprocess.run(["ocamlc", *WARNINGS_OFF, "-c", "probe.ml"], cwd=probe, capture_output=True, text=True)
+        # The harness is compiled once (this is also the toolchain probe) under a random unit
+        # name that solution code cannot guess, so it cannot refer to the harness's `emit`.
+        self.harness = f"grader_{secrets.token_hex(8)}"
+        self._harness_dir = self.tmp_root / "harness"
+        self._harness_dir.mkdir()
+        (self._harness_dir / f"{self.harness}.ml").write_text(HARNESS_ML)
+        res = subprocess.run(["ocamlc", *WARNINGS_OFF, "-c", f"{self.harness}.ml"], cwd=self._harness_dir,
+                             capture_output=True, text=True)
         if res.returncode != 0:
             raise ToolchainError(f"ocamlc is installed but cannot compile a trivial module: {res.stderr.strip()[:400]}")
-        shutil.rmtree(probe)
         self._counter = 0
         self._lock = threading.Lock()
 
@@ -640,11 +643,11 @@ class OcamlGrader:
             if len(phrases) > 1:
                 script += self._syntax_script(phrases, requires, workdir)
             if not grade.forbidden:
-                # The harness unit gets a fresh random name per job: solution code cannot name it.
-                harness = f"grader_{secrets.token_hex(8)}"
-                (workdir / f"{harness}.ml").write_text(HARNESS_ML)
-                (workdir / "tests.ml").write_text(render_tests(solution, tests, plan, harness.capitalize(), list(entry_points)))
-                link = " ".join(self._compiler(requires, True) + ["-o", "prog", f"{harness}.ml", "tests.ml"])
+                for ext in (".cmi", ".cmo"):
+                    shutil.copyfile(self._harness_dir / (self.harness + ext), workdir / (self.harness + ext))
+                (workdir / "tests.ml").write_text(render_tests(solution, tests, plan, self.harness.capitalize(),
+                                                               list(entry_points)))
+                link = " ".join(self._compiler(requires, True) + ["-o", "prog", f"{self.harness}.cmo", "tests.ml"])
                 script += (f'if [ "$(cat tc.rc)" = 0 ] || [ "$(cat tci.rc 2>/dev/null)" = 0 ]; then '
                            f"{link} >link.out 2>&1; echo $? >link.rc; fi\n")
             res = self._compile(["sh", "-c", script], workdir, budget)
