@@ -60,6 +60,24 @@ TYPED_PATH_RE = re.compile(r'^\s*(T[a-z]+_[a-z_]+) "([^"]*)"')
 NOT_A_PATH = {"Tpat_var", "Tpat_alias", "Tpat_construct", "Texp_construct", "Tpat_variant", "Texp_variant"}
 
 
+STRUCTURE_ITEM_RE = re.compile(r"^  structure_item \([^\[\n]*\[\d+,(\d+)\+(\d+)\]")
+
+
+def parse_tree_item_starts(dump: str, source: str) -> list[int] | None:
+    """Where each top-level item of `source` begins (character offsets), from the parse tree at
+    the head of an `ocamlc -dparsetree -dump-into-file` dump; None when there is none (the file
+    did not parse). Indentation, `;;` and several items on a line cannot fool this split."""
+    if not dump.startswith("["):
+        return None
+    data, byte_starts = source.encode(), []
+    for line in dump.splitlines()[1:]:
+        if line == "]":
+            return [len(data[:b].decode("utf-8", "ignore")) for b in byte_starts]
+        if m := STRUCTURE_ITEM_RE.match(line):
+            byte_starts.append(int(m.group(1)) + int(m.group(2)))
+    return None
+
+
 def typed_tree_forbidden(dump: str) -> str | None:
     """The first forbidden construct in an `ocamlc -dtypedtree` dump, else None.
 
@@ -191,9 +209,10 @@ class RunResult:
 @dataclass
 class CompileError:
     kind: str  # "syntax" | "type" | "unbound" | "other"
-    line: int
+    line: int  # 0: the compiler named no location
     message: str
     file: str = ""
+    col: int = 0  # the location's first byte on its line
 
 
 @dataclass
@@ -420,31 +439,29 @@ def _read_capped(f, limit: int) -> str:
 # ---------------------------------------------------------------------------------------------
 # Compiler messages.
 
-ERROR_LOCATION_RE = re.compile(r'File "([^"]+)", line (\d+)')
+ERROR_LOCATION_RE = re.compile(r'^File "([^"]+)", lines? (\d+)(?:-\d+)?(?:, characters (\d+)-\d+)?')
 
 
 def parse_compiler_error(output: str) -> CompileError:
-    """First error of an ocamlc run, classified."""
+    """First error of an ocamlc run, classified. Its location is the header just above its
+    `Error:` line: a warning a solution re-enabled (`[@@@warning "+a"]`) prints a header of its own
+    earlier, which must not move the blame."""
     lines = output.splitlines()
-    line_no, file = 0, ""
-    for ln in lines:
-        m = ERROR_LOCATION_RE.search(ln)
-        if m:
-            file, line_no = m.group(1), int(m.group(2))
-            break
-    message = ""
     for k, ln in enumerate(lines):
         if ln.startswith("Error:"):
             body = [ln[len("Error:"):].strip()]
             for cont in lines[k + 1:]:
-                if not cont.startswith(" ") or ERROR_LOCATION_RE.search(cont):
+                if not cont.startswith(" ") or ERROR_LOCATION_RE.match(cont):
                     break
                 body.append(cont.strip())
             message = " ".join(b for b in body if b)
-            break
-    if not message:
-        message = next((ln.strip() for ln in lines if ln.strip()), "unknown compiler failure")
-    return CompileError(classify_error(message), line_no, message[:500], file)
+            for head in reversed(lines[:k]):
+                if m := ERROR_LOCATION_RE.match(head):
+                    return CompileError(classify_error(message), int(m.group(2)), message[:500], m.group(1),
+                                        int(m.group(3) or 0))
+            return CompileError(classify_error(message), 0, message[:500])
+    message = next((ln.strip() for ln in lines if ln.strip()), "unknown compiler failure")
+    return CompileError(classify_error(message), 0, message[:500])
 
 
 SYNTAX_MARKERS = ("syntax error", "illegal character", "not terminated", "might be unmatched",
@@ -551,17 +568,20 @@ class OcamlGrader:
                       workdir: Path, grade: Grade, budget: CompileBudget) -> None:
         """Re-check the phrases without the failing one until the rest type-checks: each
         independent error counts once; errors that only follow from a skipped phrase do not.
-        Counting stops when the completion's compile budget is spent."""
+        An error is blamed on the phrase that holds its location (line and column) in the file
+        that was checked. Counting stops when the completion's compile budget is spent."""
         good: list[int] = []
         pending = list(range(len(phrases)))
         skipped_names: set[str] = set()
         err: CompileError | None = first
+        checked = _joined(phrases, pending)  # solution.ml is the phrases, back to back
         bad = _read_syntax_check(phrases, workdir)  # done in the first sandbox call
         if bad:
             for j, e in bad.items():
                 grade.type_errors.append(e)
                 skipped_names.update(phrases[j].names)
             pending = [i for i in pending if i not in bad]
+            checked = _joined(phrases, pending)  # check.ml: the phrases that parse
             err = None if _read(workdir / "check.rc").strip() == "0" or not pending else \
                 parse_compiler_error(_read(workdir / "check.out"))
         for _ in range(self.MAX_CHECKS):
@@ -569,7 +589,7 @@ class OcamlGrader:
                 good += pending
                 pending = []
                 break
-            j = _phrase_at(phrases, pending, err.line)
+            j = _phrase_of(err, checked, pending)
             if j is None or budget.exhausted:  # cannot attribute (e.g. a time-out): count it and stop
                 grade.type_errors.append(err)
                 pending = []
@@ -584,15 +604,14 @@ class OcamlGrader:
             pending = [i for i in pending if i > j or (err.kind == "syntax" and i < j)]
             if not pending:
                 break
-            err = self._check(phrases, good + pending, requires, workdir, budget)
+            checked = _joined(phrases, good + pending)
+            err = self._check(checked.text, requires, workdir, budget)
         if not grade.type_errors:  # the whole failed but no phrase did: count one
             grade.type_errors.append(first)
         grade.phrases_ok = len(good)
 
-    def _check(self, phrases: list[src.Phrase], keep: list[int], requires: list[str], workdir: Path,
-               budget: CompileBudget) -> CompileError | None:
-        """Type-check a subset of the phrases, keeping their original line numbers."""
-        text = "".join(_with_line(phrases[i]) for i in keep)
+    def _check(self, text: str, requires: list[str], workdir: Path, budget: CompileBudget) -> CompileError | None:
+        """Type-check some of the phrases, as check.ml."""
         (workdir / "check.ml").write_text(text)
         res = self._compile(["sh", "-c", self._type_check_only(requires, "check.ml") + " >/dev/null"], workdir, budget)
         if res.timed_out:
@@ -607,9 +626,9 @@ class OcamlGrader:
     def _syntax_script(self, phrases: list[src.Phrase], requires: list[str], workdir: Path) -> str:
         """Shell for the first sandbox call: on a syntax error, parse every phrase on its own
         (parsing is context-free, and the compiler often reports a syntax error phrases after
-        its cause), then type-check the phrases that parse."""
+        its cause), then type-check the phrases that parse, back to back, as check.ml."""
         for i, ph in enumerate(phrases):
-            (workdir / f"parse{i}.ml").write_text(_with_line(ph))
+            (workdir / f"parse{i}.ml").write_text(ph.text)
         n = len(phrases) - 1
         return (f'if [ "$(cat tc.rc)" != 0 ] && grep -qiE "{SYNTAX_ERROR_RE}" tc.out; then\n'
                 f"  : >bad; : >check.ml\n"
@@ -636,7 +655,7 @@ class OcamlGrader:
             grade.tests_total = src.assertion_count(plan)
             grade.forbidden = src.first_identifier(solution, forbidden_identifier)  # text: a fast first filter
             (workdir / "solution.ml").write_text(solution)
-            typed = " ".join(self._compiler(requires, False) + ["-dtypedtree", "-dump-into-file"])
+            typed = " ".join(self._compiler(requires, False) + ["-dparsetree", "-dtypedtree", "-dump-into-file"])
             script = (f"{typed} -c solution.ml >tc.out 2>&1; echo $? >tc.rc\n"
                       f'if [ "$(cat tc.rc)" != 0 ] && grep -q "{NONGENERALIZABLE}" tc.out; then '
                       f"{typed} -i solution.ml >/dev/null 2>tci.out; echo $? >tci.rc; fi\n")
@@ -657,12 +676,18 @@ class OcamlGrader:
             # Typing got to the end: said by the compiler's exit status, never by its messages.
             # Weak type variables (`let f = List.map g`) are fine in a program, only not in a
             # unit without an interface, so the `-i` check decides that case.
+            dump = _read(workdir / "solution.cmo.dump")
             if _read(workdir / "tc.rc").strip() == "0" or _read(workdir / "tci.rc").strip() == "0":
                 grade.compiled, grade.phrases_ok = True, grade.phrases_total
             else:
+                starts = parse_tree_item_starts(dump, solution)
+                if starts is not None:  # it parses: the compiler's own structure items are the phrases
+                    phrases = src.phrases_from_starts(solution, starts)
+                    grade.phrases_total = max(1, len(phrases))
+                    (workdir / "bad").unlink(missing_ok=True)  # a syntax scan grep'd from source excerpts
                 self._count_errors(phrases, first, requires, workdir, grade, budget)
                 return grade
-            grade.forbidden = grade.forbidden or typed_tree_forbidden(_read(workdir / "solution.cmo.dump"))
+            grade.forbidden = grade.forbidden or typed_tree_forbidden(dump)
             if grade.forbidden:
                 return grade
             if _read(workdir / "link.rc").strip() != "0" or not (workdir / "prog").exists():
@@ -801,13 +826,43 @@ def _read_syntax_check(phrases: list[src.Phrase], workdir: Path) -> dict[int, Co
     for tok in _read(workdir / "bad").split():
         i = int(tok)
         e = parse_compiler_error(_read(workdir / f"err{i}.txt"))
-        last_line = phrases[i].line + max(0, phrases[i].text.rstrip("\n").count("\n"))
-        bad[i] = CompileError("syntax", min(e.line or phrases[i].line, last_line), e.message)
+        bad[i] = CompileError("syntax", phrases[i].line, e.message)
     return bad
 
 
-def _with_line(ph: src.Phrase) -> str:
-    return f'# {ph.line} "solution.ml"\n{ph.text}\n'
+@dataclass
+class Joined:
+    """Phrases written back to back as one file, and where each one lies in it."""
+    text: str
+    spans: list[tuple[int, int, int]]  # (phrase index, first offset, end offset)
+
+
+def _joined(phrases: list[src.Phrase], keep: list[int]) -> Joined:
+    """No line directives: a compiler location points into this text, and from there to a phrase."""
+    parts, spans, at = [], [], 0
+    for i in keep:
+        parts.append(phrases[i].text)
+        spans.append((i, at, at + len(phrases[i].text)))
+        at += len(phrases[i].text)
+    return Joined("".join(parts), spans)
+
+
+def _phrase_of(err: CompileError, checked: Joined, candidates: list[int]) -> int | None:
+    """The candidate phrase holding the error's location; the first candidate when the compiler
+    named no location; None when the location is outside every candidate."""
+    if err.line <= 0:
+        return candidates[0] if candidates else None
+    lines = checked.text.split("\n")
+    if err.line > len(lines):
+        return None
+    line_start = sum(len(ln) + 1 for ln in lines[:err.line - 1])
+    # the column counts bytes; the text counts characters
+    col = len(lines[err.line - 1].encode()[:err.col].decode("utf-8", "ignore"))
+    at = min(line_start + col, max(0, len(checked.text) - 1))
+    for i, start, end in checked.spans:
+        if start <= at < end:
+            return i if i in candidates else None
+    return None
 
 
 def _parse_events(text: str, nonce: str) -> list[tuple[str, int]]:
@@ -817,14 +872,6 @@ def _parse_events(text: str, nonce: str) -> list[tuple[str, int]]:
         if len(parts) == 3 and parts[0] == nonce and parts[1] in ("S", "P", "F", "D") and parts[2].isdigit():
             events.append((parts[1], int(parts[2])))
     return events
-
-
-def _phrase_at(phrases: list[src.Phrase], candidates: list[int], line: int) -> int | None:
-    best = None
-    for i in candidates:
-        if phrases[i].line <= line:
-            best = i
-    return best if best is not None else (candidates[0] if candidates and line == 0 else None)
 
 
 def render_tests(solution: str, tests: str, plan: src.TestPlan | None, harness: str, entries: list[str]) -> str:

@@ -154,6 +154,7 @@ class Phrase:
     text: str
     line: int  # first line in the original source (1-based)
     names: list[str] = field(default_factory=list)  # values/types/modules it defines
+    start: int = 0  # offset of its first character in the original source
 
 
 def _depth_changes(tok: Token) -> int:
@@ -194,19 +195,25 @@ def split_phrases(src: str) -> list[Phrase]:
         if kept and toks[k].text == "let" and _is_let_in(toks[k:end]):
             continue
         kept.append(k)
-    phrases = []
-    lines = src.splitlines(keepends=True)
     offsets = [0]
-    for ln in lines:
+    for ln in src.splitlines(keepends=True):
         offsets.append(offsets[-1] + len(ln))
-    for idx, k in enumerate(kept):
-        start = offsets[toks[k].line - 1]  # whole first line, comments before it on the line included
-        end = offsets[toks[kept[idx + 1]].line - 1] if idx + 1 < len(kept) else len(src)
-        if idx == 0:
-            start = 0  # leading comments belong to the first phrase
+    # whole first lines, comments before a phrase on its line included
+    return phrases_from_starts(src, [offsets[toks[k].line - 1] for k in kept])
+
+
+def phrases_from_starts(src: str, starts: list[int]) -> list[Phrase]:
+    """The phrases beginning at these offsets, each running to the next; leading comments belong
+    to the first. Used with the lexer's cuts, or with the compiler's own structure items."""
+    starts = sorted({s for s in starts if 0 <= s < len(src)}) or [0]
+    starts[0] = 0
+    phrases = []
+    for idx, start in enumerate(starts):
+        end = starts[idx + 1] if idx + 1 < len(starts) else len(src)
         text = src[start:end]
-        phrases.append(Phrase(text=text, line=src.count("\n", 0, start) + 1, names=defined_names(text)))
-    return [p for p in phrases if p.text.strip()]
+        if text.strip():
+            phrases.append(Phrase(text=text, line=src.count("\n", 0, start) + 1, names=defined_names(text), start=start))
+    return phrases
 
 
 def _is_let_in(toks: list[Token]) -> bool:

@@ -174,6 +174,25 @@ def test_line_directives_do_not_merge_independent_errors(scorer, directive):
     assert grade(directive + "\n") == grade("")
 
 
+@pytest.mark.parametrize("layout", ["indented", "one_line", "warnings_on"])
+def test_phrases_are_the_compilers_so_layout_cannot_merge_errors(scorer, layout):
+    # Phrases used to be cut at column-0 keywords: indenting every definition, or writing them on
+    # one line, made one phrase of all of them, and three errors counted as one. A warning the
+    # solution re-enables prints its own location first, which must not take the blame either.
+    code = "\n".join(THREE_ERRORS).replace("{directive}", "")
+    if layout == "indented":
+        code = "\n".join(" " + ln for ln in code.splitlines())
+    elif layout == "one_line":
+        code = " ".join(ln.strip() for ln in code.splitlines())
+    else:
+        code = '[@@@ocaml.warning "+a"]\n' + code.replace("let ok1 = 1", "let ok1 = let unused = 1 in 2")
+    b = scorer.score_one(ADD, fenced(code))
+    assert b.type_errors == 3, (b.type_errors, b.error_kinds)
+    assert b.type_check == pytest.approx(0.2 * 0.5 / 3)
+    good, total = (4, 7) if layout == "warnings_on" else (3, 6)  # the attribute is an item of its own
+    assert b.compile == pytest.approx(0.1 * 0.5 * good / total)
+
+
 # ---------------------------------------------------------------------------------------------
 # 5. A compile-time blow-up costs one compile limit.
 
