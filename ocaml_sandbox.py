@@ -384,7 +384,6 @@ class Sandbox:
                 self._uids.release(uid)
 
 
-
 def _wait_with_usage(proc: subprocess.Popen, wall_s: float, uid: int | None) -> tuple[int, float, bool]:
     """Wait for proc up to wall_s, then kill everything it started; reap it with wait4: (exit
     status, CPU seconds of it and every descendant it reaped, whether the wall guard fired). The
