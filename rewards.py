@@ -19,7 +19,6 @@ import asyncio
 import hashlib
 import json
 import os
-import re
 import sys
 import threading
 import time
@@ -28,12 +27,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ocaml_grpo import ocaml_source as src
-from ocaml_sandbox import Grade, OcamlGrader, Sandbox, ToolchainError, env_number
+from ocaml_grpo import dataset_audit, ocaml_source as src
+from ocaml_grpo.completions import assemble_solution, completion_text, extract_code
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
+from ocaml_sandbox import Grade, OcamlGrader, Sandbox, ToolchainError, env_number
 
-FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
-OCAML_TAGS = {"", "ocaml", "ml", "caml", "ocaml-repl"}
 
 
 @dataclass(frozen=True)
@@ -131,59 +129,6 @@ class Breakdown:
     def solved(self) -> bool:
         """Every test assertion passed."""
         return self.tests_total > 0 and self.tests_passed == self.tests_total
-
-
-# ---------------------------------------------------------------------------------------------
-# From completion text to a compilable solution.
-
-def completion_text(completion) -> str:
-    """TRL passes plain strings, or (conversational) a list of messages."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list):
-        return "".join(m.get("content", "") for m in completion if isinstance(m, dict))
-    if isinstance(completion, dict):
-        return str(completion.get("content", ""))
-    return str(completion)
-
-
-def extract_code(text: str) -> str:
-    """Fenced blocks tagged ocaml/ml or untagged (joined), else the raw text. An unclosed
-    fence (a runaway completion) counts up to the end."""
-    blocks = [m.group(2) for m in FENCE_RE.finditer(text) if m.group(1).lower() in OCAML_TAGS]
-    if blocks:
-        return "\n".join(b.rstrip() for b in blocks) + "\n"
-    if "```" in text:  # only other languages fenced: nothing OCaml to grade
-        return ""
-    return text
-
-
-def assemble_solution(code: str, prompt: str, entry_point: str = "") -> tuple[str, list[str]]:
-    """The solution unit to compile and the entry points the tests call.
-
-    A completion that defines the entry point is a full answer: the prompt's own type
-    definitions go in front unless the completion restates them. Otherwise it is a body:
-    it goes after the prompt's signature line."""
-    sig = src.parse_signature(prompt)
-    entry = entry_point or (sig.entry if sig else "")
-    if sig is None:
-        return code, [entry] if entry else []
-    code_names = {n for ph in src.split_phrases(code) for n in ph.names}
-    if entry and re.search(rf"(?m)^\s*(?:let|and)\s+(?:rec\s+)?{re.escape(entry)}\b", src.strip_comments(code)):
-        # Keep the prompt's definitions (types, exceptions, modules) the answer does not restate;
-        # drop its prose and any stray text.
-        kept = [ph.text for ph in src.split_phrases(sig.preamble)
-                if _first_word(ph.text) in PREAMBLE_KEEP and not (set(ph.names) & code_names)]
-        return "".join(kept).rstrip() + "\n\n" + code, [entry]
-    return prompt.rstrip() + "\n" + code, [entry]
-
-
-PREAMBLE_KEEP = {"type", "exception", "module", "open", "include", "let", "class"}
-
-
-def _first_word(text: str) -> str:
-    toks = src.code_tokens(text)
-    return toks[0].text if toks else ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -448,7 +393,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "audit":
-            from ocaml_grpo import dataset_audit
             return dataset_audit.cli(args)
         return cmd_score(args)
     except (DatasetError, ToolchainError, ValueError) as e:
