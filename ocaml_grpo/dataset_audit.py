@@ -29,8 +29,11 @@ from typing import Callable
 from ocaml_grpo import ocaml_source as src
 from ocaml_grpo.completions import assemble_solution, invalid_entry_point_note
 from ocaml_grpo.problems import Problem, load_problems
+from ocaml_grpo.settings import Setting, Text, default_workers, resolve
 from ocaml_sandbox import OcamlGrader, Sandbox
 
+AUDIT_SETTINGS = [Setting("AUDIT_CACHE_DIR", "~/.cache/ocaml-grpo", Text,
+                          "where audit results are cached by content hash")]
 AUDIT_VERSION = "2"  # bump when the grader's notion of "compiles" or the stub assembly changes
 CHUNK = 16  # problems per sandbox call
 
@@ -69,7 +72,7 @@ def _cache_key(p: Problem) -> str:
 
 class AuditCache:
     def __init__(self, directory: str | Path | None = None):
-        directory = Path(directory or os.environ.get("AUDIT_CACHE_DIR") or Path.home() / ".cache" / "ocaml-grpo")
+        directory = Path(directory or resolve(AUDIT_SETTINGS, os.environ)[0]["AUDIT_CACHE_DIR"]).expanduser()
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / "audit_cache.jsonl"
         self.entries: dict[str, dict] = {}
@@ -107,7 +110,7 @@ def audit_problems(problems: list[Problem], output_dir: str | Path | None = None
                    prompt_tokens: Callable[[Problem], int] | None = None, max_prompt_tokens: int | None = None,
                    workers: int | None = None, cache_dir: str | Path | None = None,
                    grader: OcamlGrader | None = None, verbose: bool = True) -> AuditResult:
-    workers = workers or int(os.environ.get("REWARD_WORKERS") or os.cpu_count() or 1)
+    workers = workers or default_workers()
     records: dict[int, AuditRecord] = {}
     seen: set[str] = set()
     to_compile: list[tuple[int, Problem, str, list[str]]] = []

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-FIX = Path(__file__).resolve().parent / "fixtures"
-sys.path.insert(0, str(ROOT))
-import analyze  # noqa: E402
+import analyze
+from conftest import FIXTURES as FIX, ROOT
+from ocaml_grpo.learning_log import LogLine, parse_learning_log
 
 SEED_LINES = (FIX / "seed_learning.log").read_text(encoding="utf-8").splitlines()
 
@@ -172,7 +171,7 @@ def test_parser_keeps_extra_fields_and_skips_junk(tmp_path):
                     "[Health] entropy low\n"
                     "[Epoch 0.11]  loss=0.01  lr=garbage±\n"
                     "[Epoch 0.12]  loss=0.02  lr=2e-06  reward=0.3±0.05\n", encoding="utf-8")
-    header, lines, skipped = analyze.parse_learning_log(path)
+    header, lines, skipped = parse_learning_log(path)
     assert header == ["# header"] and skipped == 1 and [l.epoch for l in lines] == [0.10, 0.12]
     assert lines[0].values["kl"] == 0.002 and lines[0].text == {"phase": "syntax"}
     assert lines[0].values["reward_std"] == 0.05
@@ -234,8 +233,9 @@ def test_stop_criteria_at_epoch_1(tmp_path):
 
 
 def test_steps_redone_after_a_resume_are_counted_once():
-    from analyze import LogLine, drop_superseded
+    from analyze import drop_superseded
     lines = [LogLine(e, "", {}, {}) for e in (0.1, 0.2, 0.3, 0.4, 0.3, 0.4, 0.5)]  # killed at 0.4, resumed at 0.2
     assert [l.epoch for l in drop_superseded(lines, lambda l: l.epoch)] == [0.1, 0.2, 0.3, 0.4, 0.5]
     recs = [{"step": s} for s in (0, 0, 1, 1, 2, 2, 1, 1, 2, 2, 3)]
     assert [r["step"] for r in drop_superseded(recs, lambda r: r["step"])] == [0, 0, 1, 1, 2, 2, 3]
+
