@@ -34,10 +34,13 @@ from ocaml_grpo import health
 from ocaml_grpo.analyze_plots import make_plots
 from ocaml_grpo.health import THRESHOLDS, Check, Finding, Thresholds, expected_reward, mean, reward_trend
 from ocaml_grpo.learning_log import LogLine, parse_learning_log, series
+from ocaml_grpo.settings import defaults
+from ocaml_grpo.train_config import SETTINGS
 
 ICON = {"ok": "✅", "info": "ℹ️", "warning": "⚠️", "critical": "🔴"}
 STATUS_ICON = {"green": "🟢", "yellow": "🟡", "red": "🔴"}
 RUNAWAY, GATED, PASS_ANY = "runaway (no END at max length)", "gated (MIN_NON_EMPTY_LINES)", "passes some tests"
+DEFAULTS_SOURCE = "train.py's defaults (no config.json in the run directory)"
 
 # ----------------------------------------------------------------------------- results
 
@@ -91,7 +94,8 @@ class Report:
     header: list[str]
     lines: list[LogLine]
     skipped_lines: int
-    config: dict
+    config: dict                        # the run's config.json, or the trainer's defaults
+    config_source: str                  # "config.json" or DEFAULTS_SOURCE
     lr_schedule: str
     reward_trend: str
     ranges: list[MetricRange]
@@ -221,11 +225,15 @@ def analyze(run_dir: str | Path, th: Thresholds = THRESHOLDS) -> Report:
         raise FileNotFoundError(f"learning log not found: {log_path}")
     header, lines, skipped = parse_learning_log(log_path)
     lines = drop_superseded(lines, lambda l: l.epoch)
-    config, audit, bd, bad = {}, None, None, 0
+    config, config_source, audit, bd, bad = None, "config.json", None, None, 0
     try:
         config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
-        pass                            # absent or mid-write: only config-based advice is lost
+        pass                            # absent or mid-write
+    if not isinstance(config, dict):
+        # Without the run's config the exports would have nothing to start from: assume the
+        # trainer's defaults, and say so wherever the report uses them.
+        config, config_source = defaults(SETTINGS), DEFAULTS_SOURCE
     if (p := run_dir / "reward_logs" / "syntax_aware_breakdown.jsonl").is_file():
         recs, bad = read_jsonl(p)
         recs = drop_superseded(recs, lambda r: r.get("step") or 0)
@@ -319,7 +327,7 @@ def analyze(run_dir: str | Path, th: Thresholds = THRESHOLDS) -> Report:
            "green": "Healthy: continue training and re-run this analysis at the next checkpoint."}[status]
     if verdict.stop:
         rec = "Stop this run; try the contingency plans (curriculum rewards, stronger base model, easier data)."
-    return Report(run_dir, status, rec, epoch, header, lines, skipped, config, sched, trend, ranges,
+    return Report(run_dir, status, rec, epoch, header, lines, skipped, config, config_source, sched, trend, ranges,
                   findings, actions, verdict.summary(th), verdict.checks,
                   _checkpoints(lines, bd, epoch, th), bd, audit, bad)
 
@@ -361,7 +369,8 @@ def _checkpoints(lines: list[LogLine], bd: BreakdownStats | None, epoch: float, 
 
 
 def _actions(findings: list[Finding], config: dict, bd: BreakdownStats | None, th: Thresholds) -> list[Action]:
-    """Exact exports, computed from the config in use (none when the config lacks the variable)."""
+    """Exact exports, computed from the config in use (the run's, or the trainer's defaults); none
+    for a variable the config lacks."""
     titles = {f.title for f in findings}
     temp, gens = cfg_float(config, "GRPO_TEMPERATURE"), cfg_float(config, "GRPO_NUM_GENERATIONS")
     lr, maxc = cfg_float(config, "GRPO_LEARNING_RATE"), cfg_float(config, "GRPO_MAX_COMPLETION")
@@ -391,6 +400,8 @@ def render_summary(r: Report) -> str:
     out = [f"Status: {STATUS_ICON[r.status]} {r.status.upper()}  (epoch {r.epoch:g}, {len(r.lines)} log lines)",
            f"Recommendation: {r.recommendation}"]
     out += [f"  {ICON[f.severity]} {f.title}" for f in r.findings if f.severity != "info"]
+    if r.actions and r.config_source != "config.json":
+        out.append(f"  (the exports start from {r.config_source}; check them against the run's real settings)")
     out += [f"  {a.line}" for a in r.actions]
     return "\n".join(out + [f"Stop criteria: {r.stop_verdict}"])
 
@@ -410,8 +421,10 @@ def render_markdown(r: Report, plots: list[Path] = ()) -> str:
           f"**Recommendation:** {r.recommendation}", ""]
     md += [f"- {ICON[f.severity]} {f.title}" for f in r.findings if f.severity != "info"] or ["- no issues"]
     md += ["", "## Configuration in Use", ""]
+    if r.config_source != "config.json":
+        md += [f"_Assumed: {r.config_source}; the recommended exports start from these values._", ""]
     env_value = lambda v: int(v) if isinstance(v, bool) else v  # noqa: E731  (as it would be exported)
-    md += ["```bash"] + [f"{k}={env_value(v)}" for k, v in sorted(c.items())] + ["```"] if c else ["_no config.json_"]
+    md += ["```bash"] + [f"{k}={env_value(v)}" for k, v in sorted(c.items())] + ["```"]
     if r.header:
         md += ["", "Log header:", "```"] + r.header + ["```"]
     head, tail = (r.lines, []) if len(r.lines) <= 6 else (r.lines[:3], r.lines[-3:])

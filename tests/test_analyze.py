@@ -239,3 +239,19 @@ def test_steps_redone_after_a_resume_are_counted_once():
     recs = [{"step": s} for s in (0, 0, 1, 1, 2, 2, 1, 1, 2, 2, 3)]
     assert [r["step"] for r in drop_superseded(recs, lambda r: r["step"])] == [0, 0, 1, 1, 2, 2, 3]
 
+
+def test_without_config_json_the_exports_start_from_the_trainers_defaults(tmp_path):
+    """The seed's own six log lines and nothing else: still red, with exact exports."""
+    (tmp_path / "learning.log").write_text("\n".join(SEED_LINES) + "\n", encoding="utf-8")
+    p = subprocess.run([sys.executable, str(ROOT / "analyze.py"), str(tmp_path)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "Status: 🔴 RED" in p.stdout and "Mode collapse" in p.stdout
+    assert "export GRPO_TEMPERATURE=1.1" in p.stdout and "export GRPO_NUM_GENERATIONS=8" in p.stdout
+    assert "export GRPO_LEARNING_RATE=8e-06" in p.stdout
+    assert "the exports start from train.py's defaults (no config.json in the run directory)" in p.stdout
+    md = (tmp_path / "analysis.md").read_text(encoding="utf-8")
+    assert "_Assumed: train.py's defaults (no config.json in the run directory)" in md
+    assert "Recommended Actions\n\n```bash\nexport GRPO_TEMPERATURE=1.1" in md
+    r = analyze.analyze(tmp_path)
+    assert r.config_source == analyze.DEFAULTS_SOURCE and r.config["GRPO_TEMPERATURE"] == 0.9
+    assert r.config["MIN_NON_EMPTY_LINES"] == 8  # the reward's defaults too, from their one definition
