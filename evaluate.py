@@ -22,6 +22,7 @@ from collections import defaultdict
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from ocaml_grpo.demo_model import ensure_demo_model
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo.prompting import chat_messages
 from rewards import Breakdown, RewardConfig, RewardScorer
@@ -184,7 +185,6 @@ def main(argv: list[str] | None = None) -> int:
     scorer = RewardScorer(replace(env_cfg, min_lines=0))
     model_id = args.model
     if model_id == "demo":
-        from ocaml_grpo.demo_model import ensure_demo_model
         model_id = str(ensure_demo_model())
     out = Path(args.out or f"eval_runs/{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
