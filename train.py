@@ -15,7 +15,8 @@ Outputs (GRPO_OUTPUT_DIR, default grpo_runs/):
     checkpoint-*/                            every GRPO_SAVE_STEPS; GRPO_RESUME=auto picks up the last
     final_adapter/                           the LoRA adapter (+ tokenizer) at the end
 
-Config precedence: process environment > GRPO_DEMO defaults > ./.envrc > defaults below.
+Config precedence: process environment > GRPO_DEMO defaults > ./.envrc > the defaults defined in
+ocaml_grpo/train_config.py (the trainer's) and rewards.py (the reward's); `--help` lists them.
 """
 import importlib.util
 import json
@@ -191,6 +192,8 @@ model = AutoModelForCausalLM.from_pretrained(cfg["BASE_MODEL_ID"], dtype=torch.b
 peft_config = LoraConfig(r=cfg["LORA_R"], lora_alpha=cfg["LORA_ALPHA"], lora_dropout=cfg["LORA_DROPOUT"],
                          bias=cfg["LORA_BIAS"], target_modules=cfg["LORA_TARGET_MODULES"].split(","),
                          task_type="CAUSAL_LM")
+
+# ----------------------------------------------------------------------------- trainer
 reward_fn = rewards.make_syntax_aware_reward(out_dir, max_completion_tokens=cfg["GRPO_MAX_COMPLETION"],
                                              curriculum=cfg["REWARD_CURRICULUM"], scorer=scorer,
                                              rank=RANK)
@@ -233,8 +236,7 @@ args = GRPOConfig(
                     vllm_server_url=cfg["GRPO_VLLM_SERVER_URL"]),
 )
 
-
-# ----------------------------------------------------------------------------- learning.log + health
+# learning.log and the live health monitor (the rules analyze.py reports with: ocaml_grpo/health.py)
 header = [f"{'resumed from ' + resume_from if resume_from else 'started'} {time.strftime('%Y-%m-%d %H:%M:%S')}",
           f"model: {cfg['BASE_MODEL_ID']}", f"dataset: {cfg['TRAINING_DATASET']} ({len(kept)} problems)",
           f"reward grader: {scorer.grader.sandbox.describe()}",
@@ -245,10 +247,10 @@ header = [f"{'resumed from ' + resume_from if resume_from else 'started'} {time.
               "RUNAWAY_PENALTY_MULTIPLIER"))]
 callback = LearningLog(out_dir / "learning.log", header, resumed=resume_from is not None,
                        auto_stop=cfg["GRPO_AUTO_STOP"], curriculum=cfg["REWARD_CURRICULUM"])
-
-# ----------------------------------------------------------------------------- train
 trainer = GRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=train_dataset,
                       processing_class=tokenizer, peft_config=peft_config, callbacks=[callback])
+
+# ----------------------------------------------------------------------------- train
 if IS_MAIN:
     trainer.model.print_trainable_parameters()
 t0 = time.time()
