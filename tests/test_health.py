@@ -10,7 +10,7 @@ import analyze
 import rewards
 from ocaml_grpo import health
 from ocaml_grpo.callbacks import LearningLog
-from ocaml_grpo.health import THRESHOLDS as TH, Point
+from ocaml_grpo.health import Point
 
 
 def flat(reward: float, n: int = 24, until: float = 1.5, fzs: float = 0.05) -> list[Point]:
