@@ -16,7 +16,7 @@ from transformers import TrainerCallback
 import rewards
 from ocaml_grpo import health
 from ocaml_grpo.health import THRESHOLDS, Point, Thresholds
-from ocaml_grpo.learning_log import metric_line, point_from_logs
+from ocaml_grpo.learning_log import metric_line, parse_metric_line
 
 
 class LearningLog(TrainerCallback):
@@ -49,13 +49,16 @@ class LearningLog(TrainerCallback):
         for old in state.log_history:  # resumed: the rules cover the whole run, not just this session
             self._remember(old.get("epoch", 0.0), old)
 
-    def _remember(self, epoch: float, logs: dict) -> bool:
+    def _remember(self, epoch: float, logs: dict) -> str | None:
+        """The learning.log line of a log step (None: not a training step), its point remembered
+        as analyze.py will read it back."""
         if "loss" not in logs or "reward" not in logs:
-            return False  # the end-of-training summary, or an eval log
-        self.history.append(point_from_logs(epoch, logs))
+            return None  # the end-of-training summary, or an eval log
+        line = metric_line(epoch, logs)
+        self.history.append(parse_metric_line(line).point)
         if logs.get(rewards.METRIC_PASSED_ANY) is not None:
             self.passes.append(logs[rewards.METRIC_PASSED_ANY])
-        return True
+        return line
 
     def passes_share(self) -> float | None:
         """Share of scored completions that passed at least one test, over the run (log steps weigh
@@ -70,9 +73,10 @@ class LearningLog(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kw):
         logs = logs or {}
         epoch = logs.get("epoch", state.epoch or 0.0)
-        if not self._remember(epoch, logs):
+        line = self._remember(epoch, logs)
+        if line is None:
             return control
-        self.write(metric_line(epoch, logs))
+        self.write(line)
         self.n_logs += 1
         if self.curriculum:
             phase, w = rewards.curriculum_phase(epoch)

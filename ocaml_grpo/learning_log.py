@@ -3,8 +3,9 @@
 
     [Epoch 0.28]  loss=-0.0469  grad=0.0838  lr=3.58e-06  reward=0.102±0.077  syntax_rew=0.102±0.078  entropy=0.155  frac_zero_std=0.00
 
-and [Health], [Stop] and [Curriculum] lines. Both sides convert a line to a health.Point here, so
-the rules see the same numbers live and afterwards.
+and [Health], [Stop] and [Curriculum] lines. The live monitor judges the line it has just written,
+parsed back the way analyze.py parses it, so the rules see the same (rounded) numbers live and
+afterwards.
 """
 from __future__ import annotations
 
@@ -36,12 +37,6 @@ def metric_line(epoch: float, logs: dict) -> str:
             f"entropy={_fmt(logs.get('entropy'), '.3f')}  frac_zero_std={_fmt(logs.get('frac_reward_zero_std'), '.2f')}")
 
 
-def point_from_logs(epoch: float, logs: dict) -> Point:
-    """The health point of a log step, from TRL's names (what metric_line writes, unrounded)."""
-    return Point(epoch, logs.get("reward"), logs.get("reward_std"), logs.get("frac_reward_zero_std"),
-                 logs.get("entropy"), logs.get("grad_norm"), logs.get("loss"))
-
-
 # ----------------------------------------------------------------------------- reading
 
 @dataclass
@@ -53,9 +48,14 @@ class LogLine:
 
     @property
     def point(self) -> Point:
-        v = self.values
-        return Point(self.epoch, v.get("reward"), v.get("reward_std"), v.get("frac_zero_std"), v.get("entropy"),
-                     v.get("grad"), v.get("loss"))
+        def logged(key: str) -> float | None:
+            # "nan" stands for a metric the trainer did not log; loss and grad keep it (a
+            # non-finite value there is itself a finding).
+            v = self.values.get(key)
+            return None if v is None or math.isnan(v) else v
+
+        return Point(self.epoch, logged("reward"), logged("reward_std"), logged("frac_zero_std"), logged("entropy"),
+                     self.values.get("grad"), self.values.get("loss"))
 
 
 def parse_learning_log(path: Path) -> tuple[list[str], list[LogLine], int]:
@@ -69,26 +69,33 @@ def parse_learning_log(path: Path) -> tuple[list[str], list[LogLine], int]:
         if raw.startswith("#"):
             header.append(raw)
             continue
-        m = METRIC_RE.match(raw.strip())
-        if not m:                       # [Health], [Stop], blank and other lines are not metrics
+        if not METRIC_RE.match(raw.strip()):  # [Health], [Stop], blank and other lines are not metrics
             continue
-        values, text = {}, {}
         try:
-            for tok in m.group(2).split():
-                if not (fm := FIELD_RE.match(tok)):
-                    raise ValueError(tok)   # e.g. a token cut in half
-                key, val = fm.groups()
-                if "±" in val:
-                    mean, std = val.split("±", 1)
-                    values[key], values[key + "_std"] = float(mean), float(std)
-                elif NUMBER_RE.fullmatch(val):
-                    values[key] = float(val)
-                else:
-                    text[key] = val
-            out.append(LogLine(float(m.group(1)), raw, values, text))
+            out.append(parse_metric_line(raw))
         except ValueError:
             skipped += 1
     return header, out, skipped
+
+
+def parse_metric_line(raw: str) -> LogLine:
+    """One `[Epoch ...]` line; ValueError when it is malformed (e.g. cut in half)."""
+    m = METRIC_RE.match(raw.strip())
+    if not m:
+        raise ValueError(raw)
+    values, text = {}, {}
+    for tok in m.group(2).split():
+        if not (fm := FIELD_RE.match(tok)):
+            raise ValueError(tok)   # e.g. a token cut in half
+        key, val = fm.groups()
+        if "±" in val:
+            mean, std = val.split("±", 1)
+            values[key], values[key + "_std"] = float(mean), float(std)
+        elif NUMBER_RE.fullmatch(val):
+            values[key] = float(val)
+        else:
+            text[key] = val
+    return LogLine(float(m.group(1)), raw, values, text)
 
 
 def series(lines: list[LogLine], key: str) -> list[float]:
