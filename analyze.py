@@ -3,7 +3,8 @@
 Usage:  python analyze.py [RUN_DIR]          (default: grpo_runs)
 
 Reads RUN_DIR/learning.log (required; missing -> exit 2), and when present
-reward_logs/syntax_aware_breakdown.jsonl, config.json and dataset_audit.jsonl. Writes
+reward_logs/syntax_aware_breakdown.jsonl, config.json (absent: train.py's defaults are assumed, and
+the report says so) and dataset_audit.jsonl. Writes
 RUN_DIR/analysis.md and RUN_DIR/plots/*.png and prints the executive summary. Safe while training
 still writes: an unterminated last line of learning.log and unparsable .jsonl lines are skipped.
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import GRADED, ROOT, fenced, problem_set, read_rows
+from conftest import ROOT, fenced, problem_set, read_rows
 from ocaml_grpo import ocaml_source as src
 from ocaml_grpo.completions import assemble_solution, extract_code
 from ocaml_grpo.problems import Problem, load_problems
@@ -154,14 +154,6 @@ def test_multipl_e_style_tests_are_graded_per_assertion(scorer, name, entry):
     assert score(scorer, code, p).reward == 1.0
     always_true = score(scorer, f"let {entry} n t = true", p)
     assert (always_true.tests_passed, always_true.tests_total) == (4, 7)
-
-
-def test_an_invalid_entry_point_is_replaced_by_the_prompts_signature(scorer):
-    [row] = [r for r in read_rows(GRADED) if r["id"] == "entry/count_upper"]
-    p = Problem(id=row["id"], prompt=row["prompt"], tests=row["tests"], entry_point=row["entry_point"])
-    assert row["entry_point"] == "Count_Upper"  # a constructor name: `let Count_Upper = ...` cannot compile
-    assert score(scorer, row["solution"], p).reward == 1.0  # 0.075 while the grader bound the row's name
-    assert assemble_solution("  0", p.prompt, p.entry_point)[1] == ["count_upper"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,8 +7,9 @@ from collections import defaultdict
 import pytest
 
 import rewards
-from conftest import fenced
+from conftest import GRADED, fenced, read_rows
 from ocaml_grpo import prompting
+from ocaml_grpo.completions import assemble_solution, is_value_name
 from ocaml_grpo.problems import Problem
 from ocaml_grpo.settings import defaults, resolve
 from ocaml_grpo.train_config import CONFIG, DEMO_DEFAULTS, SETTINGS
@@ -86,3 +87,17 @@ def test_a_crashed_grading_is_none_for_trl_and_counted_through_log_metric(tmp_pa
     assert scorer.crashes == 1 and "injected grader bug" in capsys.readouterr().err
     [_, crashed, _] = [json.loads(l) for l in (tmp_path / "reward_logs" / "syntax_aware_breakdown.jsonl").open()]
     assert crashed["reward"] is None and crashed["first_error"] == "reward crashed: RuntimeError: injected grader bug"
+
+
+def test_an_invalid_entry_point_is_replaced_by_the_prompts_signature():
+    assert is_value_name("count_upper") and is_value_name("_x'") and not is_value_name("Count_Upper")
+    assert not is_value_name("let") and not is_value_name("_") and not is_value_name("a-b")
+    [row] = [r for r in read_rows(GRADED) if r["id"] == "entry/count_upper"]
+    p = Problem(row["id"], row["prompt"], row["tests"], entry_point=row["entry_point"])
+    assert row["entry_point"] == "Count_Upper"  # a constructor name: `let Count_Upper = ...` cannot compile
+    assert assemble_solution("  0", p.prompt, p.entry_point)[1] == ["count_upper"]
+    scorer = rewards.RewardScorer(rewards.RewardConfig(min_lines=0, workers=1))
+    try:
+        assert scorer.score_one(p, fenced(row["solution"])).reward == 1.0  # 0.075 while the row's name was bound
+    finally:
+        scorer.close()
