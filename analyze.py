@@ -3,11 +3,13 @@
 Usage:  python analyze.py [RUN_DIR]          (default: grpo_runs)
 
 Reads RUN_DIR/learning.log (required; missing -> exit 2), and when present
-reward_logs/syntax_aware_breakdown.jsonl, config.json and dataset_audit.jsonl. Writes
+reward_logs/syntax_aware_breakdown.jsonl, config.json (absent: train.py's defaults are assumed, and
+the report says so) and dataset_audit.jsonl. Writes
 RUN_DIR/analysis.md and RUN_DIR/plots/*.png and prints the executive summary. Safe while training
 still writes: an unterminated last line of learning.log and unparsable .jsonl lines are skipped.
 
-Status rule (every threshold lives in THRESHOLDS below):
+Status rule (the thresholds and rules live in ocaml_grpo/health.py, shared with train.py's live
+monitor):
   red    - any critical finding: mode collapse (the `zero_std_smooth`-line rolling mean of
            frac_zero_std reaches `zero_std_critical` in the recent window), recent mean reward below
            `reward_far_below` x the expected reward for the epoch, entropy collapse, non-finite
@@ -26,51 +28,22 @@ import re
 import statistics
 import sys
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ocaml_grpo import health
+from ocaml_grpo.analyze_plots import make_plots
+from ocaml_grpo.health import THRESHOLDS, Check, Finding, Thresholds, expected_reward, mean, reward_trend
+from ocaml_grpo.learning_log import LogLine, parse_learning_log, series
+from ocaml_grpo.settings import defaults
+from ocaml_grpo.train_config import SETTINGS
 
-@dataclass(frozen=True)
-class Thresholds:
-    zero_std_healthy: float = 0.10      # frac_zero_std below this is healthy
-    zero_std_critical: float = 0.30     # rolling mean reaching this -> mode collapse (red)
-    zero_std_smooth: int = 3            # lines in that rolling mean: one 2-of-4-groups step is noise
-    entropy_low: float = 0.10
-    entropy_high: float = 0.20
-    entropy_swing_max: float = 0.10     # max - min in the recent window above this -> unstable
-    entropy_collapse: float = 0.03      # recent mean below this -> critical
-    grad_low: float = 0.01
-    grad_high: float = 0.5
-    cv_max: float = 0.30                # reward std / mean
-    # Expected mean reward by epoch, interpolated (seed's trajectory; 0.30 at 0.5 is its stricter value).
-    reward_trajectory: tuple = ((0.0, 0.05), (0.3, 0.15), (0.5, 0.30), (1.0, 0.35))
-    reward_far_below: float = 0.5       # recent mean < this x expected -> critical
-    test_pass_share_1_0: float = 0.10   # "regular test passes 10-20%" at epoch 1.0
-    stop_epoch: float = 1.0
-    stop_reward: float = 0.15
-    stop_zero_std: float = 0.30
-    trend_flat_delta: float = 0.02      # |fitted reward change over the log| below this -> flat
-    runaway_share_max: float = 0.20
-    gated_share_max: float = 0.20
-    max_temperature: float = 1.3        # don't advise raising temperature past this: code turns to noise
-    checkpoint_window: float = 0.05     # lines within +-this of a checkpoint epoch are judged
-    recent_lines: int = 10
-
-
-THRESHOLDS = Thresholds()
 ICON = {"ok": "✅", "info": "ℹ️", "warning": "⚠️", "critical": "🔴"}
 STATUS_ICON = {"green": "🟢", "yellow": "🟡", "red": "🔴"}
 RUNAWAY, GATED, PASS_ANY = "runaway (no END at max length)", "gated (MIN_NON_EMPTY_LINES)", "passes some tests"
+DEFAULTS_SOURCE = "train.py's defaults (no config.json in the run directory)"
 
 # ----------------------------------------------------------------------------- results
-
-
-@dataclass
-class LogLine:
-    epoch: float
-    raw: str
-    values: dict[str, float]            # reward=0.1±0.07 -> values["reward"], values["reward_std"]
-    text: dict[str, str] = field(default_factory=dict)   # non-numeric extra fields, kept as-is
 
 
 @dataclass
@@ -85,13 +58,6 @@ class MetricRange:
 
 
 @dataclass
-class Finding:
-    title: str
-    severity: str                       # info / warning / critical
-    detail: str
-
-
-@dataclass
 class Action:
     var: str
     value: str
@@ -100,13 +66,6 @@ class Action:
     @property
     def line(self) -> str:
         return f"export {self.var}={self.value}"
-
-
-@dataclass
-class Check:
-    name: str
-    status: str                         # met / not met / failing / ok / not yet reached / unknown
-    detail: str
 
 
 @dataclass
@@ -136,7 +95,8 @@ class Report:
     header: list[str]
     lines: list[LogLine]
     skipped_lines: int
-    config: dict
+    config: dict                        # the run's config.json, or the trainer's defaults
+    config_source: str                  # "config.json" or DEFAULTS_SOURCE
     lr_schedule: str
     reward_trend: str
     ranges: list[MetricRange]
@@ -150,43 +110,6 @@ class Report:
     bad_records: int = 0                # unparsable jsonl lines (e.g. a half-written last record)
 
 # ----------------------------------------------------------------------------- parsing
-
-METRIC_RE = re.compile(r"^\[Epoch\s+([-+0-9.eE]+)\]\s+(.*)$")
-FIELD_RE = re.compile(r"^([A-Za-z_][\w.]*)=(.*)$")
-
-
-def parse_learning_log(path: Path) -> tuple[list[str], list[LogLine], int]:
-    """Return (header lines, metric lines, skipped malformed/truncated metric lines)."""
-    raw_lines = Path(path).read_text(encoding="utf-8", errors="replace").split("\n")
-    # The trainer writes whole lines; text after the last "\n" is a line still being written.
-    skipped = 1 if raw_lines[-1].strip() else 0
-    header, out = [], []
-    for raw in raw_lines[:-1]:
-        raw = raw.rstrip("\r")
-        if raw.startswith("#"):
-            header.append(raw)
-            continue
-        m = METRIC_RE.match(raw.strip())
-        if not m:                       # [Health], [Stop], blank and other lines are not metrics
-            continue
-        values, text = {}, {}
-        try:
-            for tok in m.group(2).split():
-                if not (fm := FIELD_RE.match(tok)):
-                    raise ValueError(tok)   # e.g. a token cut in half
-                key, val = fm.groups()
-                if "±" in val:
-                    mean, std = val.split("±", 1)
-                    values[key], values[key + "_std"] = float(mean), float(std)
-                elif re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?(nan|inf)", val, re.I):
-                    values[key] = float(val)
-                else:
-                    text[key] = val
-            out.append(LogLine(float(m.group(1)), raw, values, text))
-        except ValueError:
-            skipped += 1
-    return header, out, skipped
-
 
 def read_jsonl(path: Path) -> tuple[list[dict], int]:
     """Return (records, unparsable line count); a half-written line is counted, never fatal."""
@@ -223,13 +146,6 @@ def cfg_float(config: dict, key: str) -> float | None:
         return None
 
 
-def series(lines: list[LogLine], key: str) -> list[float]:
-    return [l.values[key] for l in lines if key in l.values]
-
-
-def mean(xs: list[float]) -> float | None:
-    return statistics.fmean(xs) if xs else None
-
 # ----------------------------------------------------------------------------- breakdown log
 
 
@@ -265,7 +181,8 @@ def summarize_breakdown(recs: list[dict]) -> BreakdownStats:
     comps = ("reward", "structural", "type_check", "compile", "tests")
     groups, by_problem, by_step = defaultdict(list), defaultdict(list), defaultdict(list)
     for r in recs:
-        groups[(r.get("step"), str(r.get("problem_id")))].append(float(r.get("reward") or 0.0))
+        if r.get("reward") is not None:  # None: grading crashed, kept out of the group's baseline by TRL
+            groups[(r.get("step"), str(r.get("problem_id")))].append(float(r["reward"]))
         by_problem[str(r.get("problem_id"))].append(r)
         by_step[r.get("step")].append(r)
     never_any = sorted(p for p, rs in by_problem.items() if not any(map(passed_any, rs)))
@@ -290,14 +207,6 @@ def summarize_breakdown(recs: list[dict]) -> BreakdownStats:
 # ----------------------------------------------------------------------------- analysis
 
 
-def expected_reward(epoch: float, th: Thresholds = THRESHOLDS) -> float:
-    pts = th.reward_trajectory
-    for (e0, r0), (e1, r1) in zip(pts, pts[1:]):
-        if epoch <= e1:
-            return r0 + (r1 - r0) * max(0.0, epoch - e0) / (e1 - e0)
-    return pts[-1][1]
-
-
 def lr_schedule(lrs: list[float]) -> str:
     """Classify from consecutive differences (the log's 3-digit rounding gives equal neighbours)."""
     if len(lrs) < 2:
@@ -309,18 +218,6 @@ def lr_schedule(lrs: list[float]) -> str:
     return "decay" if down else "warm-up" if up else "constant"
 
 
-def reward_trend(rewards: list[float], th: Thresholds = THRESHOLDS) -> tuple[str, float]:
-    """Least-squares slope over log-line index -> (rising/flat/falling, fitted change over the log)."""
-    n = len(rewards)
-    if n < 3:
-        return "unknown", 0.0
-    xm, ym = (n - 1) / 2, statistics.fmean(rewards)
-    slope = sum((i - xm) * (y - ym) for i, y in enumerate(rewards)) / sum((i - xm) ** 2 for i in range(n))
-    delta = slope * (n - 1)
-    return ("rising" if delta > th.trend_flat_delta else "falling" if delta < -th.trend_flat_delta
-            else "flat"), delta
-
-
 def analyze(run_dir: str | Path, th: Thresholds = THRESHOLDS) -> Report:
     """Read a run directory and compute the report; writes nothing. Raises FileNotFoundError."""
     run_dir = Path(run_dir)
@@ -329,11 +226,15 @@ def analyze(run_dir: str | Path, th: Thresholds = THRESHOLDS) -> Report:
         raise FileNotFoundError(f"learning log not found: {log_path}")
     header, lines, skipped = parse_learning_log(log_path)
     lines = drop_superseded(lines, lambda l: l.epoch)
-    config, audit, bd, bad = {}, None, None, 0
+    config, config_source, audit, bd, bad = None, "config.json", None, None, 0
     try:
         config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
-        pass                            # absent or mid-write: only config-based advice is lost
+        pass                            # absent or mid-write
+    if not isinstance(config, dict):
+        # Without the run's config the exports would have nothing to start from: assume the
+        # trainer's defaults, and say so wherever the report uses them.
+        config, config_source = defaults(SETTINGS), DEFAULTS_SOURCE
     if (p := run_dir / "reward_logs" / "syntax_aware_breakdown.jsonl").is_file():
         recs, bad = read_jsonl(p)
         recs = drop_superseded(recs, lambda r: r.get("step") or 0)
@@ -345,31 +246,33 @@ def analyze(run_dir: str | Path, th: Thresholds = THRESHOLDS) -> Report:
         audit = {"problems": len(arecs), "failed": [a.get("id") for a in failed],
                  "reasons": Counter(str(a.get("reason")) for a in failed).most_common(5)}
 
-    findings, ranges = [], []
-    add = lambda title, sev, detail: findings.append(Finding(title, sev, detail))
-    row = lambda name, xs, exp, assess, level, fmt=".3f": ranges.append(
-        MetricRange(name, min(xs) if xs else None, max(xs) if xs else None, exp, assess, level, fmt))
+    points = [l.point for l in lines]
     recent = lines[-th.recent_lines:]
     epoch = lines[-1].epoch if lines else 0.0
     rewards = series(lines, "reward")
     trend, delta = reward_trend(rewards, th)
+    # The rules on the logged metrics are health.py's, the ones the live monitor applies.
+    findings: list[Finding] = []
     if not lines:
-        add("No metric lines yet", "warning", f"{log_path} has no complete `[Epoch ...]` line yet.")
+        findings.append(Finding("no_lines", "No metric lines yet", "warning",
+                                f"{log_path} has no complete `[Epoch ...]` line yet."))
+    findings += health.findings(points, th)
+    level = {f.key: f.severity for f in findings}
+    if bd and bd.zero_var_groups and "zero_std" in level:
+        why = (f" In the breakdown log {bd.zero_var_groups}/{bd.groups} groups had zero reward variance: "
+               f"{bd.zero_var_unsolved / bd.zero_var_groups:.0%} from problems where no completion passed "
+               f"any test, {bd.zero_var_all_zero / bd.zero_var_groups:.0%} scored 0 on every completion "
+               "(identical scores, not necessarily identical outputs).")
+        findings = [replace(f, detail=f.detail + why) if f.key == "zero_std" else f for f in findings]
+    add = lambda key, title, sev, detail: findings.append(Finding(key, title, sev, detail))  # noqa: E731
 
-    # Policy-gradient loss oscillates around 0 by design; only non-finite values matter.
-    nonfinite = [k for k in ("loss", "grad") if any(not math.isfinite(v) for v in series(lines, k))]
-    if nonfinite:
-        add("Non-finite loss/grad", "critical", f"NaN/inf seen in: {', '.join(nonfinite)}.")
+    ranges: list[MetricRange] = []
+    row = lambda name, xs, exp, assess, lvl, fmt=".3f": ranges.append(  # noqa: E731
+        MetricRange(name, min(xs) if xs else None, max(xs) if xs else None, exp, assess, lvl, fmt))
     row("Loss", series(lines, "loss"), "oscillating around 0 (policy gradient)",
-        "non-finite" if "loss" in nonfinite else "normal", "critical" if "loss" in nonfinite else "ok", ".4f")
-
-    grad = series(lines, "grad")
-    g_ok = not grad or (th.grad_low <= min(grad) and max(grad) <= th.grad_high)
-    row("Gradient norm", grad, f"{th.grad_low} - {th.grad_high}", "healthy" if g_ok else "outside band",
-        "ok" if g_ok else "warning", ".4f")
-    if not g_ok:
-        add("Gradient norm outside band", "warning",
-            f"grad norm {min(grad):.4f} - {max(grad):.4f}, expected {th.grad_low} - {th.grad_high}.")
+        "non-finite" if "nonfinite" in level else "normal", level.get("nonfinite", "ok"), ".4f")
+    row("Gradient norm", series(lines, "grad"), f"{th.grad_low} - {th.grad_high}",
+        "outside band" if "grad" in level else "healthy", level.get("grad", "ok"), ".4f")
 
     # Learning rate: read the schedule from the values instead of assuming warm-up.
     lrs, peak = series(lines, "lr"), cfg_float(config, "GRPO_LEARNING_RATE")
@@ -383,103 +286,39 @@ def analyze(run_dir: str | Path, th: Thresholds = THRESHOLDS) -> Report:
             linear = peak * max(0.0, 1 - epoch / total)
             if sched == "decay" and linear > 0 and abs(lrs[-1] - linear) / linear < 0.05:
                 detail += f", consistent with linear decay to 0 at epoch {total:g} (expects {linear:.3g})"
-        add({"decay": "Learning rate decaying", "warm-up": "Learning rate warming up"}
+        add("lr", {"decay": "Learning rate decaying", "warm-up": "Learning rate warming up"}
             .get(sched, "Learning rate past warm-up, decaying"), "info", detail + ".")
 
-    ent, r_ent = series(lines, "entropy"), series(recent, "entropy")
-    e_level = "ok"
-    if r_ent and mean(r_ent) < th.entropy_collapse:
-        e_level = "critical"
-        add("Entropy collapse", "critical", f"recent mean entropy {mean(r_ent):.3f} < {th.entropy_collapse}.")
-    elif r_ent:
-        out_band = [v for v in r_ent if not th.entropy_low <= v <= th.entropy_high]
-        swing = max(r_ent) - min(r_ent)
-        if out_band or swing > th.entropy_swing_max:
-            e_level = "warning"
-            add("Unstable entropy", "warning", f"recent entropy {min(r_ent):.3f} - {max(r_ent):.3f} (swing "
-                f"{swing:.3f}); {len(out_band)}/{len(r_ent)} values outside {th.entropy_low}-{th.entropy_high}.")
-    row("Entropy", ent, f"{th.entropy_low} - {th.entropy_high}, stable",
+    e_level = level.get("entropy", "ok")
+    row("Entropy", series(lines, "entropy"), f"{th.entropy_low} - {th.entropy_high}, stable",
         {"ok": "stable, in band", "warning": "unstable / out of band", "critical": "collapsed"}[e_level], e_level)
-
-    exp_r, r_mean = expected_reward(epoch, th), mean(series(recent, "reward"))
-    r_level = "ok"
-    if r_mean is not None and r_mean < exp_r:
-        r_level = "critical" if r_mean < th.reward_far_below * exp_r else "warning"
-        add("Low absolute rewards", r_level, f"recent mean reward {r_mean:.3f} vs expected ≥ {exp_r:.3f} at "
-            f"epoch {epoch:g}; fitted trend over the log: {trend} ({delta:+.3f}).")
-    row("Reward (mean)", rewards, f"≥ {exp_r:.3f} at epoch {epoch:g}; > 0.30 by 0.5, > 0.35 by 1.0",
+    r_level = level.get("reward", "ok")
+    row("Reward (mean)", rewards, f"≥ {expected_reward(epoch, th):.3f} at epoch {epoch:g}; > 0.30 by 0.5, > 0.35 by 1.0",
         {"ok": "on track", "warning": "below trajectory", "critical": "far below"}[r_level], r_level)
-
-    cv = lambda ls: [l.values["reward_std"] / l.values["reward"] for l in ls
-                     if l.values.get("reward") and "reward_std" in l.values]
-    cvs, r_cv = cv(lines), cv(recent)
-    cv_bad = bool(r_cv) and statistics.median(r_cv) > th.cv_max
     row("Reward (std)", series(lines, "reward_std"), "see CV", "", "info")
-    row("Reward CV (std/mean)", cvs, f"< {th.cv_max}", "too high" if cv_bad else "ok",
-        "warning" if cv_bad else "ok", ".2f")
-    if cv_bad:
-        add("High reward variance", "warning", f"reward CV {min(cvs):.0%} - {max(cvs):.0%} (recent median "
-            f"{statistics.median(r_cv):.0%}), expected < {th.cv_max:.0%}. This is the batch spread across "
-            "problems; the within-group spread is what GRPO learns from.")
-
-    zs, r_z = series(lines, "frac_zero_std"), series(recent, "frac_zero_std")
-    z_level = "ok"
-    if r_z:
-        k = min(th.zero_std_smooth, len(r_z))
-        rolled = max(statistics.fmean(r_z[i:i + k]) for i in range(len(r_z) - k + 1))
-        why = ""
-        if bd and bd.zero_var_groups:
-            why = (f" In the breakdown log {bd.zero_var_groups}/{bd.groups} groups had zero reward variance: "
-                   f"{bd.zero_var_unsolved / bd.zero_var_groups:.0%} from problems where no completion passed "
-                   f"any test, {bd.zero_var_all_zero / bd.zero_var_groups:.0%} scored 0 on every completion "
-                   "(identical scores, not necessarily identical outputs).")
-        if rolled >= th.zero_std_critical:
-            z_level = "critical"
-            add("Mode collapse", "critical", f"frac_zero_std peaked at {max(r_z):.2f} in the last {len(r_z)} "
-                f"lines; its {k}-line rolling mean reached {rolled:.2f} (≥ {th.zero_std_critical}). That share of "
-                "GRPO groups got identical rewards: zero advantage, no learning signal." + why)
-        elif mean(r_z) >= th.zero_std_healthy:
-            z_level = "warning"
-            add("Low reward diversity", "warning", f"recent mean frac_zero_std {mean(r_z):.2f} "
-                f"≥ {th.zero_std_healthy}." + why)
-    row("frac_zero_std", zs, f"< {th.zero_std_healthy} (critical ≥ {th.zero_std_critical})",
+    row("Reward CV (std/mean)", health.reward_cvs(points), f"< {th.cv_max}",
+        "too high" if "cv" in level else "ok", level.get("cv", "ok"), ".2f")
+    z_level = level.get("zero_std", "ok")
+    row("frac_zero_std", series(lines, "frac_zero_std"), f"< {th.zero_std_healthy} (critical ≥ {th.zero_std_critical})",
         {"ok": "healthy", "warning": "elevated", "critical": "critical"}[z_level], z_level, ".2f")
 
     if bd and bd.shares[RUNAWAY] >= th.runaway_share_max:
-        add("Many runaway completions", "warning",
+        add("runaway", "Many runaway completions", "warning",
             f"{bd.shares[RUNAWAY]:.0%} of completions hit the length limit without the END marker.")
     if bd and bd.shares[GATED] >= th.gated_share_max:
-        add("Many completions gated", "warning", f"{bd.shares[GATED]:.0%} got no reward for having fewer than "
-            f"MIN_NON_EMPTY_LINES={config.get('MIN_NON_EMPTY_LINES', '?')} code lines.")
+        add("gated", "Many completions gated", "warning", f"{bd.shares[GATED]:.0%} got no reward for having fewer "
+            f"than MIN_NON_EMPTY_LINES={config.get('MIN_NON_EMPTY_LINES', '?')} code lines.")
     if bd and not bd.shares[PASS_ANY] and epoch >= 0.5:
-        add("No test passes", "warning", f"none of {bd.n} scored completions passed a test by epoch {epoch:g}.")
+        add("no_passes", "No test passes", "warning", f"none of {bd.n} scored completions passed a test by epoch {epoch:g}.")
     if audit and audit["failed"]:
-        add("Dataset audit failures", "info", f"{len(audit['failed'])}/{audit['problems']} problems failed the "
-            f"audit (top reasons: {audit['reasons']}); their tests can never pass.")
+        add("audit", "Dataset audit failures", "info", f"{len(audit['failed'])}/{audit['problems']} problems failed "
+            f"the audit (top reasons: {audit['reasons']}); their tests can never pass.")
 
-    # Seed's stop criteria: any one failing at/after epoch 1.0 -> STOP.
-    z_mean = mean(r_z)
-    state = lambda bad_: "unknown" if bad_ is None else "failing" if bad_ else "ok"
-    stop_checks = [
-        Check(f"mean reward < {th.stop_reward}", state(None if r_mean is None else r_mean < th.stop_reward),
-              "no data" if r_mean is None else f"recent mean {r_mean:.3f}"),
-        Check(f"frac_zero_std > {th.stop_zero_std}", state(None if z_mean is None else z_mean > th.stop_zero_std),
-              "no data" if z_mean is None else f"recent mean {z_mean:.2f}"),
-        Check("no test passes seen", state(None if bd is None else bd.shares[PASS_ANY] == 0),
-              "no breakdown log" if bd is None else f"{bd.shares[PASS_ANY]:.1%} of completions pass ≥ 1 test"),
-        Check("flat or falling reward trend", state(None if trend == "unknown" else trend != "rising"),
-              f"{trend} (fitted change {delta:+.3f})"),
-    ]
-    failing = [c.name for c in stop_checks if c.status == "failing"]
-    if epoch >= th.stop_epoch:
-        stop_verdict = f"STOP ({'; '.join(failing)})" if failing else "CONTINUE (no stop criterion met)"
-        if failing:
-            add("Stop criteria met", "critical", stop_verdict)
-    else:
-        stop_verdict = (f"not yet evaluable (epoch {epoch:g} < {th.stop_epoch:g}); currently failing: "
-                        + (", ".join(failing) or "none"))
+    verdict = health.stop_verdict(points, bd.shares[PASS_ANY] if bd else None, th)
+    if verdict.stop:
+        add("stop", "Stop criteria met", "critical", verdict.summary(th))
 
-    titles = lambda sev: [f.title for f in findings if f.severity == sev]
+    titles = lambda sev: [f.title for f in findings if f.severity == sev]  # noqa: E731
     status = "red" if titles("critical") else "yellow" if titles("warning") else "green"
     actions = _actions(findings, config, bd, th)
     todo = "apply the exports below" if actions else "fix the causes listed below"
@@ -487,10 +326,10 @@ def analyze(run_dir: str | Path, th: Thresholds = THRESHOLDS) -> Report:
                   "next checkpoint.",
            "yellow": f"Continue but watch ({', '.join(titles('warning'))}); {todo}.",
            "green": "Healthy: continue training and re-run this analysis at the next checkpoint."}[status]
-    if stop_verdict.startswith("STOP"):
+    if verdict.stop:
         rec = "Stop this run; try the contingency plans (curriculum rewards, stronger base model, easier data)."
-    return Report(run_dir, status, rec, epoch, header, lines, skipped, config, sched, trend, ranges, findings,
-                  actions, stop_verdict, stop_checks,
+    return Report(run_dir, status, rec, epoch, header, lines, skipped, config, config_source, sched, trend, ranges,
+                  findings, actions, verdict.summary(th), verdict.checks,
                   _checkpoints(lines, bd, epoch, th), bd, audit, bad)
 
 
@@ -531,7 +370,8 @@ def _checkpoints(lines: list[LogLine], bd: BreakdownStats | None, epoch: float, 
 
 
 def _actions(findings: list[Finding], config: dict, bd: BreakdownStats | None, th: Thresholds) -> list[Action]:
-    """Exact exports, computed from the config in use (none when the config lacks the variable)."""
+    """Exact exports, computed from the config in use (the run's, or the trainer's defaults); none
+    for a variable the config lacks."""
     titles = {f.title for f in findings}
     temp, gens = cfg_float(config, "GRPO_TEMPERATURE"), cfg_float(config, "GRPO_NUM_GENERATIONS")
     lr, maxc = cfg_float(config, "GRPO_LEARNING_RATE"), cfg_float(config, "GRPO_MAX_COMPLETION")
@@ -561,6 +401,8 @@ def render_summary(r: Report) -> str:
     out = [f"Status: {STATUS_ICON[r.status]} {r.status.upper()}  (epoch {r.epoch:g}, {len(r.lines)} log lines)",
            f"Recommendation: {r.recommendation}"]
     out += [f"  {ICON[f.severity]} {f.title}" for f in r.findings if f.severity != "info"]
+    if r.actions and r.config_source != "config.json":
+        out.append(f"  (the exports start from {r.config_source}; check them against the run's real settings)")
     out += [f"  {a.line}" for a in r.actions]
     return "\n".join(out + [f"Stop criteria: {r.stop_verdict}"])
 
@@ -580,8 +422,10 @@ def render_markdown(r: Report, plots: list[Path] = ()) -> str:
           f"**Recommendation:** {r.recommendation}", ""]
     md += [f"- {ICON[f.severity]} {f.title}" for f in r.findings if f.severity != "info"] or ["- no issues"]
     md += ["", "## Configuration in Use", ""]
+    if r.config_source != "config.json":
+        md += [f"_Assumed: {r.config_source}; the recommended exports start from these values._", ""]
     env_value = lambda v: int(v) if isinstance(v, bool) else v  # noqa: E731  (as it would be exported)
-    md += ["```bash"] + [f"{k}={env_value(v)}" for k, v in sorted(c.items())] + ["```"] if c else ["_no config.json_"]
+    md += ["```bash"] + [f"{k}={env_value(v)}" for k, v in sorted(c.items())] + ["```"]
     if r.header:
         md += ["", "Log header:", "```"] + r.header + ["```"]
     head, tail = (r.lines, []) if len(r.lines) <= 6 else (r.lines[:3], r.lines[-3:])
@@ -628,11 +472,11 @@ def render_markdown(r: Report, plots: list[Path] = ()) -> str:
     md += ["", "## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in plots] if plots else []
     return "\n".join(md) + "\n"
 
+
 def write_report(r: Report) -> tuple[Path, list[Path]]:
     """Write RUN_DIR/analysis.md and RUN_DIR/plots/*.png; return their paths."""
-    from ocaml_grpo.analyze_plots import make_plots  # matplotlib only when writing
-
-    plots = make_plots(r, r.run_dir / "plots")
+    plots = make_plots(r.lines, r.breakdown.per_step if r.breakdown else {}, r.lr_schedule,
+                       f"{r.run_dir} — status {r.status.upper()}", r.run_dir / "plots")
     path, tmp = r.run_dir / "analysis.md", r.run_dir / "analysis.md.tmp"
     tmp.write_text(render_markdown(r, plots), encoding="utf-8")
     os.replace(tmp, path)

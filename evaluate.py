@@ -22,11 +22,19 @@ from collections import defaultdict
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from ocaml_grpo.demo_model import ensure_demo_model
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo.prompting import chat_messages
 from rewards import Breakdown, RewardConfig, RewardScorer
 
 CAPABILITY_THRESHOLD = 0.20  # the seed: under 20% solved -> the base model is not ready for GRPO
+# Share of completions with each Breakdown flag set, and what the flag means.
+RATES = {
+    "has_end_marker": "the END marker is in the completion",
+    "compiled": "the solution alone compiles (0 type and 0 syntax errors)",
+    "tests_compiled": "the solution and the tests build one program",
+    "solved": "every test passed",
+}
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -123,12 +131,8 @@ def grade_completions(chosen: list[Problem], texts: list[list[str]], lens: list[
         return sum(pass_at_k(samples, sum(b.solved for b in per_problem[i]), kk) for i in ids) / len(ids)
 
     n = len(graded)
-    rates = {
-        "end_marker": sum(b.has_end_marker for b in graded) / n,
-        "type_check": sum(b.compiled for b in graded) / n,  # the solution alone type-checks (0 errors)
-        "compile": sum(b.tests_compiled for b in graded) / n,  # the solution and the tests build one program
-        "tests_all": sum(b.solved for b in graded) / n,
-    }
+    # Each rate is named after the Breakdown field it counts (RATES says what that means).
+    rates = {name: sum(bool(getattr(b, name)) for b in graded) / n for name in RATES}
     by_diff: dict[str, list[str]] = defaultdict(list)
     for p in chosen:
         by_diff[p.difficulty or "unknown"].append(p.id)
@@ -181,7 +185,6 @@ def main(argv: list[str] | None = None) -> int:
     scorer = RewardScorer(replace(env_cfg, min_lines=0))
     model_id = args.model
     if model_id == "demo":
-        from ocaml_grpo.demo_model import ensure_demo_model
         model_id = str(ensure_demo_model())
     out = Path(args.out or f"eval_runs/{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
@@ -218,7 +221,7 @@ def render_markdown(r: dict) -> str:
              "| metric | value |", "|---|---:|",
              f"| pass@1 | {r['pass@1']:.1%} |", f"| pass@{r['k']} | {r['pass@k']:.1%} |",
              f"| mean training reward | {r['mean_reward']:.3f} |"]
-    lines += [f"| {name.replace('_', ' ')} rate | {v:.1%} |" for name, v in r["rates"].items()]
+    lines += [f"| `{name}` rate: {RATES[name]} | {v:.1%} |" for name, v in r["rates"].items()]
     lines += ["", "| difficulty | problems | pass@1 | mean reward |", "|---|---:|---:|---:|"]
     lines += [f"| {d} | {v['n_problems']} | {v['pass@1']:.1%} | {v['mean_reward']:.3f} |"
               for d, v in r["per_difficulty"].items()]

@@ -3,7 +3,7 @@
     python rewards.py score PROBLEMS COMPLETIONS [--workers N]   # one JSON line per completion
     python rewards.py audit DATASET [--json]                     # which problems can ever pass
 
-Reward (weights from env, defaults): structural 0.05 (the END marker is present), type check
+Reward (weights from REWARD_SETTINGS below): structural 0.05 (the END marker is present), type check
 0.20 graduated by error count (0 errors: full; n type errors: 1/(2n); any syntax error: 0),
 compile 0.10 (compiles: full; else half the share of phrases that compile), tests 0.65 x the
 fraction of assertions passed (only when the program links with the tests).
@@ -19,7 +19,6 @@ import asyncio
 import hashlib
 import json
 import os
-import re
 import sys
 import threading
 import time
@@ -28,12 +27,23 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ocaml_grpo import ocaml_source as src
-from ocaml_sandbox import Grade, OcamlGrader, Sandbox, ToolchainError, env_number
-from ocaml_grpo.problems import DatasetError, Problem, load_problems
+import traceback
+from typing import Any, Mapping
 
-FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
-OCAML_TAGS = {"", "ocaml", "ml", "caml", "ocaml-repl"}
+from ocaml_grpo import dataset_audit, ocaml_source as src
+from ocaml_grpo.completions import assemble_solution, completion_text, extract_code
+from ocaml_grpo.problems import DatasetError, Problem, load_problems
+from ocaml_grpo.prompting import END_MARKER
+from ocaml_grpo.settings import Auto, Float, Int, Setting, default_workers, resolve
+from ocaml_sandbox import Grade, OcamlGrader, Sandbox, ToolchainError
+
+# What the reward function reports through TRL's log_metric (averaged over the processes and the
+# reward calls of a log step); the trainer's learning log reads the last two for its health rules.
+METRIC_COMPILED = "ocaml/compiled"
+METRIC_SOLVED = "ocaml/tests_all_passed"
+METRIC_END_MARKER = "ocaml/end_marker"
+METRIC_PASSED_ANY = "ocaml/tests_passed_any"  # share of completions passing at least one test
+METRIC_CRASHED = "ocaml/grading_crashed"  # share of completions whose grading raised (reward None)
 
 
 @dataclass(frozen=True)
@@ -44,12 +54,8 @@ class Weights:
     tests: float = 0.65
 
     @classmethod
-    def from_env(cls) -> "Weights":
-        w = cls(*(env_number(f"REWARD_WEIGHT_{n.upper()}", getattr(cls, n), positive=False) for n in
-                  ("structural", "type_check", "compile", "tests")))
-        if min(asdict(w).values()) < 0:
-            raise ValueError(f"REWARD_WEIGHT_*: weights must be >= 0, got {w}")
-        return w
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Weights":
+        return RewardConfig.from_env(environ).weights
 
 
 # The seed's contingency plan: learn syntax first, then correctness (by epoch).
@@ -68,42 +74,52 @@ def curriculum_phase(epoch: float) -> tuple[str, Weights]:
     return name, weights
 
 
-def default_workers() -> int:
-    """Cores per training process: N processes on one machine (accelerate launch sets
-    LOCAL_WORLD_SIZE) share the cores instead of each taking all of them."""
-    return max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1)))
-
-
 @dataclass(frozen=True)
 class RewardConfig:
+    """The reward's settings. The field defaults are the only copy of the default values: the
+    environment table below and --help read them from here. The END marker is not a setting: it is
+    prompting.END_MARKER, the one the prompt asks for."""
     weights: Weights = field(default_factory=Weights)
-    end_marker: str = "(* END *)"
     runaway_multiplier: float = 0.3
     min_lines: int = 8
     workers: int = field(default_factory=default_workers)
 
     @classmethod
-    def from_env(cls) -> "RewardConfig":
-        min_lines = env_number("MIN_NON_EMPTY_LINES", 8, positive=False)
-        mult = env_number("RUNAWAY_PENALTY_MULTIPLIER", 0.3, positive=False)
-        workers = env_number("REWARD_WORKERS", default_workers(), positive=False)
-        if min_lines < 0 or min_lines != int(min_lines):
-            raise ValueError(f"MIN_NON_EMPTY_LINES={min_lines}: expected an integer >= 0")
-        if not 0 <= mult <= 1:
-            raise ValueError(f"RUNAWAY_PENALTY_MULTIPLIER={mult}: expected a number in [0, 1]")
-        if workers < 1 or workers != int(workers):
-            raise ValueError(f"REWARD_WORKERS={workers}: expected an integer >= 1")
-        marker = os.environ.get("REWARD_END_MARKER", "(* END *)")
-        if not marker.strip():
-            raise ValueError("REWARD_END_MARKER is empty")
-        return cls(Weights.from_env(), marker, mult, int(min_lines), int(workers))
+    def from_settings(cls, values: Mapping[str, Any]) -> "RewardConfig":
+        """From values already validated by settings.resolve over REWARD_SETTINGS (train.py
+        resolves them together with its own and passes its config here)."""
+        return cls(Weights(values["REWARD_WEIGHT_STRUCTURAL"], values["REWARD_WEIGHT_TYPE_CHECK"],
+                           values["REWARD_WEIGHT_COMPILE"], values["REWARD_WEIGHT_TESTS"]),
+                   values["RUNAWAY_PENALTY_MULTIPLIER"], values["MIN_NON_EMPTY_LINES"], values["REWARD_WORKERS"])
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "RewardConfig":
+        """For the commands that read only the reward's settings (rewards.py, evaluate.py, bench)."""
+        values, errors = resolve(REWARD_SETTINGS, os.environ if environ is None else environ)
+        if errors:
+            raise ValueError("; ".join(errors))
+        return cls.from_settings(values)
+
+
+REWARD_SETTINGS = [
+    Setting("MIN_NON_EMPTY_LINES", str(RewardConfig.min_lines), Int(0), "fewer code lines than this -> reward 0"),
+    Setting("RUNAWAY_PENALTY_MULTIPLIER", str(RewardConfig.runaway_multiplier), Float(0, 1),
+            "reward x this when a completion hits the max length without END"),
+    *(Setting(f"REWARD_WEIGHT_{part.upper()}", str(getattr(Weights, part)), Float(0), f"reward weight: {earned}")
+      for part, earned in (("structural", "the END marker is in the completion"),
+                           ("type_check", "the solution alone type-checks (graduated by error count)"),
+                           ("compile", "the solution compiles (else half the share of phrases that compile)"),
+                           ("tests", "x the fraction of assertions passed, when the program links with the tests"))),
+    Setting("REWARD_WORKERS", "auto", Auto(Int(1), default_workers, "cores / training processes on this machine"),
+            "parallel compiles per training process"),
+]
 
 
 @dataclass
 class Breakdown:
     """One scored completion: what syntax_aware_breakdown.jsonl holds per line."""
     problem_id: str
-    reward: float = 0.0
+    reward: float | None = 0.0  # None: grading crashed (GuardedScorer); TRL leaves it out of the baseline
     structural: float = 0.0
     type_check: float = 0.0
     compile: float = 0.0
@@ -131,59 +147,6 @@ class Breakdown:
     def solved(self) -> bool:
         """Every test assertion passed."""
         return self.tests_total > 0 and self.tests_passed == self.tests_total
-
-
-# ---------------------------------------------------------------------------------------------
-# From completion text to a compilable solution.
-
-def completion_text(completion) -> str:
-    """TRL passes plain strings, or (conversational) a list of messages."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list):
-        return "".join(m.get("content", "") for m in completion if isinstance(m, dict))
-    if isinstance(completion, dict):
-        return str(completion.get("content", ""))
-    return str(completion)
-
-
-def extract_code(text: str) -> str:
-    """Fenced blocks tagged ocaml/ml or untagged (joined), else the raw text. An unclosed
-    fence (a runaway completion) counts up to the end."""
-    blocks = [m.group(2) for m in FENCE_RE.finditer(text) if m.group(1).lower() in OCAML_TAGS]
-    if blocks:
-        return "\n".join(b.rstrip() for b in blocks) + "\n"
-    if "```" in text:  # only other languages fenced: nothing OCaml to grade
-        return ""
-    return text
-
-
-def assemble_solution(code: str, prompt: str, entry_point: str = "") -> tuple[str, list[str]]:
-    """The solution unit to compile and the entry points the tests call.
-
-    A completion that defines the entry point is a full answer: the prompt's own type
-    definitions go in front unless the completion restates them. Otherwise it is a body:
-    it goes after the prompt's signature line."""
-    sig = src.parse_signature(prompt)
-    entry = entry_point or (sig.entry if sig else "")
-    if sig is None:
-        return code, [entry] if entry else []
-    code_names = {n for ph in src.split_phrases(code) for n in ph.names}
-    if entry and any(entry in src.defined_values(ph.text) for ph in src.split_phrases(code)):
-        # Keep the prompt's definitions (types, exceptions, modules) the answer does not restate;
-        # drop its prose and any stray text.
-        kept = [ph.text for ph in src.split_phrases(sig.preamble)
-                if _first_word(ph.text) in PREAMBLE_KEEP and not (set(ph.names) & code_names)]
-        return "".join(kept).rstrip() + "\n\n" + code, [entry]
-    return prompt.rstrip() + "\n" + code, [entry]
-
-
-PREAMBLE_KEEP = {"type", "exception", "module", "open", "include", "let", "class"}
-
-
-def _first_word(text: str) -> str:
-    toks = src.code_tokens(text)
-    return toks[0].text if toks else ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,7 +225,7 @@ class RewardScorer:
         w = weights or cfg.weights
         text = completion_text(completion)
         b = Breakdown(problem_id=problem.id, isolated=self.grader.sandbox.isolated)
-        b.has_end_marker = cfg.end_marker in text
+        b.has_end_marker = END_MARKER in text
         b.structural = w.structural if b.has_end_marker else 0.0
         b.runaway = (completion_tokens is not None and max_completion_tokens is not None
                      and completion_tokens >= max_completion_tokens and not b.has_end_marker)
@@ -289,6 +252,33 @@ class RewardScorer:
         futures = [self.pool.submit(self.score_one, p, c, t, max_completion_tokens, weights)
                    for p, c, t in zip(problems, completions, toks)]
         return [f.result() for f in futures]
+
+
+class GuardedScorer(RewardScorer):
+    """The trainer's scorer: a grader bug on one odd completion costs that completion its reward,
+    not the whole run. Its reward is None, which TRL 1.16 treats as unscorable: it stays out of
+    its group's baseline and gets no advantage (a 0 would drag the baseline down). The failure is
+    recorded in the breakdown log (first_error), its traceback printed once per process, and its
+    share reaches learning.log through log_metric (METRIC_CRASHED)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.crashes = 0
+        self._crash_lock = threading.Lock()
+
+    def score_one(self, problem: Problem, completion, *a, **kw) -> Breakdown:
+        try:
+            return super().score_one(problem, completion, *a, **kw)
+        except Exception as e:  # noqa: BLE001 -- deliberate: see the docstring
+            with self._crash_lock:
+                self.crashes += 1
+                first = self.crashes == 1
+            if first:
+                traceback.print_exc()
+            print(f"warning: grading crashed on a completion for {problem.id} ({type(e).__name__}: {e}); "
+                  f"reward None [{self.crashes} so far]", file=sys.stderr)
+            return Breakdown(problem_id=problem.id, reward=None, isolated=self.grader.sandbox.isolated,
+                             first_error=f"reward crashed: {type(e).__name__}: {e}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,7 +342,7 @@ def make_syntax_aware_reward(output_dir: str | Path | None, max_completion_token
     logger = RewardLogger(output_dir, rank) if output_dir is not None else None
 
     async def syntax_aware_reward(prompts, completions, completion_ids=None, trainer_state=None,
-                                  log_metric=None, **columns) -> list[float]:
+                                  log_metric=None, **columns) -> list[float | None]:
         n = len(completions)
         problems = [Problem(
             id=str(_col(columns, "id", i, f"row{i}")),
@@ -371,9 +361,12 @@ def make_syntax_aware_reward(output_dir: str | Path | None, max_completion_token
         if logger:
             logger.log(step, round(epoch, 4), breakdowns, list(completions), tokens)
         if log_metric is not None:
-            log_metric("ocaml/compiled", sum(b.compiled for b in breakdowns) / max(1, n))
-            log_metric("ocaml/tests_all_passed", sum(b.solved for b in breakdowns) / max(1, n))
-            log_metric("ocaml/end_marker", sum(b.has_end_marker for b in breakdowns) / max(1, n))
+            share = lambda flags: sum(flags) / max(1, n)  # noqa: E731
+            log_metric(METRIC_COMPILED, share(b.compiled for b in breakdowns))
+            log_metric(METRIC_SOLVED, share(b.solved for b in breakdowns))
+            log_metric(METRIC_END_MARKER, share(b.has_end_marker for b in breakdowns))
+            log_metric(METRIC_PASSED_ANY, share(b.tests_passed > 0 for b in breakdowns))
+            log_metric(METRIC_CRASHED, share(b.reward is None for b in breakdowns))
         return [b.reward for b in breakdowns]
 
     syntax_aware_reward.scorer = scorer
@@ -448,7 +441,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "audit":
-            from ocaml_grpo import dataset_audit
             return dataset_audit.cli(args)
         return cmd_score(args)
     except (DatasetError, ToolchainError, ValueError) as e:

@@ -20,7 +20,8 @@ import time
 from dataclasses import replace
 
 from ocaml_grpo.problems import Problem, load_problems
-from rewards import RewardConfig, RewardScorer, assemble_solution, extract_code
+from ocaml_grpo.completions import assemble_solution, extract_code
+from rewards import RewardConfig, RewardScorer
 from ocaml_grpo import ocaml_source as src
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from analyze import THRESHOLDS, LogLine, Report, Thresholds, expected_reward, series
+from ocaml_grpo.health import THRESHOLDS, Thresholds, expected_reward
+from ocaml_grpo.learning_log import LogLine, series
 
 
 def plot_epochs(lines: list[LogLine]) -> list[float]:
@@ -25,19 +26,23 @@ def _save(fig, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def make_plots(r: Report, out_dir: Path, th: Thresholds = THRESHOLDS) -> list[Path]:
+def make_plots(lines: list[LogLine], per_step: dict[int, dict[str, float]], lr_schedule: str, title: str,
+               out_dir: Path, th: Thresholds = THRESHOLDS) -> list[Path]:
+    """training_curves.png from the log lines, reward_components.png from the breakdown log's
+    per-step component means (empty: not drawn)."""
+    # matplotlib takes about a second to import: only when a report is written, never for analyze().
     import matplotlib
     matplotlib.use("Agg")               # headless: training boxes have no display
     import matplotlib.pyplot as plt
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    if r.lines:
+    if lines:
         fig, axes = plt.subplots(3, 2, figsize=(13, 11))
-        x = plot_epochs(r.lines)
-        pick = lambda key: ([xi for xi, l in zip(x, r.lines) if key in l.values], series(r.lines, key))
+        x = plot_epochs(lines)
+        pick = lambda key: ([xi for xi, l in zip(x, lines) if key in l.values], series(lines, key))  # noqa: E731
         ax = axes[0, 0]
         e, m = pick("reward")
-        s = [l.values.get("reward_std", 0.0) for l in r.lines if "reward" in l.values]
+        s = [l.values.get("reward_std", 0.0) for l in lines if "reward" in l.values]
         ax.plot(e, m, "o-", ms=3, label="reward mean")
         ax.fill_between(e, [a - b for a, b in zip(m, s)], [a + b for a, b in zip(m, s)], alpha=0.25, label="± std")
         grid = [min(x) + (max(x) - min(x)) * i / 50 for i in range(51)]
@@ -47,7 +52,7 @@ def make_plots(r: Report, out_dir: Path, th: Thresholds = THRESHOLDS) -> list[Pa
         panels = [(axes[0, 1], "frac_zero_std", "frac_zero_std (share of groups with identical rewards)",
                    [(th.zero_std_healthy, "g", "healthy <"), (th.zero_std_critical, "r", "critical ≥")]),
                   (axes[1, 0], "entropy", "Entropy", [(th.entropy_low, "g", "band"), (th.entropy_high, "g", None)]),
-                  (axes[1, 1], "lr", f"Learning rate ({r.lr_schedule})", []),
+                  (axes[1, 1], "lr", f"Learning rate ({lr_schedule})", []),
                   (axes[2, 0], "grad", "Gradient norm", [(th.grad_low, "g", "band"), (th.grad_high, "g", None)]),
                   (axes[2, 1], "loss", "Loss", [(0.0, "k", None)])]
         for ax, key, title, hlines in panels:
@@ -60,16 +65,16 @@ def make_plots(r: Report, out_dir: Path, th: Thresholds = THRESHOLDS) -> list[Pa
         for ax in axes.flat:
             ax.set_xlabel("epoch")
             ax.grid(alpha=0.3)
-        fig.suptitle(f"{r.run_dir} — status {r.status.upper()}")
+        fig.suptitle(title)
         fig.tight_layout()
         _save(fig, out_dir / "training_curves.png")
         plt.close(fig)
         written.append(out_dir / "training_curves.png")
-    if r.breakdown and r.breakdown.per_step:
+    if per_step:
         fig, ax = plt.subplots(figsize=(10, 5))
-        steps = list(r.breakdown.per_step)
+        steps = list(per_step)
         for comp in ("reward", "structural", "type_check", "compile", "tests"):
-            ax.plot(steps, [r.breakdown.per_step[s][comp] for s in steps], "o-" if len(steps) < 50 else "-",
+            ax.plot(steps, [per_step[s][comp] for s in steps], "o-" if len(steps) < 50 else "-",
                     ms=3, lw=2.5 if comp == "reward" else 1.2, label=comp)
         ax.set(title="Reward components per step (mean over scored completions)", xlabel="step",
                ylabel="weighted score")

@@ -5,7 +5,9 @@ Each problem's tests are compiled against a stub with the prompt's signature (or
 `stub`); tests that cannot compile with any solution (a syntax error in the tests, a type
 contradiction with the signature, an unbound name other than the entry point) exclude it.
 Also excluded: duplicate ids, empty tests, prompts without a signature, and prompts longer than
-the token limit when one is given.
+the token limit when one is given. A row whose `entry_point` is not an OCaml value name (say
+`Strongest_Extension`, kept from a Python original) is graded through the prompt's signature
+instead; its record keeps the reason in `note`.
 
     python rewards.py audit DATASET [--json] [--workers N] [--output-dir DIR]
 
@@ -25,10 +27,14 @@ from pathlib import Path
 from typing import Callable
 
 from ocaml_grpo import ocaml_source as src
-from ocaml_sandbox import OcamlGrader, Sandbox
+from ocaml_grpo.completions import assemble_solution, invalid_entry_point_note
 from ocaml_grpo.problems import Problem, load_problems
+from ocaml_grpo.settings import Setting, Text, default_workers, resolve
+from ocaml_sandbox import OcamlGrader, Sandbox
 
-AUDIT_VERSION = "1"  # bump when the grader's notion of "compiles" changes
+AUDIT_SETTINGS = [Setting("AUDIT_CACHE_DIR", "~/.cache/ocaml-grpo", Text,
+                          "where audit results are cached by content hash")]
+AUDIT_VERSION = "2"  # bump when the grader's notion of "compiles" or the stub assembly changes
 CHUNK = 16  # problems per sandbox call
 
 
@@ -38,6 +44,7 @@ class AuditRecord:
     ok: bool
     reason: str = ""  # "" when ok
     error: str = ""
+    note: str = ""  # a problem with the row that was worked around (kept rows too)
 
 
 @dataclass
@@ -51,8 +58,6 @@ class AuditResult:
 
 def stub_for(p: Problem) -> tuple[str, list[str]] | None:
     """The stub solution and entry points the tests are compiled against (None: no signature)."""
-    from rewards import assemble_solution  # rewards imports this module's CLI lazily
-
     if p.stub.strip():
         return assemble_solution(p.stub, p.prompt, p.entry_point)
     if src.parse_signature(p.prompt) is None:  # an entry point alone cannot be stubbed: its type is unknown
@@ -67,7 +72,7 @@ def _cache_key(p: Problem) -> str:
 
 class AuditCache:
     def __init__(self, directory: str | Path | None = None):
-        directory = Path(directory or os.environ.get("AUDIT_CACHE_DIR") or Path.home() / ".cache" / "ocaml-grpo")
+        directory = Path(directory or resolve(AUDIT_SETTINGS, os.environ)[0]["AUDIT_CACHE_DIR"]).expanduser()
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / "audit_cache.jsonl"
         self.entries: dict[str, dict] = {}
@@ -105,7 +110,7 @@ def audit_problems(problems: list[Problem], output_dir: str | Path | None = None
                    prompt_tokens: Callable[[Problem], int] | None = None, max_prompt_tokens: int | None = None,
                    workers: int | None = None, cache_dir: str | Path | None = None,
                    grader: OcamlGrader | None = None, verbose: bool = True) -> AuditResult:
-    workers = workers or int(os.environ.get("REWARD_WORKERS") or os.cpu_count() or 1)
+    workers = workers or default_workers()
     records: dict[int, AuditRecord] = {}
     seen: set[str] = set()
     to_compile: list[tuple[int, Problem, str, list[str]]] = []
@@ -123,14 +128,15 @@ def audit_problems(problems: list[Problem], output_dir: str | Path | None = None
             if n > max_prompt_tokens:
                 records[i] = AuditRecord(p.id, False, "prompt_too_long", f"{n} tokens > {max_prompt_tokens}")
                 continue
+        note = invalid_entry_point_note(p.prompt, p.entry_point)
         stub = stub_for(p)
         if stub is None:
-            records[i] = AuditRecord(p.id, False, "no_signature", "no `let name ... =` line in the prompt")
+            records[i] = AuditRecord(p.id, False, "no_signature", "no `let name ... =` line in the prompt", note)
             continue
         key = _cache_key(p)
         if key in cache.entries:
             e = cache.entries[key]
-            records[i] = AuditRecord(p.id, e["ok"], e["reason"], e["error"])
+            records[i] = AuditRecord(p.id, e["ok"], e["reason"], e["error"], note)
         else:
             to_compile.append((i, p, *stub))
 
@@ -148,7 +154,7 @@ def audit_problems(problems: list[Problem], output_dir: str | Path | None = None
             fresh = []
             for (i, p, _, _), err in zip(items, errors):
                 reason, msg = _classify(err, p) if err else ("", "")
-                records[i] = AuditRecord(p.id, err is None, reason, msg)
+                records[i] = AuditRecord(p.id, err is None, reason, msg, invalid_entry_point_note(p.prompt, p.entry_point))
                 fresh.append({"key": _cache_key(p), "ok": err is None, "reason": reason, "error": msg})
             cache.put_many(fresh)
 
@@ -170,7 +176,9 @@ def audit_problems(problems: list[Problem], output_dir: str | Path | None = None
         print(summary(result))
         for r in ordered:
             if not r.ok and r.reason != "prompt_too_long":
-                print(f"  excluded {r.id}: {r.reason}: {r.error[:160]}")
+                print(f"  excluded {r.id}: {r.reason}: {r.error[:160]}" + (f" ({r.note})" if r.note else ""))
+            elif r.note:
+                print(f"  kept {r.id}: {r.note}")
     return result
 
 
@@ -187,5 +195,6 @@ def cli(args) -> int:
                             verbose=not args.json)
     if args.json:
         for r in result.records:
-            print(json.dumps({"id": r.id, "ok": r.ok, "reason": r.reason or None, "error": r.error or None}))
+            print(json.dumps({"id": r.id, "ok": r.ok, "reason": r.reason or None, "error": r.error or None,
+                              "note": r.note or None}))
     return 0

@@ -3,14 +3,12 @@ import json
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-FIX = Path(__file__).resolve().parent / "fixtures"
-sys.path.insert(0, str(ROOT))
-import analyze  # noqa: E402
+import analyze
+from conftest import FIXTURES as FIX, ROOT
+from ocaml_grpo.learning_log import LogLine, parse_learning_log
 
 SEED_LINES = (FIX / "seed_learning.log").read_text(encoding="utf-8").splitlines()
 
@@ -172,7 +170,7 @@ def test_parser_keeps_extra_fields_and_skips_junk(tmp_path):
                     "[Health] entropy low\n"
                     "[Epoch 0.11]  loss=0.01  lr=garbage±\n"
                     "[Epoch 0.12]  loss=0.02  lr=2e-06  reward=0.3±0.05\n", encoding="utf-8")
-    header, lines, skipped = analyze.parse_learning_log(path)
+    header, lines, skipped = parse_learning_log(path)
     assert header == ["# header"] and skipped == 1 and [l.epoch for l in lines] == [0.10, 0.12]
     assert lines[0].values["kl"] == 0.002 and lines[0].text == {"phase": "syntax"}
     assert lines[0].values["reward_std"] == 0.05
@@ -234,8 +232,25 @@ def test_stop_criteria_at_epoch_1(tmp_path):
 
 
 def test_steps_redone_after_a_resume_are_counted_once():
-    from analyze import LogLine, drop_superseded
+    from analyze import drop_superseded
     lines = [LogLine(e, "", {}, {}) for e in (0.1, 0.2, 0.3, 0.4, 0.3, 0.4, 0.5)]  # killed at 0.4, resumed at 0.2
     assert [l.epoch for l in drop_superseded(lines, lambda l: l.epoch)] == [0.1, 0.2, 0.3, 0.4, 0.5]
     recs = [{"step": s} for s in (0, 0, 1, 1, 2, 2, 1, 1, 2, 2, 3)]
     assert [r["step"] for r in drop_superseded(recs, lambda r: r["step"])] == [0, 0, 1, 1, 2, 2, 3]
+
+
+def test_without_config_json_the_exports_start_from_the_trainers_defaults(tmp_path):
+    """The seed's own six log lines and nothing else: still red, with exact exports."""
+    (tmp_path / "learning.log").write_text("\n".join(SEED_LINES) + "\n", encoding="utf-8")
+    p = subprocess.run([sys.executable, str(ROOT / "analyze.py"), str(tmp_path)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "Status: 🔴 RED" in p.stdout and "Mode collapse" in p.stdout
+    assert "export GRPO_TEMPERATURE=1.1" in p.stdout and "export GRPO_NUM_GENERATIONS=8" in p.stdout
+    assert "export GRPO_LEARNING_RATE=8e-06" in p.stdout
+    assert "the exports start from train.py's defaults (no config.json in the run directory)" in p.stdout
+    md = (tmp_path / "analysis.md").read_text(encoding="utf-8")
+    assert "_Assumed: train.py's defaults (no config.json in the run directory)" in md
+    assert "Recommended Actions\n\n```bash\nexport GRPO_TEMPERATURE=1.1" in md
+    r = analyze.analyze(tmp_path)
+    assert r.config_source == analyze.DEFAULTS_SOURCE and r.config["GRPO_TEMPERATURE"] == 0.9
+    assert r.config["MIN_NON_EMPTY_LINES"] == 8  # the reward's defaults too, from their one definition

@@ -1,38 +1,43 @@
-"""The dataset audit against real OCaml and the external benchmark sets."""
+"""The dataset audit against real OCaml: the project's own broken and sound rows, then the
+external benchmark sets when they are present."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from conftest import BROKEN, GRADED, ROOT, read_rows
 from ocaml_grpo.dataset_audit import audit_problems
 from ocaml_grpo.problems import Problem, load_problems
-
-ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT.parent / "shared" / "benchmarks"
 
 
 def excluded(result):
     return {r.id: r.reason for r in result.records if not r.ok}
 
 
-def test_broken_published_rows_are_excluded_and_nothing_else(tmp_path):
-    sample = audit_problems(load_problems(str(BENCH / "ocamler_eval_sample.csv")), cache_dir=tmp_path, verbose=False)
-    assert excluded(sample) == {"medium_133": "tests_syntax_error", "medium_015": "tests_syntax_error",
-                                "medium_079": "tests_type_error"}
-    mpe = audit_problems(load_problems(str(BENCH / "multipl_e_ml.jsonl")), cache_dir=tmp_path, verbose=False)
-    # the entry point is capitalised: a constructor, so no OCaml function can ever be called that
-    assert excluded(mpe) == {"multiple_humaneval_ml/HumanEval_153_Strongest_Extension": "tests_unbound_error"}
-    upstream = audit_problems(load_problems(str(BENCH / "multipl_e_ml_upstream.jsonl")), cache_dir=tmp_path, verbose=False)
-    assert len(excluded(upstream)) == 42
+def test_each_broken_row_is_excluded_for_its_own_reason(tmp_path):
+    result = audit_problems(load_problems(str(BROKEN)), cache_dir=tmp_path, verbose=False)
+    assert excluded(result) == {r["id"]: r["expect"] for r in read_rows(BROKEN)}
+    assert result.kept == []
+    errors = {r.id: r.error for r in result.records}
+    assert "Syntax error" in errors["broken/char_literal"]
+    assert "Unbound value make_word" in errors["broken/unbound_helper"]
+    assert "no_such_findlib_package" in errors["broken/missing_package"]
 
 
-@pytest.mark.parametrize("name", ["ocamlorg_exercises.jsonl", "exercism_ocaml.jsonl", "bundled"])
-def test_sets_whose_solutions_pass_lose_nothing(tmp_path, name):
-    spec = name if name == "bundled" else str(BENCH / name)
-    result = audit_problems(load_problems(spec), cache_dir=tmp_path, verbose=False)
+def test_sound_rows_lose_nothing_and_an_invalid_entry_point_is_noted(tmp_path):
+    result = audit_problems(load_problems(str(GRADED)), output_dir=tmp_path / "run", cache_dir=tmp_path, verbose=False)
     assert excluded(result) == {}
+    notes = {r.id: r.note for r in result.records if r.note}
+    # the row's `Count_Upper` is a constructor name; the prompt's `count_upper` is what gets called
+    assert notes == {"entry/count_upper": "entry_point 'Count_Upper' is not an OCaml value name; "
+                                          "the prompt's signature `count_upper` is used instead"}
+    written = {r["id"]: r["note"] for r in read_rows(tmp_path / "run" / "dataset_audit.jsonl")}
+    assert written["entry/count_upper"] == notes["entry/count_upper"] and written["ounit/last_element"] == ""
+
+
+def test_bundled_set_loses_nothing(tmp_path):
+    assert excluded(audit_problems(load_problems("bundled"), cache_dir=tmp_path, verbose=False)) == {}
 
 
 def test_duplicates_empty_tests_long_prompts_and_report_file(tmp_path):
@@ -51,7 +56,7 @@ def test_duplicates_empty_tests_long_prompts_and_report_file(tmp_path):
 
 
 def test_second_audit_is_served_from_the_cache(tmp_path):
-    probs = load_problems(str(BENCH / "ocamler_eval_sample.csv"))
+    probs = load_problems(str(BROKEN)) + load_problems(str(GRADED))
     first = audit_problems(probs, cache_dir=tmp_path, verbose=False)
 
     class NoGrader:  # any compile now would be a cache miss
@@ -59,18 +64,43 @@ def test_second_audit_is_served_from_the_cache(tmp_path):
             raise AssertionError("cache miss")
 
     second = audit_problems(probs, cache_dir=tmp_path, grader=NoGrader(), verbose=False)
-    assert [(r.id, r.ok, r.reason) for r in second.records] == [(r.id, r.ok, r.reason) for r in first.records]
+    assert [(r.id, r.ok, r.reason, r.note) for r in second.records] == \
+        [(r.id, r.ok, r.reason, r.note) for r in first.records]
 
 
 def test_cli_json_and_summary(tmp_path):
     env = {"AUDIT_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    csv = str(BENCH / "ocamler_eval_sample.csv")
-    r = subprocess.run([sys.executable, str(ROOT / "rewards.py"), "audit", csv, "--json"], env=env,
+    r = subprocess.run([sys.executable, str(ROOT / "rewards.py"), "audit", str(BROKEN), "--json"], env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     rows = [json.loads(l) for l in r.stdout.splitlines()]
-    assert len(rows) == 20 and sum(not x["ok"] for x in rows) == 3
-    assert set(rows[0]) >= {"id", "ok", "reason"}
-    r = subprocess.run([sys.executable, str(ROOT / "rewards.py"), "audit", csv], env=env,
+    assert [(x["id"], x["ok"], x["reason"]) for x in rows] == [(b["id"], False, b["expect"]) for b in read_rows(BROKEN)]
+    assert set(rows[0]) == {"id", "ok", "reason", "error", "note"}
+    r = subprocess.run([sys.executable, str(ROOT / "rewards.py"), "audit", str(GRADED)], env=env,
                        capture_output=True, text=True, timeout=120)
-    assert "17 kept, 3 excluded" in r.stdout
+    assert r.returncode == 0, r.stderr
+    assert "dataset audit: 4 kept, 0 excluded" in r.stdout
+    assert "kept entry/count_upper: entry_point 'Count_Upper' is not an OCaml value name" in r.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# The external sets (skipped, with the reason, when ../shared/benchmarks is absent).
+
+def test_broken_published_rows_are_excluded_and_nothing_else(tmp_path, benchmarks):
+    sample = audit_problems(load_problems(str(benchmarks / "ocamler_eval_sample.csv")), cache_dir=tmp_path,
+                            verbose=False)
+    assert excluded(sample) == {"medium_133": "tests_syntax_error", "medium_015": "tests_syntax_error",
+                                "medium_079": "tests_type_error"}
+    # HumanEval_153 is published with `let Strongest_Extension`, a constructor name: the upstream
+    # copy has no signature an answer could define; the fixed copy renames it (its `fixes` field).
+    upstream = audit_problems(load_problems(str(benchmarks / "multipl_e_ml_upstream.jsonl")), cache_dir=tmp_path,
+                              verbose=False)
+    assert len(excluded(upstream)) == 42
+    assert excluded(upstream)["multiple_humaneval_ml/HumanEval_153_Strongest_Extension"] == "no_signature"
+    fixed = audit_problems(load_problems(str(benchmarks / "multipl_e_ml.jsonl")), cache_dir=tmp_path, verbose=False)
+    assert excluded(fixed) == {}
+
+
+@pytest.mark.parametrize("name", ["ocamlorg_exercises.jsonl", "exercism_ocaml.jsonl"])
+def test_external_sets_whose_solutions_pass_lose_nothing(tmp_path, benchmarks, name):
+    assert excluded(audit_problems(load_problems(str(benchmarks / name)), cache_dir=tmp_path, verbose=False)) == {}

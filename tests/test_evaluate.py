@@ -3,16 +3,14 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from conftest import GRADED, ROOT
+from evaluate import RATES, grade_completions, pass_at_k, verdict
 from ocaml_grpo import ocaml_source as src
-from evaluate import grade_completions, pass_at_k, verdict
 from ocaml_grpo.problems import load_problems
 from rewards import RewardConfig, RewardScorer
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_pass_at_k_matches_hand_computed_values():
@@ -38,17 +36,17 @@ def test_aggregation_over_real_grading():
         scorer.close()
     assert core["pass@1"] == pytest.approx((0.5 + 0.0) / 2)
     assert core["pass@k"] == pytest.approx((1.0 + 0.0) / 2)
-    assert core["rates"]["tests_all"] == pytest.approx(0.25)
-    assert core["rates"]["end_marker"] == pytest.approx(0.25)
-    assert core["rates"]["compile"] == 1.0
-    # a definition that type-checks alone but at a type the tests cannot use: type check yes, compile no
+    assert core["rates"]["solved"] == pytest.approx(0.25)
+    assert core["rates"]["has_end_marker"] == pytest.approx(0.25)
+    assert core["rates"]["compiled"] == 1.0 and core["rates"]["tests_compiled"] == 1.0
+    # a definition that compiles alone but at a type the tests cannot use: compiled, tests not compiled
     wrong_type = [[f"```ocaml\nlet {src.parse_signature(probs[0].prompt).entry} (x : unit) : unit = x\n```"]]
     scorer = RewardScorer(RewardConfig(min_lines=0, workers=2))
     try:
         other, _ = grade_completions(probs[:1], wrong_type, [[10]], 1, 512, scorer, min_lines=0)
     finally:
         scorer.close()
-    assert other["rates"]["type_check"] == 1.0 and other["rates"]["compile"] == 0.0
+    assert other["rates"]["compiled"] == 1.0 and other["rates"]["tests_compiled"] == 0.0
     assert [r["solved"] for r in rows] == [True, False, False, False]
     assert core["mean_reward"] == pytest.approx((1.0 + 3 * 0.30) / 4)  # stubs: type check + compile
     assert sum(v["n_problems"] for v in core["per_difficulty"].values()) == 2
@@ -59,18 +57,19 @@ def test_end_to_end_on_the_demo_model(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(tmp_path / "cache")}
     r = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--model", "demo", "--n", "3", "--k", "2",
                         "--max-new-tokens", "24", "--out", str(tmp_path / "out"),
-                        "--dataset", str(ROOT.parent / "shared" / "benchmarks" / "multipl_e_ml.jsonl")],
+                        "--dataset", str(GRADED)],
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     for key in ("model", "adapter", "dataset", "n_problems", "k", "pass@1", "pass@k", "mean_reward", "rates",
                 "per_difficulty"):
         assert key in report
-    assert set(report["rates"]) == {"end_marker", "type_check", "compile", "tests_all"}
+    assert list(report["rates"]) == ["has_end_marker", "compiled", "tests_compiled", "solved"] == list(RATES)
     assert report["n_problems"] == 3 and report["k"] == 2
     rows = [json.loads(l) for l in (tmp_path / "out" / "completions.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and all(0 <= x["reward"] <= 1 for x in rows)
-    assert "pass@1" in (tmp_path / "out" / "report.md").read_text()
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "pass@1" in md and "| `tests_compiled` rate: the solution and the tests build one program |" in md
 
 
 def test_bad_arguments_fail_before_any_model_loads(tmp_path):

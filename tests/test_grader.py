@@ -8,13 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOT, fenced, problem_set, read_rows
 from ocaml_grpo import ocaml_source as src
+from ocaml_grpo.completions import assemble_solution, extract_code
 from ocaml_grpo.problems import Problem, load_problems
-from rewards import RewardConfig, RewardScorer, Weights, assemble_solution, extract_code
-
-ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT.parent / "shared" / "benchmarks"
-END = "(* END *)"
+from rewards import RewardConfig, RewardScorer, Weights
 
 ADD_PROMPT = "(** Add two integers.\n * >>> add 1 2\n * 3\n*)\nlet add (a : int) (b : int) : int ="
 ADD_TESTS = """let () =
@@ -36,10 +34,6 @@ def scorer():
     s.close()
 
 
-def fenced(code: str) -> str:
-    return f"```ocaml\n{code}\n```\n{END}"
-
-
 def score(scorer, code, problem=ADD):
     return scorer.score_one(problem, fenced(code))
 
@@ -47,10 +41,13 @@ def score(scorer, code, problem=ADD):
 # ---------------------------------------------------------------------------------------------
 # Honest answers.
 
-@pytest.mark.parametrize("name", ["ocamlorg_exercises.jsonl", "exercism_ocaml.jsonl"])
+# The project's rows: OUnit-style tests, a problem that needs `base`, a `let candidate = ...` block,
+# an invalid entry point. The external sets: OUnit-style tests (ocaml.org), `base` (exercism).
+@pytest.mark.parametrize("name", ["problems_graded.jsonl", "ocamlorg_exercises.jsonl", "exercism_ocaml.jsonl"])
 def test_every_reference_solution_scores_one_and_every_stub_gets_no_test_credit(scorer, name):
-    rows = [json.loads(line) for line in open(BENCH / name)]
-    problems = load_problems(str(BENCH / name))
+    path = problem_set(name)
+    rows = read_rows(path)
+    problems = load_problems(str(path))
     sols = scorer.score_batch(problems, [fenced(r["solution"]) for r in rows])
     bad = [(b.problem_id, b.reward, b.first_error) for b in sols if b.reward != 1.0]
     assert not bad
@@ -140,20 +137,22 @@ def test_extraction_and_assembly():
     assert body.endswith("let area (s : shape) : float =\n  0.")
 
 
-def test_multipl_e_style_tests_are_graded_per_assertion(scorer):
-    rows = [json.loads(line) for line in open(BENCH / "multipl_e_ml.jsonl")]
-    row = next(r for r in rows if r["entry_point"] == "has_close_elements")
+@pytest.mark.parametrize("name,entry", [("problems_graded.jsonl", "has_close_pair"),
+                                        ("multipl_e_ml.jsonl", "has_close_elements")])
+def test_multipl_e_style_tests_are_graded_per_assertion(scorer, name, entry):
+    rows = read_rows(problem_set(name))
+    row = next(r for r in rows if r.get("entry_point") == entry)
     plan = src.parse_assert_tests(row["tests"])
     assert plan.n_assertions == 7
     p = Problem(id=row["id"], prompt=row["prompt"], tests=row["tests"], entry_point=row["entry_point"])
-    code = """let has_close_elements (numbers : float list) (threshold : float) : bool =
+    code = f"""let {entry} (numbers : float list) (threshold : float) : bool =
   let rec go = function
     | [] -> false
     | x :: rest -> List.exists (fun y -> abs_float (x -. y) < threshold) rest || go rest
   in
   go numbers"""
     assert score(scorer, code, p).reward == 1.0
-    always_true = score(scorer, "let has_close_elements n t = true", p)
+    always_true = score(scorer, f"let {entry} n t = true", p)
     assert (always_true.tests_passed, always_true.tests_total) == (4, 7)
 
 
@@ -260,7 +259,7 @@ def test_infinite_loop_and_fork_bomb_finish_within_the_limit():
         t0 = time.monotonic()
         bomb = s.score_one(ADD, fenced('let add a b = ignore (Sys.command "b(){ b|b & }; b"); a + b'))
         assert time.monotonic() - t0 < 2 + 1.5
-        assert bomb.tests_passed <= 7
+        assert bomb.tests_passed == 7 and not bomb.timed_out  # no shell in the sandbox: the bomb never starts
         time.sleep(0.3)
         ps = subprocess.run(["ps", "-eo", "user,args"], capture_output=True, text=True).stdout
         assert not any(line.startswith("61") for line in ps.splitlines()), "a sandbox process survived"
@@ -337,9 +336,10 @@ def test_explicit_no_isolation_mode_still_grades_and_says_so(monkeypatch):
         RewardScorer(RewardConfig(min_lines=0, workers=1))
 
 
-@pytest.mark.parametrize("spec", ["bundled", str(BENCH / "multipl_e_ml.jsonl"), str(BENCH / "ocamler_eval_sample.csv")])
-def test_every_assert_of_the_known_sets_becomes_one_graded_assertion(spec):
-    for p in load_problems(spec):
+@pytest.mark.parametrize("name", ["bundled", "problems_graded.jsonl", "multipl_e_ml.jsonl", "ocamler_eval_sample.csv"])
+def test_every_assert_of_the_known_sets_becomes_one_graded_assertion(name):
+    for p in load_problems("bundled" if name == "bundled" else str(problem_set(name))):
         plan = src.parse_assert_tests(p.tests)
         asserts = sum(1 for t in src.code_tokens(p.tests) if t.text == "assert")
-        assert plan is not None and plan.n_assertions == asserts, p.id
+        # tests in another form (the OUnit-style row) have no plan and no assert: graded whole
+        assert (plan.n_assertions if plan else 0) == asserts, p.id

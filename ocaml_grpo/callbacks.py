@@ -1,0 +1,111 @@
+"""The trainer's callback: learning.log and the live health monitor.
+
+Every process sees the same logs at a log step (TRL averages its metrics, and the reward's
+log_metric values, across processes before logging), so every process reaches the same health
+verdict and the same stop decision without talking to the others; only rank 0 writes the file.
+The rules are health.py's, the ones analyze.py reports with.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+import rewards
+from ocaml_grpo import health
+from ocaml_grpo.health import THRESHOLDS, Point, Thresholds
+from ocaml_grpo.learning_log import metric_line, parse_metric_line
+
+
+class LearningLog(TrainerCallback):
+    """Writes learning.log (the seed analysis's line format) and applies the health rules on every
+    log step: [Health] lines for findings, and at epoch >= stop_epoch the stop criteria, which save
+    and stop the run (auto_stop) or only warn."""
+    REPEAT_EVERY = 10  # a persisting finding is written again every this many log steps, not every step
+
+    def __init__(self, path: Path, header: list[str], resumed: bool, auto_stop: bool, curriculum: bool,
+                 th: Thresholds = THRESHOLDS):
+        self.path, self.header, self.resumed = path, header, resumed
+        self.auto_stop, self.curriculum, self.th = auto_stop, curriculum, th
+        self.phase: str | None = None
+        self.fd: int | None = None
+        self.history: list[Point] = []
+        self.passes: list[float] = []  # per log step: share of completions passing >= 1 test
+        self.last_warned: dict[str, int] = {}
+        self.n_logs = 0
+
+    def write(self, line: str) -> None:
+        if self.fd is not None:
+            os.write(self.fd, (line + "\n").encode())  # one write per whole line: a kill never tears one
+
+    def on_train_begin(self, args, state, control, **kw):
+        if state.is_world_process_zero:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if self.resumed else os.O_TRUNC)
+            self.fd = os.open(self.path, flags, 0o644)
+            for h in self.header:
+                self.write("# " + h)
+        for old in state.log_history:  # resumed: the rules cover the whole run, not just this session
+            self._remember(old.get("epoch", 0.0), old)
+
+    def _remember(self, epoch: float, logs: dict) -> str | None:
+        """The learning.log line of a log step (None: not a training step), its point remembered
+        as analyze.py will read it back."""
+        if "loss" not in logs or "reward" not in logs:
+            return None  # the end-of-training summary, or an eval log
+        line = metric_line(epoch, logs)
+        self.history.append(parse_metric_line(line).point)
+        if logs.get(rewards.METRIC_PASSED_ANY) is not None:
+            self.passes.append(logs[rewards.METRIC_PASSED_ANY])
+        return line
+
+    def passes_share(self) -> float | None:
+        """Share of scored completions that passed at least one test, over the run (log steps weigh
+        alike: each holds the same number of completions)."""
+        return sum(self.passes) / len(self.passes) if self.passes else None
+
+    def warn(self, key: str, message: str) -> None:
+        if self.n_logs - self.last_warned.get(key, -10**9) >= self.REPEAT_EVERY:
+            self.last_warned[key] = self.n_logs
+            self.write(f"[Health] {message}")
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        logs = logs or {}
+        epoch = logs.get("epoch", state.epoch or 0.0)
+        line = self._remember(epoch, logs)
+        if line is None:
+            return control
+        self.write(line)
+        self.n_logs += 1
+        if self.curriculum:
+            phase, w = rewards.curriculum_phase(epoch)
+            if phase != self.phase:
+                self.phase = phase
+                self.write(f"[Curriculum] phase {phase} from epoch {epoch:.2f}: structural {w.structural:.2f}  "
+                           f"type {w.type_check:.2f}  compile {w.compile:.2f}  tests {w.tests:.2f}")
+        if logs.get(rewards.METRIC_CRASHED):  # averaged over every process: a crash on any rank shows
+            self.write(f"[Health] grading crashed on {logs[rewards.METRIC_CRASHED]:.1%} of the completions scored "
+                       "since the last log (reward None: left out of the group baseline; see first_error in the "
+                       "breakdown log and stderr)")
+        for f in health.findings(self.history, self.th):
+            if f.severity != "info":
+                self.warn(f.key, f"{f.severity.upper()} {f.title}: {f.detail}")
+
+        verdict = health.stop_verdict(self.history, self.passes_share(), self.th)
+        if verdict.stop and not control.should_training_stop:
+            if self.auto_stop:
+                self.write(f"[Stop] {verdict.reasons} at epoch {epoch:.2f}; checkpoint saved, training stopped "
+                           "(GRPO_AUTO_STOP=0 to only warn)")
+                control.should_save = True
+                control.should_training_stop = True
+            else:
+                self.warn("stop", f"stop criteria met ({verdict.reasons}) but GRPO_AUTO_STOP=0: continuing")
+        return control
+
+    def on_train_end(self, args, state, control, **kw):
+        self.write(f"# finished at step {state.global_step}, epoch {state.epoch or 0:.2f}, "
+                   f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None

@@ -1,0 +1,94 @@
+"""From a model's completion to the OCaml unit the grader compiles, and the names the tests call.
+
+Shared by the reward (rewards.py), the dataset audit (which compiles each problem's tests
+against a stub assembled the same way) and the benchmarks, so that all of them agree on what
+an answer is.
+"""
+from __future__ import annotations
+
+import re
+
+from ocaml_grpo import ocaml_source as src
+
+FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+OCAML_TAGS = {"", "ocaml", "ml", "caml", "ocaml-repl"}
+# The prompt's definitions an answer that restates the function still needs in front of it.
+PREAMBLE_KEEP = {"type", "exception", "module", "open", "include", "let", "class"}
+
+# OCaml 4.13's keywords (manual, "Lexical conventions"): none of them can name a value.
+OCAML_KEYWORDS = frozenset("""
+    and as assert asr begin class constraint do done downto else end exception external false for fun function
+    functor if in include inherit initializer land lazy let lor lsl lsr lxor match method mod module mutable new
+    nonrec object of open or private rec sig struct then to true try type val virtual when while with""".split())
+# A value name starts with a lowercase letter or `_`; a capitalised name is a constructor or a
+# module, so `let Strongest_Extension = ...` (a name kept from a Python original) never compiles.
+VALUE_NAME_RE = re.compile(r"[a-z_][A-Za-z0-9_']*")
+
+
+def is_value_name(name: str) -> bool:
+    return bool(VALUE_NAME_RE.fullmatch(name)) and name not in OCAML_KEYWORDS and name != "_"
+
+
+def completion_text(completion) -> str:
+    """TRL passes plain strings, or (conversational) a list of messages."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list):
+        return "".join(m.get("content", "") for m in completion if isinstance(m, dict))
+    if isinstance(completion, dict):
+        return str(completion.get("content", ""))
+    return str(completion)
+
+
+def extract_code(text: str) -> str:
+    """Fenced blocks tagged ocaml/ml or untagged (joined), else the raw text. An unclosed
+    fence (a runaway completion) counts up to the end."""
+    blocks = [m.group(2) for m in FENCE_RE.finditer(text) if m.group(1).lower() in OCAML_TAGS]
+    if blocks:
+        return "\n".join(b.rstrip() for b in blocks) + "\n"
+    if "```" in text:  # only other languages fenced: nothing OCaml to grade
+        return ""
+    return text
+
+
+def entry_point_for(prompt: str, entry_point: str = "") -> str:
+    """The name the tests call: the row's `entry_point` when it is an OCaml value name, else
+    the prompt's signature (a row's invalid entry point would make every answer fail)."""
+    if is_value_name(entry_point):
+        return entry_point
+    sig = src.parse_signature(prompt)
+    return sig.entry if sig else ""
+
+
+def invalid_entry_point_note(prompt: str, entry_point: str) -> str:
+    """Why a row's entry point is ignored ("" when it is used as given)."""
+    if not entry_point or is_value_name(entry_point):
+        return ""
+    used = entry_point_for(prompt, entry_point)
+    return (f"entry_point {entry_point!r} is not an OCaml value name; "
+            + (f"the prompt's signature `{used}` is used instead" if used else "the prompt has no signature either"))
+
+
+def assemble_solution(code: str, prompt: str, entry_point: str = "") -> tuple[str, list[str]]:
+    """The solution unit to compile and the entry points the tests call.
+
+    A completion that defines the entry point is a full answer: the prompt's own type
+    definitions go in front unless the completion restates them. Otherwise it is a body:
+    it goes after the prompt's signature line."""
+    sig = src.parse_signature(prompt)
+    entry = entry_point_for(prompt, entry_point)
+    if sig is None:
+        return code, [entry] if entry else []
+    code_names = {n for ph in src.split_phrases(code) for n in ph.names}
+    if entry and any(entry in src.defined_values(ph.text) for ph in src.split_phrases(code)):
+        # Keep the prompt's definitions (types, exceptions, modules) the answer does not restate;
+        # drop its prose and any stray text.
+        kept = [ph.text for ph in src.split_phrases(sig.preamble)
+                if _first_word(ph.text) in PREAMBLE_KEEP and not (set(ph.names) & code_names)]
+        return "".join(kept).rstrip() + "\n\n" + code, [entry]
+    return prompt.rstrip() + "\n" + code, [entry]
+
+
+def _first_word(text: str) -> str:
+    toks = src.code_tokens(text)
+    return toks[0].text if toks else ""

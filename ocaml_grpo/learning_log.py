@@ -1,0 +1,102 @@
+"""The learning.log format, written by the trainer (callbacks.LearningLog) and read by analyze.py:
+`#` header lines, one metric line per log step in the seed's format
+
+    [Epoch 0.28]  loss=-0.0469  grad=0.0838  lr=3.58e-06  reward=0.102±0.077  syntax_rew=0.102±0.078  entropy=0.155  frac_zero_std=0.00
+
+and [Health], [Stop] and [Curriculum] lines. The live monitor judges the line it has just written,
+parsed back the way analyze.py parses it, so the rules see the same (rounded) numbers live and
+afterwards.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ocaml_grpo.health import Point
+
+METRIC_RE = re.compile(r"^\[Epoch\s+([-+0-9.eE]+)\]\s+(.*)$")
+FIELD_RE = re.compile(r"^([A-Za-z_][\w.]*)=(.*)$")
+NUMBER_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?(nan|inf)", re.I)
+
+
+# ----------------------------------------------------------------------------- writing
+
+def _fmt(v, spec: str) -> str:
+    return "nan" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def metric_line(epoch: float, logs: dict) -> str:
+    """One line from the trainer's logs at a log step (TRL's metric names)."""
+    return (f"[Epoch {epoch:.2f}]  loss={_fmt(logs.get('loss'), '.4f')}  grad={_fmt(logs.get('grad_norm'), '.4f')}  "
+            f"lr={_fmt(logs.get('learning_rate'), '.2e')}  "
+            f"reward={_fmt(logs.get('reward'), '.3f')}±{_fmt(logs.get('reward_std'), '.3f')}  "
+            f"syntax_rew={_fmt(logs.get('rewards/syntax_aware_reward/mean'), '.3f')}"
+            f"±{_fmt(logs.get('rewards/syntax_aware_reward/std'), '.3f')}  "
+            f"entropy={_fmt(logs.get('entropy'), '.3f')}  frac_zero_std={_fmt(logs.get('frac_reward_zero_std'), '.2f')}")
+
+
+# ----------------------------------------------------------------------------- reading
+
+@dataclass
+class LogLine:
+    epoch: float
+    raw: str
+    values: dict[str, float]            # reward=0.1±0.07 -> values["reward"], values["reward_std"]
+    text: dict[str, str] = field(default_factory=dict)   # non-numeric extra fields, kept as-is
+
+    @property
+    def point(self) -> Point:
+        def logged(key: str) -> float | None:
+            # "nan" stands for a metric the trainer did not log; loss and grad keep it (a
+            # non-finite value there is itself a finding).
+            v = self.values.get(key)
+            return None if v is None or math.isnan(v) else v
+
+        return Point(self.epoch, logged("reward"), logged("reward_std"), logged("frac_zero_std"), logged("entropy"),
+                     self.values.get("grad"), self.values.get("loss"))
+
+
+def parse_learning_log(path: Path) -> tuple[list[str], list[LogLine], int]:
+    """Return (header lines, metric lines, skipped malformed/truncated metric lines)."""
+    raw_lines = Path(path).read_text(encoding="utf-8", errors="replace").split("\n")
+    # The trainer writes whole lines; text after the last "\n" is a line still being written.
+    skipped = 1 if raw_lines[-1].strip() else 0
+    header, out = [], []
+    for raw in raw_lines[:-1]:
+        raw = raw.rstrip("\r")
+        if raw.startswith("#"):
+            header.append(raw)
+            continue
+        if not METRIC_RE.match(raw.strip()):  # [Health], [Stop], blank and other lines are not metrics
+            continue
+        try:
+            out.append(parse_metric_line(raw))
+        except ValueError:
+            skipped += 1
+    return header, out, skipped
+
+
+def parse_metric_line(raw: str) -> LogLine:
+    """One `[Epoch ...]` line; ValueError when it is malformed (e.g. cut in half)."""
+    m = METRIC_RE.match(raw.strip())
+    if not m:
+        raise ValueError(raw)
+    values, text = {}, {}
+    for tok in m.group(2).split():
+        if not (fm := FIELD_RE.match(tok)):
+            raise ValueError(tok)   # e.g. a token cut in half
+        key, val = fm.groups()
+        if "±" in val:
+            mean, std = val.split("±", 1)
+            values[key], values[key + "_std"] = float(mean), float(std)
+        elif NUMBER_RE.fullmatch(val):
+            values[key] = float(val)
+        else:
+            text[key] = val
+    return LogLine(float(m.group(1)), raw, values, text)
+
+
+def series(lines: list[LogLine], key: str) -> list[float]:
+    return [l.values[key] for l in lines if key in l.values]

@@ -1,0 +1,123 @@
+"""Settings read from the environment: each one defined once (name, default, parser, meaning), so
+that validation, `python train.py --help`, config.json and the report's fallback all come from
+the same definition.
+
+A parser takes the raw string and returns the typed value, or raises ValueError; its `accepts`
+attribute says what it takes, for the error message and --help. Nothing here imports torch.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+Parser = Callable[[str], Any]
+
+
+class Setting(NamedTuple):
+    name: str  # the environment variable
+    default: str  # as it would be exported
+    parse: Parser
+    meaning: str
+
+
+def resolve(settings: Sequence[Setting | tuple], environ: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
+    """Typed values by name, and one message per invalid value (naming the variable). An unset
+    or blank variable takes its default."""
+    values, errors = {}, []
+    for name, default, parse, meaning in settings:
+        raw = environ.get(name, "").strip() or default
+        try:
+            values[name] = parse(raw)
+        except ValueError:
+            errors.append(f"{name}={raw!r} is invalid: expected {parse.accepts} ({meaning})")
+    return values, errors
+
+
+def defaults(settings: Sequence[Setting | tuple]) -> dict[str, Any]:
+    values, errors = resolve(settings, {})
+    assert not errors, errors  # a default its own parser rejects is a bug in the table
+    return values
+
+
+def describe(settings: Sequence[Setting | tuple]) -> str:
+    """The --help text: `NAME=default`, then the meaning and what is accepted."""
+    return "\n".join(f"  {name}={default}\n      {meaning}; {parse.accepts}" for name, default, parse, meaning in settings)
+
+
+def default_workers() -> int:
+    """Cores per training process: N processes on one machine (accelerate launch sets
+    LOCAL_WORLD_SIZE) share the cores instead of each taking all of them."""
+    return max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1)))
+
+
+# ----------------------------------------------------------------------------- parsers
+
+def Int(lo: int) -> Parser:
+    def p(s: str) -> int:
+        v = int(s)
+        if v < lo:
+            raise ValueError
+        return v
+    p.accepts = f"an integer >= {lo}"
+    return p
+
+
+def Float(lo: float, hi: float = math.inf, lo_open: bool = False, hi_open: bool = False) -> Parser:
+    def p(s: str) -> float:
+        v = float(s)
+        if not math.isfinite(v) or v < lo or v > hi or (lo_open and v == lo) or (hi_open and v == hi):
+            raise ValueError
+        return v
+    p.accepts = f"a number in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open or hi == math.inf else ']'}"
+    return p
+
+
+def Choice(*options: str) -> Parser:
+    def p(s: str) -> str:
+        if s not in options:
+            raise ValueError
+        return s
+    p.accepts = "one of " + ", ".join(options)
+    return p
+
+
+def Flag(s: str) -> bool:
+    if s not in ("0", "1"):
+        raise ValueError
+    return s == "1"
+Flag.accepts = "0 or 1"
+
+
+def Text(s: str) -> str:
+    if not s.strip():
+        raise ValueError
+    return s.strip()
+Text.accepts = "a non-empty string"
+
+
+def Resume(s: str) -> str:
+    if s in ("auto", "never"):
+        return s
+    if not Path(s).is_dir():
+        raise ValueError
+    return s
+Resume.accepts = "auto, never, or an existing checkpoint directory"
+
+
+def ModuleList(s: str) -> str:
+    mods = [m.strip() for m in s.split(",") if m.strip()]
+    if not mods or any(not re.fullmatch(r"[\w.]+", m) for m in mods):
+        raise ValueError
+    return ",".join(mods)
+ModuleList.accepts = "comma-separated module names, e.g. q_proj,v_proj"
+
+
+def Auto(parse: Parser, auto: Callable[[], Any], when: str) -> Parser:
+    """`auto` (the default) computes the value at start-up; anything else goes to `parse`."""
+    def p(s: str) -> Any:
+        return auto() if s == "auto" else parse(s)
+    p.accepts = f"auto ({when}) or {parse.accepts}"
+    return p

@@ -1,0 +1,135 @@
+"""The health rules themselves (ocaml_grpo/health.py), and one verdict from both of their users:
+train.py's live monitor (callbacks.LearningLog, fed the logs a real trainer would pass it) and
+analyze.py's report (on the learning.log that monitor wrote). No training run needed."""
+import json
+
+import pytest
+from transformers import TrainerControl, TrainerState
+
+import analyze
+import rewards
+from ocaml_grpo import health
+from ocaml_grpo.callbacks import LearningLog
+from ocaml_grpo.health import Point
+
+
+def flat(reward: float, n: int = 24, until: float = 1.5, fzs: float = 0.05) -> list[Point]:
+    return [Point(round(until * (i + 1) / n, 4), reward, 0.2 * reward, fzs, 0.15, 0.05, 0.01) for i in range(n)]
+
+
+def by_name(verdict: health.StopVerdict) -> dict[str, str]:
+    return {c.name: c.status for c in verdict.checks}
+
+
+def test_expected_trajectory_interpolates_and_stays_flat_after_epoch_one():
+    assert health.expected_reward(0.0) == 0.05
+    assert health.expected_reward(0.15) == pytest.approx(0.10)
+    assert health.expected_reward(0.5) == pytest.approx(0.30)
+    assert health.expected_reward(0.75) == pytest.approx(0.325)
+    assert health.expected_reward(1.0) == health.expected_reward(3.0) == pytest.approx(0.35)
+
+
+def test_trend_is_a_least_squares_fit_over_the_whole_log():
+    assert health.reward_trend([0.1, 0.2]) == ("unknown", 0.0)
+    label, delta = health.reward_trend([0.1, 0.2, 0.3, 0.4])
+    assert label == "rising" and delta == pytest.approx(0.3)
+    assert health.reward_trend([0.5, 0.49, 0.51, 0.5])[0] == "flat"
+    assert health.reward_trend([0.5, 0.4, 0.3])[0] == "falling"
+    # one outlier at the end does not make a flat run rise: the fit weighs every line
+    assert health.reward_trend([0.3] * 20 + [0.35])[0] == "flat"
+
+
+def test_plateau_on_target_is_not_a_stop():
+    verdict = health.stop_verdict(flat(0.70), passes_share=0.4)
+    assert verdict.evaluable and not verdict.stop
+    assert by_name(verdict)["flat or falling reward trend below the expected reward"] == "ok"
+    assert verdict.summary() == "CONTINUE (no stop criterion met)"
+
+
+def test_flat_below_the_trajectory_is_a_stop():
+    verdict = health.stop_verdict(flat(0.25), passes_share=0.1)  # flat, 0.25 < 0.35 expected at epoch 1.5
+    assert verdict.stop and [c.name for c in verdict.failing] == ["flat or falling reward trend below the expected reward"]
+    assert verdict.summary().startswith("STOP (flat or falling reward trend")
+
+
+def test_each_stop_criterion_and_unknowns():
+    low = health.stop_verdict(flat(0.05, fzs=0.5), passes_share=0.0)
+    assert by_name(low) == {"mean reward < 0.15": "failing", "frac_zero_std > 0.3": "failing",
+                            "no test passes seen": "failing",
+                            "flat or falling reward trend below the expected reward": "failing"}
+    assert "recent mean 0.050" in low.reasons and "0.0% of completions pass ≥ 1 test" in low.reasons
+    unknown = health.stop_verdict(flat(0.05, n=2), passes_share=None)
+    assert by_name(unknown)["no test passes seen"] == "unknown"
+    assert by_name(unknown)["flat or falling reward trend below the expected reward"] == "unknown"
+    early = health.stop_verdict(flat(0.05, until=0.9), passes_share=0.0)
+    assert not early.evaluable and not early.stop and early.failing
+    assert early.summary().startswith("not yet evaluable (epoch 0.9 < 1)")
+    assert health.stop_verdict([], None).summary() == "not yet evaluable (epoch 0 < 1); currently failing: none"
+
+
+def test_findings_on_the_recent_window():
+    healthy = flat(0.70)
+    assert health.findings(healthy) == []
+    keys = lambda pts: {f.key: f.severity for f in health.findings(pts)}  # noqa: E731
+    # one noisy step of 2 identical groups out of 4 is not a collapse; three in a row are
+    assert "zero_std" not in keys(healthy[:-1] + [Point(1.5, 0.7, 0.14, 0.5, 0.15, 0.05)])
+    collapsed = healthy[:-3] + [Point(1.5, 0.7, 0.14, 0.5, 0.15, 0.05)] * 3
+    assert keys(collapsed)["zero_std"] == "critical"
+    assert keys(healthy[:-10] + [Point(1.5, 0.7, 0.14, 0.15, 0.15, 0.05)] * 10)["zero_std"] == "warning"
+    assert keys(flat(0.30))["reward"] == "warning" and keys(flat(0.10))["reward"] == "critical"
+    assert keys(healthy + [Point(1.6, 0.7, 0.14, 0.0, 0.01, 0.05)] * 10)["entropy"] == "critical"
+    assert keys(healthy[:-1] + [Point(1.5, 0.7, 0.14, 0.0, 0.25, 0.05)])["entropy"] == "warning"
+    assert keys(flat(0.70) + [Point(1.6, 0.7, 0.5, 0.0, 0.15, 0.05)] * 10)["cv"] == "warning"
+    assert keys(healthy + [Point(1.6, 0.7, 0.14, 0.0, 0.15, 0.9)])["grad"] == "warning"
+    assert keys(healthy + [Point(1.6, 0.7, 0.14, 0.0, 0.15, float("nan"), float("nan"))])["nonfinite"] == "critical"
+
+
+# ---------------------------------------------------------------------------------------------
+# One verdict from both users of the rules.
+
+def trl_logs(p: Point, passes: float, crashed: float = 0.0) -> dict:
+    """What TRL 1.16 hands on_log at a log step, reward metrics included."""
+    return {"loss": p.loss, "grad_norm": p.grad, "learning_rate": 5e-6, "reward": p.reward, "reward_std": p.reward_std,
+            "rewards/syntax_aware_reward/mean": p.reward, "rewards/syntax_aware_reward/std": p.reward_std,
+            "entropy": p.entropy, "frac_reward_zero_std": p.frac_zero_std, "epoch": p.epoch,
+            rewards.METRIC_PASSED_ANY: passes, rewards.METRIC_CRASHED: crashed}
+
+
+def monitor(tmp_path, points: list[Point], passes: float, crashed: float = 0.0) -> tuple[TrainerControl, list[str]]:
+    run = tmp_path / "run"
+    run.mkdir()
+    log = LearningLog(run / "learning.log", ["started"], resumed=False, auto_stop=True, curriculum=False)
+    state, control = TrainerState(), TrainerControl()
+    log.on_train_begin(None, state, control)
+    for p in points:
+        control = log.on_log(None, state, control, logs=trl_logs(p, passes, crashed))
+        if control.should_training_stop:
+            break
+    log.on_train_end(None, state, control)
+    return control, (run / "learning.log").read_text(encoding="utf-8").splitlines()
+
+
+@pytest.mark.parametrize("reward,stops", [(0.70, False), (0.10, True)])
+def test_live_monitor_and_report_agree(tmp_path, reward, stops):
+    points = flat(reward, n=24, until=1.5)
+    control, lines = monitor(tmp_path, points, passes=0.3)
+    assert control.should_training_stop is stops
+    assert any(l.startswith("[Stop] ") for l in lines) is stops
+    # the report reads the log the monitor wrote (cut where the monitor stopped)
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"GRPO_TEMPERATURE": 0.9}))
+    report = analyze.analyze(tmp_path / "run")
+    assert report.stop_verdict.startswith("STOP" if stops else "CONTINUE"), report.stop_verdict
+    assert ("Stop criteria met" in {f.title for f in report.findings}) is stops
+    if not stops:
+        assert report.status == "green" and not any(l.startswith("[Health]") for l in lines)
+
+
+def test_monitor_reads_crashes_and_test_passes_from_the_logged_metrics(tmp_path):
+    # no test passes reported by the reward: a stop at epoch 1.0 even with rewards on target
+    control, lines = monitor(tmp_path, flat(0.70, n=12, until=1.2), passes=0.0, crashed=0.25)
+    assert control.should_training_stop
+    [stop] = [l for l in lines if l.startswith("[Stop] ")]
+    assert stop.startswith("[Stop] no test passes seen (0.0% of completions pass ≥ 1 test) at epoch 1.00")
+    assert lines.count("[Health] grading crashed on 25.0% of the completions scored since the last log "
+                       "(reward None: left out of the group baseline; see first_error in the breakdown log and "
+                       "stderr)") == 10  # every log step up to the stop at epoch 1.0

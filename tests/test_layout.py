@@ -1,0 +1,65 @@
+"""The layout's promises, read from the source: no import cycle between the project's modules,
+and no project import hidden inside a function (the way a cycle is usually dodged)."""
+import ast
+
+from conftest import ROOT
+
+PACKAGES = ("ocaml_grpo", "bench")
+
+
+def project_modules() -> dict[str, ast.Module]:
+    files = sorted(ROOT.glob("*.py")) + [f for pkg in PACKAGES for f in sorted((ROOT / pkg).glob("*.py"))]
+    return {".".join(f.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): ast.parse(f.read_text())
+            for f in files}
+
+
+def imported(node: ast.AST, modules: set[str]) -> set[str]:
+    """Project modules an import statement names (`from pkg import mod` names pkg.mod)."""
+    if isinstance(node, ast.Import):
+        names = {a.name for a in node.names}
+    elif isinstance(node, ast.ImportFrom) and node.module:
+        names = {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    else:
+        return set()
+    return names & modules
+
+
+def top_level_imports(tree: ast.Module, modules: set[str]) -> set[str]:
+    """Imports run when the module is imported: at module level, in if/try blocks included."""
+    out, todo = set(), list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        out |= imported(node, modules)
+        todo += [c for c in ast.iter_child_nodes(node) if isinstance(c, ast.stmt)]
+    return out
+
+
+def test_no_import_cycle():
+    trees = project_modules()
+    graph = {m: top_level_imports(t, set(trees)) - {m} for m, t in trees.items()}
+    assert graph["rewards"] and graph["analyze"]  # the walk sees imports at all
+
+    def cycle_from(start):
+        stack = [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    return path + [start]
+                if nxt not in path:
+                    stack.append((nxt, path + [nxt]))
+        return None
+
+    assert [c for m in graph if (c := cycle_from(m))] == []
+
+
+def test_no_project_import_inside_a_function():
+    trees = project_modules()
+    lazy = []
+    for name, tree in trees.items():
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lazy += [f"{name}.{fn.name}: {m}" for node in ast.walk(fn) for m in imported(node, set(trees))]
+    assert lazy == []

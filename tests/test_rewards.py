@@ -1,0 +1,103 @@
+"""The reward's settings (one definition, one default, one END marker) and the TRL reward
+function's contract: a crashed grading is None, and its metrics go through log_metric."""
+import asyncio
+import json
+from collections import defaultdict
+
+import pytest
+
+import rewards
+from conftest import GRADED, fenced, read_rows
+from ocaml_grpo import prompting
+from ocaml_grpo.completions import assemble_solution, is_value_name
+from ocaml_grpo.problems import Problem
+from ocaml_grpo.settings import defaults, resolve
+from ocaml_grpo.train_config import CONFIG, DEMO_DEFAULTS, SETTINGS
+from ocaml_sandbox import OcamlGrader, Sandbox
+
+ADD_PROMPT = "(** Add two integers. *)\nlet add (a : int) (b : int) : int ="
+ADD_TESTS = "let () =\n  assert (add 1 2 = 3);\n  assert (add 0 0 = 0)\n;;"
+
+
+def test_defaults_live_in_the_dataclasses():
+    values = defaults(rewards.REWARD_SETTINGS)
+    config = rewards.RewardConfig.from_settings(values)
+    plain = rewards.RewardConfig()
+    assert (config.weights, config.runaway_multiplier, config.min_lines) == \
+        (plain.weights, plain.runaway_multiplier, plain.min_lines) == (rewards.Weights(), 0.3, 8)
+    assert values["MIN_NON_EMPTY_LINES"] == 8
+    # the trainer resolves the reward's settings with its own: each name defined once
+    names = [s[0] for s in SETTINGS]
+    assert len(names) == len(set(names)) and "MIN_NON_EMPTY_LINES" not in [s[0] for s in CONFIG]
+    assert set(DEMO_DEFAULTS) <= set(names)
+
+
+def test_reward_config_is_built_from_validated_values():
+    values, errors = resolve(rewards.REWARD_SETTINGS, {"MIN_NON_EMPTY_LINES": "3", "REWARD_WEIGHT_TESTS": "0.5",
+                                                        "REWARD_WORKERS": "2"})
+    assert errors == []
+    config = rewards.RewardConfig.from_settings(values)
+    assert (config.min_lines, config.weights.tests, config.workers) == (3, 0.5, 2)
+    _, errors = resolve(rewards.REWARD_SETTINGS, {"MIN_NON_EMPTY_LINES": "-1", "REWARD_WORKERS": "0",
+                                                  "REWARD_WEIGHT_COMPILE": "-0.1"})
+    assert [e.split("=")[0] for e in errors] == ["MIN_NON_EMPTY_LINES", "REWARD_WEIGHT_COMPILE", "REWARD_WORKERS"]
+    with pytest.raises(ValueError, match="MIN_NON_EMPTY_LINES='x' is invalid: expected an integer >= 0"):
+        rewards.RewardConfig.from_env({"MIN_NON_EMPTY_LINES": "x"})
+
+
+def test_the_reward_looks_for_the_marker_the_prompt_asks_for():
+    assert prompting.END_MARKER in prompting.user_message("let f (x : int) : int =")
+    assert not hasattr(rewards.RewardConfig(), "end_marker")  # no second copy to drift from the prompt
+    scorer = rewards.RewardScorer(rewards.RewardConfig(min_lines=0, workers=1))
+    try:
+        problem = Problem("add", ADD_PROMPT, ADD_TESTS)
+        assert scorer.score_one(problem, f"```ocaml\nlet add a b = a + b\n```\n{prompting.END_MARKER}").has_end_marker
+        assert not scorer.score_one(problem, "```ocaml\nlet add a b = a + b\n```\n(* DONE *)").has_end_marker
+    finally:
+        scorer.close()
+
+
+class FaultyGrader(OcamlGrader):
+    """The real grader, with a bug injected for solutions that ask for one."""
+
+    def grade(self, solution, *a, **kw):
+        if "CRASH" in solution:
+            raise RuntimeError("injected grader bug")
+        return super().grade(solution, *a, **kw)
+
+
+def test_a_crashed_grading_is_none_for_trl_and_counted_through_log_metric(tmp_path, capsys):
+    config = rewards.RewardConfig(min_lines=0, workers=1)
+    scorer = rewards.GuardedScorer(config, grader=FaultyGrader(Sandbox(), max_parallel_compiles=1))
+    reward_fn = rewards.make_syntax_aware_reward(tmp_path, scorer=scorer)
+    metrics = defaultdict(list)
+    completions = [fenced("let add a b = a + b"), fenced("let add a b = a + b (* CRASH *)"), fenced("let add a b = 0")]
+    try:
+        # the keyword arguments TRL 1.16's GRPOTrainer passes, dataset columns included
+        out = asyncio.run(reward_fn(prompts=["p"] * 3, completions=completions, completion_ids=[[1, 2]] * 3,
+                                    trainer_state=None, log_extra=lambda *a: None,
+                                    log_metric=lambda k, v: metrics[k].append(v),
+                                    id=["add"] * 3, problem=[ADD_PROMPT] * 3, tests=[ADD_TESTS] * 3,
+                                    requires=[[]] * 3, entry_point=[""] * 3))
+    finally:
+        scorer.close()
+    assert out == [1.0, None, pytest.approx(0.35 + 0.65 / 2)]  # `0` passes add 0 0 = 0
+    assert metrics[rewards.METRIC_CRASHED] == [pytest.approx(1 / 3)]
+    assert metrics[rewards.METRIC_PASSED_ANY] == [pytest.approx(2 / 3)]
+    assert scorer.crashes == 1 and "injected grader bug" in capsys.readouterr().err
+    [_, crashed, _] = [json.loads(l) for l in (tmp_path / "reward_logs" / "syntax_aware_breakdown.jsonl").open()]
+    assert crashed["reward"] is None and crashed["first_error"] == "reward crashed: RuntimeError: injected grader bug"
+
+
+def test_an_invalid_entry_point_is_replaced_by_the_prompts_signature():
+    assert is_value_name("count_upper") and is_value_name("_x'") and not is_value_name("Count_Upper")
+    assert not is_value_name("let") and not is_value_name("_") and not is_value_name("a-b")
+    [row] = [r for r in read_rows(GRADED) if r["id"] == "entry/count_upper"]
+    p = Problem(row["id"], row["prompt"], row["tests"], entry_point=row["entry_point"])
+    assert row["entry_point"] == "Count_Upper"  # a constructor name: `let Count_Upper = ...` cannot compile
+    assert assemble_solution("  0", p.prompt, p.entry_point)[1] == ["count_upper"]
+    scorer = rewards.RewardScorer(rewards.RewardConfig(min_lines=0, workers=1))
+    try:
+        assert scorer.score_one(p, fenced(row["solution"])).reward == 1.0  # 0.075 while the row's name was bound
+    finally:
+        scorer.close()
