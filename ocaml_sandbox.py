@@ -18,9 +18,7 @@ Grading model code (`OcamlGrader.grade`):
 3. run it, restarting after the assertion that crashed the process; runs are bounded by the
    cores and judged by the CPU time they used.
 
-Environment (defaults): OCAML_SANDBOX=bwrap|none (bwrap), OCAML_CPU_LIMIT_S (5),
-OCAML_WALL_LIMIT_S (3x the CPU limit), OCAML_COMPILE_LIMIT_S (20), OCAML_MEMORY_MB (512),
-OCAML_FILE_MB (16), OCAML_MAX_PROCS (32), OCAML_MAX_FILES (64), OCAML_OUTPUT_BYTES (65536).
+Environment: SANDBOX_SETTINGS below (`python train.py --help` lists them).
 """
 from __future__ import annotations
 
@@ -38,8 +36,10 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 from ocaml_grpo import ocaml_source as src
+from ocaml_grpo.settings import Auto, Choice, Float, Int, Setting, Text, resolve
 
 # Ways to read or forge memory (the harness's nonce lives there): no test credit when used.
 # The verdict is the compiler's: the solution's typed tree (`typed_tree_forbidden`) names every
@@ -152,20 +152,6 @@ let finish () = emit "D" 0
 """
 
 
-def env_number(name: str, default: float, cast=float, positive: bool = True):
-    """A numeric setting from the environment; a bad value names the variable."""
-    raw = os.environ.get(name, "").strip()
-    if raw == "":
-        return cast(default)
-    try:
-        value = cast(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number") from None
-    if positive and value <= 0:
-        raise ValueError(f"{name}={raw!r} must be positive")
-    return value
-
-
 @dataclass(frozen=True)
 class Limits:
     WALL_FACTOR = 3  # the default wall-clock guard of a test run, in CPU limits
@@ -179,18 +165,38 @@ class Limits:
     output_bytes: int = 65536
 
     @classmethod
-    def from_env(cls) -> "Limits":
-        cpu = env_number("OCAML_CPU_LIMIT_S", cls.cpu_s, int)
-        return cls(
-            cpu_s=cpu,
-            wall_s=env_number("OCAML_WALL_LIMIT_S", cls.WALL_FACTOR * cpu, float),
-            compile_s=env_number("OCAML_COMPILE_LIMIT_S", cls.compile_s, float),
-            memory_mb=env_number("OCAML_MEMORY_MB", cls.memory_mb, int),
-            file_mb=env_number("OCAML_FILE_MB", cls.file_mb, int),
-            max_procs=env_number("OCAML_MAX_PROCS", cls.max_procs, int),
-            max_files=env_number("OCAML_MAX_FILES", cls.max_files, int),
-            output_bytes=env_number("OCAML_OUTPUT_BYTES", cls.output_bytes, int),
-        )
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Limits":
+        v = sandbox_settings(environ)
+        return cls(cpu_s=v["OCAML_CPU_LIMIT_S"], wall_s=v["OCAML_WALL_LIMIT_S"] or cls.WALL_FACTOR * v["OCAML_CPU_LIMIT_S"],
+                   compile_s=v["OCAML_COMPILE_LIMIT_S"], memory_mb=v["OCAML_MEMORY_MB"], file_mb=v["OCAML_FILE_MB"],
+                   max_procs=v["OCAML_MAX_PROCS"], max_files=v["OCAML_MAX_FILES"], output_bytes=v["OCAML_OUTPUT_BYTES"])
+
+
+SANDBOX_SETTINGS = [
+    Setting("OCAML_SANDBOX", "bwrap", Choice("bwrap", "none"),
+            "bwrap: every compile and run isolated; none: model code runs on this host UNISOLATED"),
+    Setting("OCAML_CPU_LIMIT_S", str(Limits.cpu_s), Int(1),
+            "CPU seconds for a completion's test runs (restarts share them; a run that used them timed out)"),
+    Setting("OCAML_WALL_LIMIT_S", "auto", Auto(Float(0, lo_open=True), lambda: None, f"{Limits.WALL_FACTOR}x the CPU limit"),
+            "wall-clock guard of one test run (only for runs that do not use the CPU)"),
+    Setting("OCAML_COMPILE_LIMIT_S", str(Limits.compile_s), Float(0, lo_open=True),
+            "wall/CPU seconds for all the compiler calls made for one completion"),
+    Setting("OCAML_MEMORY_MB", str(Limits.memory_mb), Int(1), "address space of a compile or run"),
+    Setting("OCAML_FILE_MB", str(Limits.file_mb), Int(1), "largest file a compile or run may write"),
+    Setting("OCAML_MAX_PROCS", str(Limits.max_procs), Int(1), "processes per job (counted per job uid)"),
+    Setting("OCAML_MAX_FILES", str(Limits.max_files), Int(8), "open files per process"),
+    Setting("OCAML_OUTPUT_BYTES", str(Limits.output_bytes), Int(1), "stdout/stderr bytes kept per call"),
+    Setting("OCAML_SANDBOX_TMPDIR", "auto", Auto(Text, lambda: None, "the system temp dir"),
+            "where the grader's job directories go"),
+]
+
+
+def sandbox_settings(environ: Mapping[str, str] | None = None) -> dict:
+    """The sandbox's settings, validated; a bad value is a ValueError naming the variable."""
+    values, errors = resolve(SANDBOX_SETTINGS, os.environ if environ is None else environ)
+    if errors:
+        raise ValueError("; ".join(errors))
+    return values
 
 
 class ToolchainError(RuntimeError):
@@ -283,9 +289,9 @@ class UidPool:
 class Sandbox:
     def __init__(self, limits: Limits | None = None, mode: str | None = None):
         self.limits = limits or Limits.from_env()
-        self.mode = (mode or os.environ.get("OCAML_SANDBOX", "bwrap")).strip().lower()
+        self.mode = mode or sandbox_settings()["OCAML_SANDBOX"]
         if self.mode not in ("bwrap", "none"):
-            raise ValueError(f"OCAML_SANDBOX={self.mode!r}: expected 'bwrap' or 'none'")
+            raise ValueError(f"Sandbox mode {self.mode!r}: expected 'bwrap' or 'none'")
         self.isolated = self.mode == "bwrap"
         self.as_root = os.geteuid() == 0
         self._uids = UidPool() if self.as_root else None
@@ -518,7 +524,7 @@ class OcamlGrader:
         # that loop (a loop is stopped by its CPU limit, not by the wall clock).
         self._compile_slots = threading.BoundedSemaphore(cores)
         self._run_slots = threading.BoundedSemaphore(cores)
-        self.tmp_root = Path(tempfile.mkdtemp(prefix="ocaml-grader-", dir=tmp_root or os.environ.get("OCAML_SANDBOX_TMPDIR")))
+        self.tmp_root = Path(tempfile.mkdtemp(prefix="ocaml-grader-", dir=tmp_root or sandbox_settings()["OCAML_SANDBOX_TMPDIR"]))
         os.chmod(self.tmp_root, 0o755)
         weakref.finalize(self, shutil.rmtree, self.tmp_root, True)  # also when close() is never called
         # The harness is compiled once (this is also the toolchain probe) under a random unit

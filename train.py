@@ -37,7 +37,7 @@ from ocaml_grpo.problems import DatasetError, load_problems
 from ocaml_grpo.prompting import chat_messages, prompt_token_count
 from ocaml_grpo.settings import describe, resolve
 from ocaml_grpo.train_config import CONFIG, DEMO_DEFAULTS, SETTINGS
-from ocaml_sandbox import ToolchainError
+from ocaml_sandbox import SANDBOX_SETTINGS, ToolchainError
 
 # ----------------------------------------------------------------------------- config
 # Every variable is defined once (ocaml_grpo/train_config.py; the reward's in rewards.py, the
@@ -52,8 +52,8 @@ if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
     print(describe(rewards.REWARD_SETTINGS))
     print("The dataset audit's (ocaml_grpo/dataset_audit.py):")
     print(describe(dataset_audit.AUDIT_SETTINGS))
-    print("The sandbox's (ocaml_sandbox.py; see README): OCAML_SANDBOX, OCAML_{CPU,WALL,COMPILE}_LIMIT_S, OCAML_MEMORY_MB,\n"
-          "  OCAML_FILE_MB, OCAML_MAX_PROCS, OCAML_MAX_FILES, OCAML_OUTPUT_BYTES, OCAML_SANDBOX_TMPDIR")
+    print("The sandbox's (ocaml_sandbox.py):")
+    print(describe(SANDBOX_SETTINGS))
     sys.exit(0)
 
 if len(sys.argv) > 1 and sys.argv[1] == "merge":

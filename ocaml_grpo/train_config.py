@@ -6,6 +6,7 @@ analyze.py falls back to these defaults for a run directory without config.json.
 from __future__ import annotations
 
 import rewards
+from ocaml_sandbox import SANDBOX_SETTINGS
 from ocaml_grpo.settings import Choice, Flag, Float, Int, ModuleList, Resume, Text
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")  # trl 1.16 GRPOConfig.loss_type
@@ -61,4 +62,4 @@ DEMO_DEFAULTS = {  # GRPO_DEMO=1 replaces defaults and .envrc values, never the 
     "GRPO_REPORT_TO": "none", "LORA_R": "8", "LORA_ALPHA": "16",
 }
 
-SETTINGS = CONFIG + rewards.REWARD_SETTINGS
+SETTINGS = CONFIG + rewards.REWARD_SETTINGS + SANDBOX_SETTINGS
