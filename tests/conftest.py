@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from ocaml_grpo.problems import Problem
+from rewards import RewardConfig, RewardScorer
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 BENCHMARKS_DIR = Path(os.environ.get("BENCHMARKS_DIR") or ROOT.parent / "shared" / "benchmarks")
@@ -29,6 +32,29 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def read_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+ADD_PROMPT = "(** Add two integers.\n * >>> add 1 2\n * 3\n*)\nlet add (a : int) (b : int) : int ="
+ADD_TESTS = """let () =
+  assert (add 1 2 = 3);
+  assert (add 0 0 = 0);
+  assert (add (-1) 1 = 0);
+  assert (add 10 5 = 15);
+  assert (add 2 2 = 4);
+  assert (add 100 1 = 101);
+  assert (add 7 0 = 7)
+;;"""
+
+
+ADD = Problem(id="add", prompt=ADD_PROMPT, tests=ADD_TESTS)
+
+
+@pytest.fixture(scope="module")
+def scorer():
+    """A real grader (bubblewrap, two workers) with the minimum-lines rule off."""
+    s = RewardScorer(RewardConfig(min_lines=0, workers=2))
+    yield s
+    s.close()
 
 
 def fenced(code: str) -> str:

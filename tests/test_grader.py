@@ -8,31 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, fenced, problem_set, read_rows
+from conftest import ADD, ADD_PROMPT, ADD_TESTS, ROOT, fenced, problem_set, read_rows
 from ocaml_grpo import ocaml_source as src
 from ocaml_grpo.completions import assemble_solution, extract_code
 from ocaml_grpo.problems import Problem, load_problems
 from rewards import RewardConfig, RewardScorer, Weights
-
-ADD_PROMPT = "(** Add two integers.\n * >>> add 1 2\n * 3\n*)\nlet add (a : int) (b : int) : int ="
-ADD_TESTS = """let () =
-  assert (add 1 2 = 3);
-  assert (add 0 0 = 0);
-  assert (add (-1) 1 = 0);
-  assert (add 10 5 = 15);
-  assert (add 2 2 = 4);
-  assert (add 100 1 = 101);
-  assert (add 7 0 = 7)
-;;"""
-ADD = Problem(id="add", prompt=ADD_PROMPT, tests=ADD_TESTS)
-
-
-@pytest.fixture(scope="module")
-def scorer():
-    s = RewardScorer(RewardConfig(min_lines=0, workers=2))
-    yield s
-    s.close()
-
 
 def score(scorer, code, problem=ADD):
     return scorer.score_one(problem, fenced(code))

@@ -7,28 +7,11 @@ import time
 
 import pytest
 
+from conftest import ADD, fenced
 from ocaml_grpo import ocaml_source as src
 from ocaml_grpo.problems import Problem
 from ocaml_sandbox import Grade, tally_run, typed_tree_forbidden
 from rewards import Breakdown, RewardConfig, RewardScorer, Weights, score_grade
-
-END = "(* END *)"
-ADD_PROMPT = "(** Add two integers. *)\nlet add (a : int) (b : int) : int ="
-ADD_TESTS = "let () =\n" + ";\n".join(f"  assert (add ({a}) {b} = {a + b})" for a, b in
-                                     [(1, 2), (0, 0), (-1, 1), (10, 5), (2, 2), (100, 1), (7, 0)]) + "\n;;"
-ADD = Problem(id="add", prompt=ADD_PROMPT, tests=ADD_TESTS)
-
-
-@pytest.fixture(scope="module")
-def scorer():
-    s = RewardScorer(RewardConfig(min_lines=0, workers=2))
-    yield s
-    s.close()
-
-
-def fenced(code: str) -> str:
-    return f"```ocaml\n{code}\n```\n{END}"
-
 
 # ---------------------------------------------------------------------------------------------
 # 1. Forbidden constructs: decided on the compiled unit's typed tree, not on our lexer.
