@@ -247,7 +247,6 @@ def analyze(run_dir: str | Path, th: Thresholds = THRESHOLDS) -> Report:
                  "reasons": Counter(str(a.get("reason")) for a in failed).most_common(5)}
 
     points = [l.point for l in lines]
-    recent = lines[-th.recent_lines:]
     epoch = lines[-1].epoch if lines else 0.0
     rewards = series(lines, "reward")
     trend, delta = reward_trend(rewards, th)

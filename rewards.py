@@ -35,7 +35,8 @@ from ocaml_grpo.completions import assemble_solution, completion_text, extract_c
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo.prompting import END_MARKER
 from ocaml_grpo.settings import Auto, Float, Int, Setting, default_workers, resolve
-from ocaml_sandbox import Grade, OcamlGrader, Sandbox, ToolchainError
+from ocaml_grpo.grader import Grade, OcamlGrader
+from ocaml_sandbox import Sandbox, ToolchainError
 
 # What the reward function reports through TRL's log_metric (averaged over the processes and the
 # reward calls of a log step); the trainer's learning log reads the last two for its health rules.

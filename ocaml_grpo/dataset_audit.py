@@ -30,7 +30,8 @@ from ocaml_grpo import ocaml_source as src
 from ocaml_grpo.completions import assemble_solution, invalid_entry_point_note
 from ocaml_grpo.problems import Problem, load_problems
 from ocaml_grpo.settings import Setting, Text, default_workers, resolve
-from ocaml_sandbox import OcamlGrader, Sandbox
+from ocaml_grpo.grader import OcamlGrader
+from ocaml_sandbox import Sandbox
 
 AUDIT_SETTINGS = [Setting("AUDIT_CACHE_DIR", "~/.cache/ocaml-grpo", Text,
                           "where audit results are cached by content hash")]

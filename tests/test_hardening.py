@@ -10,7 +10,7 @@ import pytest
 from conftest import ADD, fenced
 from ocaml_grpo import ocaml_source as src
 from ocaml_grpo.problems import Problem
-from ocaml_sandbox import Grade, tally_run, typed_tree_forbidden
+from ocaml_grpo.grader import Grade, tally_run, typed_tree_forbidden
 from rewards import Breakdown, RewardConfig, RewardScorer, Weights, score_grade
 
 # ---------------------------------------------------------------------------------------------

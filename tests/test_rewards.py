@@ -13,7 +13,8 @@ from ocaml_grpo.completions import assemble_solution, is_value_name
 from ocaml_grpo.problems import Problem
 from ocaml_grpo.settings import defaults, resolve
 from ocaml_grpo.train_config import CONFIG, DEMO_DEFAULTS, SETTINGS
-from ocaml_sandbox import OcamlGrader, Sandbox
+from ocaml_grpo.grader import OcamlGrader
+from ocaml_sandbox import Sandbox
 
 ADD_PROMPT = "(** Add two integers. *)\nlet add (a : int) (b : int) : int ="
 ADD_TESTS = "let () =\n  assert (add 1 2 = 3);\n  assert (add 0 0 = 0)\n;;"
