@@ -37,9 +37,12 @@ RUN_WORK_FILES = 4  # the model code's in-memory /work holds this many maximum-s
 
 @dataclass(frozen=True)
 class Limits:
-    WALL_FACTOR = 3  # the default wall-clock guard of a test run, in CPU limits
+    # The default wall-clock guard of a test run, in CPU limits. Time-outs are judged by CPU time;
+    # the guard only catches a run that does not use the CPU, and must outlast a run niced below
+    # compiles that hold both cores (up to OCAML_COMPILE_LIMIT_S) without cutting it short.
+    WALL_FACTOR = 10
     cpu_s: int = 5
-    wall_s: float = 15.0
+    wall_s: float = 50.0
     compile_s: float = 20.0
     memory_mb: int = 512
     file_mb: int = 16
