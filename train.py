@@ -6,6 +6,7 @@
     GRPO_RESUME=never python train.py      # start over even if the output dir has checkpoints
     accelerate launch train.py             # several GPUs; only the main process writes logs
     python train.py merge grpo_runs/final_adapter merged_model   # fold the LoRA adapter into a standalone model
+    python train.py sft                    # SFT warm start on reference solutions (python train.py sft --help)
 
 Outputs (GRPO_OUTPUT_DIR, default grpo_runs/):
     config.json                              resolved config, keys = env var names
@@ -86,6 +87,13 @@ def Resume(s):
 Resume.accepts = "auto, never, or an existing checkpoint directory"
 
 
+def AdapterDir(s):
+    if s and not (Path(s) / "adapter_config.json").is_file():
+        raise ValueError
+    return s
+AdapterDir.accepts = "empty, or a directory holding adapter_config.json (e.g. sft_runs/final_adapter)"
+
+
 def ModuleList(s):
     mods = [m.strip() for m in s.split(",") if m.strip()]
     if not mods or any(not re.fullmatch(r"[\w.]+", m) for m in mods):
@@ -137,6 +145,8 @@ CONFIG = [
     ("GRPO_CONTINUOUS_BATCHING", "0", Flag, "1: transformers' paged continuous-batching generation (no vLLM needed)"),
     ("AUDIT_DATASET", "1", Flag, "1: drop problems whose tests cannot compile (cached); 0: only the prompt-length filter"),
     ("GRPO_DEMO", "0", Flag, "1: offline CPU demo (tiny model, bundled problems, ~20 steps)"),
+    ("GRPO_INIT_ADAPTER", "", AdapterDir, "a LoRA adapter to continue (python train.py sft with SFT_LORA=1); "
+                                          "its own LoRA settings replace LORA_*"),
 ]
 DEMO_DEFAULTS = {  # GRPO_DEMO=1 replaces defaults and .envrc values, never the process environment
     "TRAINING_DATASET": "bundled", "GRPO_OUTPUT_DIR": "grpo_runs/demo", "GRPO_BATCH_SIZE": "2",
@@ -145,6 +155,9 @@ DEMO_DEFAULTS = {  # GRPO_DEMO=1 replaces defaults and .envrc values, never the 
     "GRPO_REPORT_TO": "none", "LORA_R": "8", "LORA_ALPHA": "16",
 }
 from ocaml_grpo.demo_model import DEMO_MODEL_DIR, ensure_demo_model  # noqa: E402  (no torch at import)
+from ocaml_grpo import sft as sft_command  # noqa: E402  (no torch at import)
+
+SFT_CONFIG = sft_command.entries(Int, Float, Flag, Text, Choice, LR_SCHEDULERS)
 
 if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
     print(__doc__)
@@ -155,7 +168,11 @@ if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
     print("  Read by the reward and the sandbox (see README): REWARD_WEIGHT_{STRUCTURAL,TYPE_CHECK,COMPILE,TESTS},\n"
           "  REWARD_WORKERS, REWARD_END_MARKER, OCAML_SANDBOX, OCAML_{CPU,WALL,COMPILE}_LIMIT_S, OCAML_MEMORY_MB,\n"
           "  OCAML_FILE_MB, OCAML_MAX_PROCS, OCAML_MAX_FILES, OCAML_OUTPUT_BYTES, OCAML_SANDBOX_TMPDIR, AUDIT_CACHE_DIR")
+    print("python train.py sft also reads (python train.py sft --help): " + " ".join(e[0] for e in SFT_CONFIG))
     sys.exit(0)
+
+if len(sys.argv) > 1 and sys.argv[1] == "sft":  # the SFT warm start: ocaml_grpo/sft.py
+    sys.exit(sft_command.main(sys.argv[2:], CONFIG, SFT_CONFIG))
 
 if len(sys.argv) > 1 and sys.argv[1] == "merge":
     # Fold a LoRA adapter into its base model so it loads without peft (e.g. for vLLM / llama.cpp export).
@@ -330,6 +347,15 @@ model = AutoModelForCausalLM.from_pretrained(cfg["BASE_MODEL_ID"], dtype=torch.b
 peft_config = LoraConfig(r=cfg["LORA_R"], lora_alpha=cfg["LORA_ALPHA"], lora_dropout=cfg["LORA_DROPOUT"],
                          bias=cfg["LORA_BIAS"], target_modules=cfg["LORA_TARGET_MODULES"].split(","),
                          task_type="CAUSAL_LM")
+if cfg["GRPO_INIT_ADAPTER"]:  # continue the SFT adapter instead of starting a fresh one
+    from peft import PeftModel
+    adapter_base = json.loads((Path(cfg["GRPO_INIT_ADAPTER"]) / "adapter_config.json").read_text()).get(
+        "base_model_name_or_path")
+    if adapter_base and adapter_base != cfg["BASE_MODEL_ID"]:
+        print(f"warning: GRPO_INIT_ADAPTER was trained on {adapter_base}, BASE_MODEL_ID is {cfg['BASE_MODEL_ID']}")
+    model = PeftModel.from_pretrained(model, cfg["GRPO_INIT_ADAPTER"], is_trainable=True)
+    peft_config = None
+    print(f"starting from the adapter {cfg['GRPO_INIT_ADAPTER']} (its LoRA settings apply, not LORA_*)")
 reward_fn = rewards.make_syntax_aware_reward(out_dir, max_completion_tokens=cfg["GRPO_MAX_COMPLETION"],
                                              curriculum=cfg["REWARD_CURRICULUM"], scorer=scorer,
                                              rank=RANK)
