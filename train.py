@@ -7,6 +7,7 @@
     accelerate launch train.py             # several GPUs; only the main process writes logs
     python train.py merge grpo_runs/final_adapter merged_model   # fold the LoRA adapter into a standalone model
     python train.py sft                    # SFT warm start on reference solutions (python train.py sft --help)
+    python train.py demo                   # offline demo that learns: SFT warm start, GRPO, before/after table
 
 Outputs (GRPO_OUTPUT_DIR, default grpo_runs/):
     config.json                              resolved config, keys = env var names
@@ -173,6 +174,10 @@ if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
 
 if len(sys.argv) > 1 and sys.argv[1] == "sft":  # the SFT warm start: ocaml_grpo/sft.py
     sys.exit(sft_command.main(sys.argv[2:], CONFIG, SFT_CONFIG))
+
+if len(sys.argv) > 1 and sys.argv[1] == "demo":  # SFT warm start + GRPO + before/after table: ocaml_grpo/demo.py
+    from ocaml_grpo import demo as demo_command
+    sys.exit(demo_command.main(sys.argv[2:]))
 
 if len(sys.argv) > 1 and sys.argv[1] == "merge":
     # Fold a LoRA adapter into its base model so it loads without peft (e.g. for vLLM / llama.cpp export).
