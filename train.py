@@ -364,6 +364,14 @@ if cfg["GRPO_INIT_ADAPTER"]:  # continue the SFT adapter instead of starting a f
 reward_fn = rewards.make_syntax_aware_reward(out_dir, max_completion_tokens=cfg["GRPO_MAX_COMPLETION"],
                                              curriculum=cfg["REWARD_CURRICULUM"], scorer=scorer,
                                              rank=RANK)
+if os.environ.get("GRPO_TEST_NEGATE_REWARD") == "1":
+    # Tests only (tests/test_learning.py): TRL optimises -reward, i.e. every advantage's sign is flipped, while
+    # the reward logs keep the real reward. A trainer that learns must then get worse.
+    graded = reward_fn
+
+    async def syntax_aware_reward(*a, **kw):
+        return [-r for r in await graded(*a, **kw)]
+    reward_fn = syntax_aware_reward
 G = cfg["GRPO_NUM_GENERATIONS"]
 args = GRPOConfig(
     output_dir=str(out_dir),
