@@ -1,4 +1,4 @@
-# make demo   - install everything on a fresh machine, then run the offline GRPO demo
+# make demo   - install everything on a fresh machine, then run the offline demo: SFT warm start + GRPO, reward rising
 # make test   - the test suite (real OCaml, real TRL, a tiny local model)
 # make bench  - the grader, audit and trainer benchmarks (BENCHMARKS.md)
 PY := .venv/bin/python
@@ -24,7 +24,7 @@ python: .venv/.installed
 	@touch $@
 
 demo: setup
-	GRPO_DEMO=1 $(PY) train.py
+	HF_HUB_OFFLINE=1 $(PY) train.py demo
 
 test: setup
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q

@@ -6,6 +6,8 @@
     GRPO_RESUME=never python train.py      # start over even if the output dir has checkpoints
     accelerate launch train.py             # several GPUs; only the main process writes logs
     python train.py merge grpo_runs/final_adapter merged_model   # fold the LoRA adapter into a standalone model
+    python train.py sft                    # SFT warm start on reference solutions (python train.py sft --help)
+    python train.py demo                   # offline demo that learns: SFT warm start, GRPO, before/after table
 
 Outputs (GRPO_OUTPUT_DIR, default grpo_runs/):
     config.json                              resolved config, keys = env var names
@@ -35,13 +37,15 @@ from ocaml_grpo.demo_model import DEMO_MODEL_DIR, ensure_demo_model
 from ocaml_grpo.generation_engines import engine_kwargs
 from ocaml_grpo.problems import DatasetError, load_problems
 from ocaml_grpo.prompting import chat_messages, prompt_token_count
-from ocaml_grpo.settings import describe, resolve
-from ocaml_grpo.train_config import CONFIG, DEMO_DEFAULTS, SETTINGS
+from ocaml_grpo import sft as sft_command
+from ocaml_grpo.settings import Choice, Flag, Float, Int, Text, describe, resolve
+from ocaml_grpo.train_config import CONFIG, DEMO_DEFAULTS, LR_SCHEDULERS, SETTINGS
 from ocaml_sandbox import SANDBOX_SETTINGS, ToolchainError
 
 # ----------------------------------------------------------------------------- config
 # Every variable is defined once (ocaml_grpo/train_config.py; the reward's in rewards.py, the
 # audit's in dataset_audit.py) with its default, parser and meaning.
+SFT_CONFIG = sft_command.entries(Int, Float, Flag, Text, Choice, LR_SCHEDULERS)  # python train.py sft
 
 if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
     print(__doc__)
@@ -54,7 +58,15 @@ if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
     print(describe(dataset_audit.AUDIT_SETTINGS))
     print("The sandbox's (ocaml_sandbox.py):")
     print(describe(SANDBOX_SETTINGS))
+    print("python train.py sft also reads (python train.py sft --help): " + " ".join(e[0] for e in SFT_CONFIG))
     sys.exit(0)
+
+if len(sys.argv) > 1 and sys.argv[1] == "sft":  # the SFT warm start: ocaml_grpo/sft.py
+    sys.exit(sft_command.main(sys.argv[2:], CONFIG, SFT_CONFIG))
+
+if len(sys.argv) > 1 and sys.argv[1] == "demo":  # SFT warm start + GRPO + before/after table: ocaml_grpo/demo.py
+    from ocaml_grpo import demo as demo_command
+    sys.exit(demo_command.main(sys.argv[2:]))
 
 if len(sys.argv) > 1 and sys.argv[1] == "merge":
     # Fold a LoRA adapter into its base model so it loads without peft (e.g. for vLLM / llama.cpp export).
@@ -192,11 +204,28 @@ model = AutoModelForCausalLM.from_pretrained(cfg["BASE_MODEL_ID"], dtype=torch.b
 peft_config = LoraConfig(r=cfg["LORA_R"], lora_alpha=cfg["LORA_ALPHA"], lora_dropout=cfg["LORA_DROPOUT"],
                          bias=cfg["LORA_BIAS"], target_modules=cfg["LORA_TARGET_MODULES"].split(","),
                          task_type="CAUSAL_LM")
+if cfg["GRPO_INIT_ADAPTER"]:  # continue the SFT adapter instead of starting a fresh one
+    from peft import PeftModel
+    adapter_base = json.loads((Path(cfg["GRPO_INIT_ADAPTER"]) / "adapter_config.json").read_text()).get(
+        "base_model_name_or_path")
+    if adapter_base and adapter_base != cfg["BASE_MODEL_ID"]:
+        print(f"warning: GRPO_INIT_ADAPTER was trained on {adapter_base}, BASE_MODEL_ID is {cfg['BASE_MODEL_ID']}")
+    model = PeftModel.from_pretrained(model, cfg["GRPO_INIT_ADAPTER"], is_trainable=True)
+    peft_config = None
+    print(f"starting from the adapter {cfg['GRPO_INIT_ADAPTER']} (its LoRA settings apply, not LORA_*)")
 
 # ----------------------------------------------------------------------------- trainer
 reward_fn = rewards.make_syntax_aware_reward(out_dir, max_completion_tokens=cfg["GRPO_MAX_COMPLETION"],
                                              curriculum=cfg["REWARD_CURRICULUM"], scorer=scorer,
                                              rank=RANK)
+if os.environ.get("GRPO_TEST_NEGATE_REWARD") == "1":
+    # Tests only (tests/test_learning.py): TRL optimises -reward, i.e. every advantage's sign is flipped, while
+    # the reward logs keep the real reward. A trainer that learns must then get worse.
+    graded = reward_fn
+
+    async def syntax_aware_reward(*a, **kw):
+        return [None if r is None else -r for r in await graded(*a, **kw)]
+    reward_fn = syntax_aware_reward
 G = cfg["GRPO_NUM_GENERATIONS"]
 args = GRPOConfig(
     output_dir=str(out_dir),

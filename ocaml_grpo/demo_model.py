@@ -1,9 +1,22 @@
-"""A tiny random-weight Qwen2 model + byte-level BPE tokenizer for the offline demo and tests.
+"""Tiny random-weight models + byte-level BPE tokenizers for the offline demo and tests.
 
-    python -m ocaml_grpo.demo_model PATH      # build it (train.py does this itself under GRPO_DEMO=1)
+    python -m ocaml_grpo.demo_model PATH              # the plumbing model (train.py builds it under GRPO_DEMO=1)
+    python -m ocaml_grpo.demo_model --learner PATH    # the learner model of `python train.py demo`
 
-Nothing is downloaded: the tokenizer is trained here with the `tokenizers` library on the
-problem texts in data/, then both are saved with save_pretrained, so train.py loads them
+Two models, both built here and cached under ~/.cache/ocaml-grpo/:
+- the plumbing model (DEMO_MODEL_DIR, 186k parameters, Qwen2): fast random weights for the tests
+  and benchmarks that exercise the machinery, never expected to write OCaml;
+- the learner model (LEARNER_MODEL_DIR, 441k parameters, Llama layout with Qwen2's module names):
+  the one `python train.py demo` warm-starts with SFT and then improves with GRPO on 2 CPU cores.
+  Its tokenizer is trained on the prompts and answers of the bundled set without splitting words
+  (lines are its longest tokens), so the prompt's fixed instructions and worked examples cost ~112
+  tokens instead of ~540 in Qwen2.5's tokenizer; whole prompts are 154-374 tokens, answers 31-460.
+  A model that trains in a fraction of a second per step cannot afford 900-token prompts. The
+  tokenizer has seen every bundled text, held-out answers included; the weights learn only from
+  what SFT and GRPO train on.
+
+Nothing is downloaded: tokenizers are trained here with the `tokenizers` library on the problem
+texts in data/, then model and tokenizer are saved with save_pretrained, so train.py loads them
 through the same `from_pretrained` code path as a real hub model.
 """
 from __future__ import annotations
@@ -25,8 +38,15 @@ CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
-DEMO_MODEL_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ocaml-grpo" / "demo-qwen2-tiny"
+CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ocaml-grpo"
+DEMO_MODEL_DIR = CACHE_DIR / "demo-qwen2-tiny"
+LEARNER_MODEL_DIR = CACHE_DIR / "demo-learner"
 VERSION = "1"  # bump when the recipe changes so cached copies are rebuilt
+LEARNER_VERSION = "learner-1"
+# The learner: hidden 96, 3 layers, 4 heads (2 key/value heads), 2,000-token vocabulary: 441k parameters.
+LEARNER_SHAPE = dict(hidden_size=96, intermediate_size=192, num_hidden_layers=3, num_attention_heads=4,
+                     num_key_value_heads=2)
+LEARNER_VOCAB = 2000
 
 
 def _corpus() -> list[str]:
@@ -46,9 +66,17 @@ def ensure_demo_model(path: str | Path = DEMO_MODEL_DIR) -> Path:
     return Path(path)
 
 
-def is_built(path: str | Path) -> bool:
+def ensure_learner_model(path: str | Path = LEARNER_MODEL_DIR) -> Path:
+    """Build the learner model once; later calls reuse the cached copy."""
+    if not is_built(path, LEARNER_VERSION):
+        print(f"building the demo learner model once into {path}")
+        build_learner_model(path)
+    return Path(path)
+
+
+def is_built(path: str | Path, version: str = VERSION) -> bool:
     marker = Path(path) / "demo_version.txt"
-    return marker.exists() and marker.read_text().strip() == VERSION
+    return marker.exists() and marker.read_text().strip() == version
 
 
 def build_demo_model(path: str | Path, vocab_size: int = 1500, seed: int = 0) -> Path:
@@ -86,8 +114,65 @@ def build_demo_model(path: str | Path, vocab_size: int = 1500, seed: int = 0) ->
     return path
 
 
+def _learner_corpus() -> list[str]:
+    """What the learner will read and write: every bundled prompt as the chat template renders it
+    (instructions and worked examples included), the tests, and the answers in the trained format."""
+    from ocaml_grpo.prompting import answer_text, user_message
+    texts = _corpus()
+    for row in read_rows(BUNDLED):
+        texts.append(user_message(str(row.get("prompt") or row.get("problem") or "")))
+        if row.get("solution"):
+            texts.append(answer_text(str(row["solution"])))
+    return texts
+
+
+def build_learner_model(path: str | Path, seed: int = 0) -> Path:
+    """Save the random-weight learner (LEARNER_SHAPE, Llama layout) and its tokenizer to `path`.
+
+    The tokenizer splits text only after newlines (a line is the longest token it can learn), so
+    a repeated line of the prompt becomes one token, and a prompt ending in a newline (the chat
+    template's `assistant` line) tokenizes the same alone and followed by an answer: what SFT
+    trains on is exactly what GRPO samples from. Llama, not Qwen2: transformers 5 loads a Qwen2
+    checkpoint with Qwen2's own pre-tokenizer regardless of tokenizer.json, which would undo this;
+    the projections carry the same names (q_proj ... down_proj), so the LoRA targets are Qwen2's."""
+    import torch
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex("\n"), behavior="merged_with_previous"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=LEARNER_VOCAB, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_learner_corpus(), trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"], model_max_length=4096)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(path)
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), **LEARNER_SHAPE, max_position_embeddings=4096, tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(path)
+    (path / "demo_version.txt").write_text(LEARNER_VERSION + "\n")
+    return path
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
+    args = sys.argv[1:]
+    if not args or args[0] in ("-h", "--help") or len(args) != 1 + (args[0] == "--learner"):
         print(__doc__)
-        sys.exit(0 if len(sys.argv) == 2 else 2)
-    print(f"demo model saved to {build_demo_model(sys.argv[1])}")
+        sys.exit(0 if args and args[0] in ("-h", "--help") else 2)
+    if args[0] == "--learner":
+        print(f"demo learner model saved to {build_learner_model(args[1])}")
+    else:
+        print(f"demo model saved to {build_demo_model(args[0])}")

@@ -29,6 +29,12 @@ EXAMPLES = [
 SHOTS = "\n\n".join(f"Problem:\n```ocaml\n{p}\n```\nAnswer:\n```ocaml\n{a}\n```\n{END_MARKER}" for p, a in EXAMPLES)
 
 
+def answer_text(code: str) -> str:
+    """An answer in the shape the examples teach and the reward grades: one ```ocaml block, then the
+    END marker. The SFT warm start trains on reference solutions written this way."""
+    return f"```ocaml\n{code.strip()}\n```\n{END_MARKER}"
+
+
 def user_message(problem_text: str) -> str:
     return (f"{INSTRUCTIONS}\n\nExamples:\n\n{SHOTS}\n\nNow solve this problem.\nProblem:\n```ocaml\n"
             f"{problem_text.strip()}\n```\nAnswer with the ```ocaml block, then {END_MARKER}.")

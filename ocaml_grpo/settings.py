@@ -107,6 +107,13 @@ def Resume(s: str) -> str:
 Resume.accepts = "auto, never, or an existing checkpoint directory"
 
 
+def AdapterDir(s: str) -> str:
+    if s and not (Path(s) / "adapter_config.json").is_file():
+        raise ValueError
+    return s
+AdapterDir.accepts = "empty, or a directory holding adapter_config.json (e.g. sft_runs/final_adapter)"
+
+
 def ModuleList(s: str) -> str:
     mods = [m.strip() for m in s.split(",") if m.strip()]
     if not mods or any(not re.fullmatch(r"[\w.]+", m) for m in mods):

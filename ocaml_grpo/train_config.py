@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import rewards
 from ocaml_sandbox import SANDBOX_SETTINGS
-from ocaml_grpo.settings import Choice, Flag, Float, Int, ModuleList, Resume, Text
+from ocaml_grpo.settings import AdapterDir, Choice, Flag, Float, Int, ModuleList, Resume, Text
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")  # trl 1.16 GRPOConfig.loss_type
 LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
@@ -54,6 +54,8 @@ CONFIG = [
     ("GRPO_CONTINUOUS_BATCHING", "0", Flag, "1: transformers' paged continuous-batching generation (no vLLM needed)"),
     ("AUDIT_DATASET", "1", Flag, "1: drop problems whose tests cannot compile (cached); 0: only the prompt-length filter"),
     ("GRPO_DEMO", "0", Flag, "1: offline CPU demo (tiny model, bundled problems, ~20 steps)"),
+    ("GRPO_INIT_ADAPTER", "", AdapterDir, "a LoRA adapter to continue (python train.py sft with SFT_LORA=1); "
+                                          "its own LoRA settings replace LORA_*"),
 ]
 DEMO_DEFAULTS = {  # GRPO_DEMO=1 replaces defaults and .envrc values, never the process environment
     "TRAINING_DATASET": "bundled", "GRPO_OUTPUT_DIR": "grpo_runs/demo", "GRPO_BATCH_SIZE": "2",

@@ -1,0 +1,258 @@
+"""The SFT warm start: `python train.py sft`.
+
+A base model that cannot yet produce the answer format hands GRPO groups whose completions all
+score the same (frac_zero_std near 1): no advantage, no signal. The standard fix is a short
+supervised stage on problems that carry reference solutions (the bundled set does), so GRPO
+starts from a policy that is sometimes right.
+
+- Prompt: exactly what GRPO sees (`prompting.chat_messages`, the chat template's generation
+  prompt); answer: the reference solution in an ```ocaml block, then the END marker, then the
+  template's end of turn. TRL's SFTTrainer trains on the answer tokens only (completion-only loss).
+- A held-out split (SFT_HOLDOUT) is never trained on: its loss is reported before and after,
+  and its problems are written to heldout_problems.jsonl so GRPO and evaluate.py can leave them out.
+- Problems whose prompt or answer does not fit GRPO_MAX_PROMPT / GRPO_MAX_COMPLETION tokens are
+  skipped: GRPO could not use them either.
+- Output (SFT_OUTPUT_DIR): final_adapter/ (SFT_LORA=1; continue it in GRPO with
+  GRPO_INIT_ADAPTER=that dir) or final_model/ (SFT_LORA=0; a full model, GRPO starts from it with
+  BASE_MODEL_ID=that dir), both with the tokenizer; train_problems.jsonl, heldout_problems.jsonl,
+  split.json, sft_log.jsonl (one line per log step) and config.json.
+
+This module imports torch/TRL only inside `run`, so `--help` and config errors cost no import.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from ocaml_grpo.problems import DatasetError, load_problems
+from ocaml_grpo.prompting import answer_text, chat_messages, prompt_token_count
+
+# Variables of train.py's CONFIG that mean the same here.
+REUSED = ("BASE_MODEL_ID", "TRAINING_DATASET", "GRPO_MAX_PROMPT", "GRPO_MAX_COMPLETION", "GRPO_SEED",
+          "GRPO_LOGGING_STEPS", "GRPO_MAX_GRAD_NORM", "GRPO_REPORT_TO", "LORA_R", "LORA_ALPHA", "LORA_DROPOUT",
+          "LORA_BIAS", "LORA_TARGET_MODULES")
+
+
+def Holdout(s: str):
+    """A fraction in [0, 1), a count, or comma-separated problem ids."""
+    s = s.strip()
+    try:
+        v = float(s)
+    except ValueError:
+        ids = [i.strip() for i in s.split(",") if i.strip()]
+        if not ids:
+            raise ValueError from None
+        return ids
+    if not math.isfinite(v) or v < 0 or (v >= 1 and v != int(v)):
+        raise ValueError
+    return v if v < 1 else int(v)
+Holdout.accepts = "a fraction in [0, 1), a number of problems, or comma-separated problem ids"
+
+
+def entries(Int, Float, Flag, Text, Choice, lr_schedulers) -> list[tuple]:
+    """The SFT_* variables, built with train.py's parsers (name, default, parser, meaning)."""
+    return [
+        ("SFT_OUTPUT_DIR", "sft_runs", Text, "where the SFT model/adapter, the split and the log go"),
+        ("SFT_LORA", "1", Flag, "1: train a LoRA adapter (LORA_* settings; GRPO continues it with GRPO_INIT_ADAPTER); "
+                                "0: full fine-tune (GRPO starts from it with BASE_MODEL_ID)"),
+        ("SFT_EPOCHS", "3.0", Float(0, lo_open=True), "epochs over the training split"),
+        ("SFT_MAX_STEPS", "-1", Int(-1), "stop after this many optimizer steps (-1: run the epochs)"),
+        ("SFT_BATCH_SIZE", "4", Int(1), "examples per optimizer step per device"),
+        ("SFT_GRAD_ACCUM_STEPS", "1", Int(1), "gradient accumulation steps"),
+        ("SFT_LEARNING_RATE", "1e-4", Float(0, 1, lo_open=True), "peak learning rate"),
+        ("SFT_LR_SCHEDULER", "cosine", Choice(*lr_schedulers), "learning-rate schedule"),
+        ("SFT_WARMUP_RATIO", "0.0", Float(0, 1, hi_open=True), "fraction of steps spent warming up the LR"),
+        ("SFT_HOLDOUT", "0.1", Holdout, "problems never trained on (their loss is reported): a fraction, a count, "
+                                        "or ids; chosen with GRPO_SEED"),
+        ("SFT_STOP_LOSS", "0", Float(0), "stop once a logged training loss is below this (0: off); stopping at "
+                                         "partial memorisation leaves GRPO groups with mixed rewards"),
+    ]
+
+
+def help_text(grpo_config: list[tuple], sft_entries: list[tuple]) -> str:
+    by_name = {e[0]: e for e in grpo_config}
+    lines = [__doc__.rsplit("\n\n", 1)[0], "", "Environment variables (default: meaning; accepted values):"]
+    for name, default, parse, meaning in sft_entries + [by_name[n] for n in REUSED]:
+        lines.append(f"  {name}={default}\n      {meaning}; {parse.accepts}")
+    return "\n".join(lines)
+
+
+def resolve(config: list[tuple]) -> tuple[dict, list[str]]:
+    """Environment > ./.envrc > defaults, as train.py resolves its own."""
+    from dotenv import load_dotenv
+    load_dotenv(".envrc", override=False)
+    cfg, errors = {}, []
+    for name, default, parse, meaning in config:
+        raw = os.environ.get(name, "").strip() or default
+        try:
+            cfg[name] = parse(raw)
+        except ValueError:
+            errors.append(f"{name}={raw!r} is invalid: expected {parse.accepts} ({meaning})")
+    return cfg, errors
+
+
+def split_problems(problems: list, holdout, seed: int) -> tuple[list, list]:
+    """(train, held out) among problems with a reference solution; the held-out draw uses `seed`."""
+    if isinstance(holdout, list):
+        unknown = sorted(set(holdout) - {p.id for p in problems})
+        if unknown:
+            raise ValueError(f"SFT_HOLDOUT names problems that have no reference solution or are not in the set: "
+                             f"{unknown[:5]}")
+        held = set(holdout)
+    else:
+        n = holdout if isinstance(holdout, int) else (max(1, round(holdout * len(problems))) if holdout > 0 else 0)
+        if n >= len(problems):
+            raise ValueError(f"SFT_HOLDOUT={holdout} leaves no problem to train on ({len(problems)} with solutions)")
+        held = {p.id for p in random.Random(seed).sample(problems, n)}
+    return [p for p in problems if p.id not in held], [p for p in problems if p.id in held]
+
+
+def write_problems(path: Path, problems: list) -> None:
+    path.write_text("".join(json.dumps({**asdict(p)}, ensure_ascii=False) + "\n" for p in problems), encoding="utf-8")
+
+
+def main(argv: list[str], grpo_config: list[tuple], sft_entries: list[tuple]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print(help_text(grpo_config, sft_entries))
+        return 0
+    if argv:
+        print(f"unknown argument {argv[0]!r}; see python train.py sft --help", file=sys.stderr)
+        return 2
+    by_name = {e[0]: e for e in grpo_config}
+    cfg, errors = resolve(sft_entries + [by_name[n] for n in REUSED])
+    if errors:
+        print("config error:\n  " + "\n  ".join(errors) + "\nSee python train.py sft --help", file=sys.stderr)
+        return 2
+    try:
+        problems = load_problems(cfg["TRAINING_DATASET"])
+    except DatasetError as e:
+        print(f"dataset error: {e}", file=sys.stderr)
+        return 2
+    with_solution = [p for p in problems if p.solution.strip()]
+    if not with_solution:
+        print(f"dataset error: {cfg['TRAINING_DATASET']} has no `solution` column with reference solutions; "
+              "SFT needs them (the bundled set has them: TRAINING_DATASET=bundled)", file=sys.stderr)
+        return 2
+    try:
+        train, held = split_problems(with_solution, cfg["SFT_HOLDOUT"], cfg["GRPO_SEED"])
+    except ValueError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    return run(cfg, train, held, skipped_no_solution=len(problems) - len(with_solution))
+
+
+def run(cfg: dict, train: list, held: list, skipped_no_solution: int) -> int:
+    import warnings
+
+    import torch
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+
+    out = Path(cfg["SFT_OUTPUT_DIR"])
+    out.mkdir(parents=True, exist_ok=True)
+    width = max(map(len, cfg))
+    print("sft config:\n" + "\n".join(f"  {k.ljust(width)} = {v}" for k, v in cfg.items()))
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    tokenizer = AutoTokenizer.from_pretrained(cfg["BASE_MODEL_ID"])
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+    def fits(p) -> str | None:
+        if prompt_token_count(tokenizer, p.prompt) > cfg["GRPO_MAX_PROMPT"]:
+            return f"prompt longer than GRPO_MAX_PROMPT={cfg['GRPO_MAX_PROMPT']} tokens"
+        # +1: the end-of-turn token the model must also learn to emit
+        if len(tokenizer(answer_text(p.solution), add_special_tokens=False)["input_ids"]) + 1 > cfg["GRPO_MAX_COMPLETION"]:
+            return f"answer longer than GRPO_MAX_COMPLETION={cfg['GRPO_MAX_COMPLETION']} tokens"
+        return None
+
+    skipped = {p.id: why for p in train + held if (why := fits(p))}
+    train = [p for p in train if p.id not in skipped]
+    held = [p for p in held if p.id not in skipped]
+    write_problems(out / "train_problems.jsonl", train)
+    write_problems(out / "heldout_problems.jsonl", held)
+    (out / "split.json").write_text(json.dumps({"train": [p.id for p in train], "heldout": [p.id for p in held],
+                                                "skipped": skipped}, indent=2) + "\n")
+    print(f"sft data: {len(train)} problems to train on, {len(held)} held out (never trained on), "
+          f"{len(skipped)} skipped (too long for GRPO), {skipped_no_solution} without a reference solution")
+    if not train:
+        print("dataset error: no problem left to train on", file=sys.stderr)
+        return 2
+
+    def rows(ps):
+        return Dataset.from_list([{"prompt": chat_messages(p.prompt),
+                                   "completion": [{"role": "assistant", "content": answer_text(p.solution)}]}
+                                  for p in ps])
+
+    on_gpu = torch.cuda.is_available()
+    model = AutoModelForCausalLM.from_pretrained(cfg["BASE_MODEL_ID"], dtype=torch.bfloat16 if on_gpu else torch.float32)
+    peft_config = None
+    if cfg["SFT_LORA"]:
+        from peft import LoraConfig
+        peft_config = LoraConfig(r=cfg["LORA_R"], lora_alpha=cfg["LORA_ALPHA"], lora_dropout=cfg["LORA_DROPOUT"],
+                                 bias=cfg["LORA_BIAS"], target_modules=cfg["LORA_TARGET_MODULES"].split(","),
+                                 task_type="CAUSAL_LM")
+    args = SFTConfig(
+        output_dir=str(out / "trainer"),
+        num_train_epochs=cfg["SFT_EPOCHS"], max_steps=cfg["SFT_MAX_STEPS"],
+        per_device_train_batch_size=cfg["SFT_BATCH_SIZE"], per_device_eval_batch_size=cfg["SFT_BATCH_SIZE"],
+        gradient_accumulation_steps=cfg["SFT_GRAD_ACCUM_STEPS"], learning_rate=cfg["SFT_LEARNING_RATE"],
+        lr_scheduler_type=cfg["SFT_LR_SCHEDULER"], warmup_steps=cfg["SFT_WARMUP_RATIO"],
+        max_grad_norm=cfg["GRPO_MAX_GRAD_NORM"], logging_steps=cfg["GRPO_LOGGING_STEPS"], seed=cfg["GRPO_SEED"],
+        completion_only_loss=True, max_length=None,  # lengths were checked against the GRPO budgets above
+        save_strategy="no", eval_strategy="no",
+        report_to=[] if cfg["GRPO_REPORT_TO"] == "none" else [cfg["GRPO_REPORT_TO"]],
+        bf16=on_gpu, use_cpu=not on_gpu,  # TRL defaults to bf16, which CPUs without bf16 units run ~5x slower
+        disable_tqdm=True)
+    log_path = out / "sft_log.jsonl"
+
+    class Log(TrainerCallback):
+        """One JSON line per log step, a readable line on stdout, and SFT_STOP_LOSS."""
+        def on_train_begin(self, args, state, control, **kw):
+            log_path.write_text("")
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            logs = dict(logs or {})
+            if "loss" not in logs:
+                return control
+            rec = {"step": state.global_step, "epoch": round(state.epoch or 0.0, 4), **logs}
+            with open(log_path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+            print(f"[SFT step {state.global_step}]  loss={float(logs['loss']):.4f}  "
+                  f"token_acc={float(logs.get('mean_token_accuracy', float('nan'))):.3f}  "
+                  f"lr={float(logs.get('learning_rate', 0)):.2e}", flush=True)
+            if cfg["SFT_STOP_LOSS"] and float(logs["loss"]) < cfg["SFT_STOP_LOSS"]:
+                print(f"[SFT] loss {float(logs['loss']):.4f} < SFT_STOP_LOSS={cfg['SFT_STOP_LOSS']}: stopping at step "
+                      f"{state.global_step}", flush=True)
+                control.should_training_stop = True
+            return control
+
+    trainer = SFTTrainer(model=model, args=args, train_dataset=rows(train),
+                         eval_dataset=rows(held) if held else None, processing_class=tokenizer,
+                         peft_config=peft_config, callbacks=[Log()])
+    trainer.remove_callback(PrinterCallback)  # Log prints a readable line per step instead of the raw dict
+    held_before = trainer.evaluate()["eval_loss"] if held else None
+    t0 = time.time()
+    result = trainer.train()
+    held_after = trainer.evaluate()["eval_loss"] if held else None
+    final = out / ("final_adapter" if cfg["SFT_LORA"] else "final_model")
+    trainer.save_model(str(final))
+    tokenizer.save_pretrained(str(final))
+    summary = {"steps": result.global_step, "train_loss": result.training_loss, "seconds": round(time.time() - t0, 1),
+               "heldout_loss_before": held_before, "heldout_loss_after": held_after, "output": str(final)}
+    (out / "sft_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"sft done: {result.global_step} steps in {summary['seconds']}s -> {final}")
+    if held:
+        print(f"held-out loss ({len(held)} problems, never trained on): {held_before:.4f} before, {held_after:.4f} after")
+    start = (f"GRPO_INIT_ADAPTER={final} BASE_MODEL_ID={cfg['BASE_MODEL_ID']}" if cfg["SFT_LORA"]
+             else f"BASE_MODEL_ID={final}")
+    print(f"GRPO from here: {start} TRAINING_DATASET={out / 'train_problems.jsonl'} python train.py")
+    return 0
