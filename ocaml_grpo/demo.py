@@ -120,16 +120,20 @@ def run_stage(name: str, args: list[str], env: dict, cwd: Path, log: Path, echo,
         stop = threading.Event()
         if tail is not None:
             threading.Thread(target=_tail, args=(tail, stop), daemon=True).start()
+        later = []  # while a log is tailed, the command's own lines wait until the tail is done
         for line in proc.stdout:
             f.write(line)
             if echo(line):
-                print("   " + line.rstrip(), flush=True)
+                (later.append if tail is not None else print)("   " + line.rstrip())
         rc = proc.wait()
         stop.set()
+    if tail is not None:
+        time.sleep(0.6)  # the tail thread's last poll
+        if later:
+            print("\n".join(later))
     if rc != 0:
         print("".join(log.read_text().splitlines(keepends=True)[-40:]), file=sys.stderr)
         raise SystemExit(f"demo: {name} failed (exit {rc}); see {log}")
-    time.sleep(0.6 if tail is not None else 0)  # the tail thread's last poll
     return time.time() - t0
 
 
@@ -249,7 +253,7 @@ def main(argv: list[str]) -> int:
     problems = write_problems(recipe, out / "problems.jsonl")
     sft_out, grpo_out = out / "sft", out / "grpo"
     t_sft = run_stage("SFT warm start", [str(TRAIN), "sft"], sft_env(recipe, model_dir, problems, sft_out), out,
-                      out / "sft.out", echo=lambda l: l.startswith(("[SFT", "sft ", "held-out")))
+                      out / "sft.out", echo=lambda l: l.startswith(("[SFT", "sft data", "sft done", "held-out")))
     t_grpo = run_stage("GRPO with the real grader", [str(TRAIN)], grpo_env(recipe, sft_out, grpo_out), out,
                        out / "grpo.out", echo=lambda l: l.startswith(("reward grader:", "done in", "warning")),
                        tail=grpo_out / "learning.log")
@@ -263,6 +267,8 @@ def main(argv: list[str]) -> int:
     t0 = time.time()
     splits = {"training": load_problems(str(sft_out / "train_problems.jsonl")),
               "held-out": load_problems(str(sft_out / "heldout_problems.jsonl"))}
+    import warnings
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
