@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from ocaml_grpo.problems import BUNDLED, read_rows
+from ocaml_grpo.prompting import answer_text, user_message
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Same shape as Qwen2.5's template (system default, <|im_start|>role ... <|im_end|>), minus tools.
@@ -117,7 +118,6 @@ def build_demo_model(path: str | Path, vocab_size: int = 1500, seed: int = 0) ->
 def _learner_corpus() -> list[str]:
     """What the learner will read and write: every bundled prompt as the chat template renders it
     (instructions and worked examples included), the tests, and the answers in the trained format."""
-    from ocaml_grpo.prompting import answer_text, user_message
     texts = _corpus()
     for row in read_rows(BUNDLED):
         texts.append(user_message(str(row.get("prompt") or row.get("problem") or "")))
