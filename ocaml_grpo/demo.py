@@ -120,11 +120,11 @@ def run_stage(name: str, args: list[str], env: dict, cwd: Path, log: Path, echo,
         stop = threading.Event()
         if tail is not None:
             threading.Thread(target=_tail, args=(tail, stop), daemon=True).start()
-        later = []  # while a log is tailed, the command's own lines wait until the tail is done
+        later = []  # the command's closing line waits until the tail has shown the last log lines
         for line in proc.stdout:
             f.write(line)
             if echo(line):
-                (later.append if tail is not None else print)("   " + line.rstrip())
+                (later.append if tail is not None and line.startswith("done") else print)("   " + line.rstrip())
         rc = proc.wait()
         stop.set()
     if tail is not None:
