@@ -38,14 +38,13 @@ from ocaml_grpo.generation_engines import engine_kwargs
 from ocaml_grpo.problems import DatasetError, load_problems
 from ocaml_grpo.prompting import chat_messages, prompt_token_count
 from ocaml_grpo import sft as sft_command
-from ocaml_grpo.settings import Choice, Flag, Float, Int, Text, describe, resolve
-from ocaml_grpo.train_config import CONFIG, DEMO_DEFAULTS, LR_SCHEDULERS, SETTINGS
+from ocaml_grpo.settings import describe, resolve
+from ocaml_grpo.train_config import CONFIG, DEMO_DEFAULTS, SETTINGS
 from ocaml_sandbox import SANDBOX_SETTINGS, ToolchainError
 
 # ----------------------------------------------------------------------------- config
 # Every variable is defined once (ocaml_grpo/train_config.py; the reward's in rewards.py, the
 # audit's in dataset_audit.py) with its default, parser and meaning.
-SFT_CONFIG = sft_command.entries(Int, Float, Flag, Text, Choice, LR_SCHEDULERS)  # python train.py sft
 
 if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
     print(__doc__)
@@ -58,11 +57,11 @@ if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
     print(describe(dataset_audit.AUDIT_SETTINGS))
     print("The sandbox's (ocaml_sandbox.py):")
     print(describe(SANDBOX_SETTINGS))
-    print("python train.py sft also reads (python train.py sft --help): " + " ".join(e[0] for e in SFT_CONFIG))
+    print("python train.py sft also reads (python train.py sft --help): " + " ".join(s.name for s in sft_command.SFT_CONFIG))
     sys.exit(0)
 
 if len(sys.argv) > 1 and sys.argv[1] == "sft":  # the SFT warm start: ocaml_grpo/sft.py
-    sys.exit(sft_command.main(sys.argv[2:], CONFIG, SFT_CONFIG))
+    sys.exit(sft_command.main(sys.argv[2:]))
 
 if len(sys.argv) > 1 and sys.argv[1] == "demo":  # SFT warm start + GRPO + before/after table: ocaml_grpo/demo.py
     from ocaml_grpo import demo as demo_command

@@ -30,8 +30,12 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from dotenv import load_dotenv
+
 from ocaml_grpo.problems import DatasetError, load_problems
 from ocaml_grpo.prompting import answer_text, chat_messages, prompt_token_count
+from ocaml_grpo.settings import Choice, Flag, Float, Int, Setting, Text, describe, resolve
+from ocaml_grpo.train_config import CONFIG, LR_SCHEDULERS
 
 # Variables of train.py's CONFIG that mean the same here.
 REUSED = ("BASE_MODEL_ID", "TRAINING_DATASET", "GRPO_MAX_PROMPT", "GRPO_MAX_COMPLETION", "GRPO_SEED",
@@ -55,46 +59,24 @@ def Holdout(s: str):
 Holdout.accepts = "a fraction in [0, 1), a number of problems, or comma-separated problem ids"
 
 
-def entries(Int, Float, Flag, Text, Choice, lr_schedulers) -> list[tuple]:
-    """The SFT_* variables, built with train.py's parsers (name, default, parser, meaning)."""
-    return [
-        ("SFT_OUTPUT_DIR", "sft_runs", Text, "where the SFT model/adapter, the split and the log go"),
-        ("SFT_LORA", "1", Flag, "1: train a LoRA adapter (LORA_* settings; GRPO continues it with GRPO_INIT_ADAPTER); "
-                                "0: full fine-tune (GRPO starts from it with BASE_MODEL_ID)"),
-        ("SFT_EPOCHS", "3.0", Float(0, lo_open=True), "epochs over the training split"),
-        ("SFT_MAX_STEPS", "-1", Int(-1), "stop after this many optimizer steps (-1: run the epochs)"),
-        ("SFT_BATCH_SIZE", "4", Int(1), "examples per optimizer step per device"),
-        ("SFT_GRAD_ACCUM_STEPS", "1", Int(1), "gradient accumulation steps"),
-        ("SFT_LEARNING_RATE", "1e-4", Float(0, 1, lo_open=True), "peak learning rate"),
-        ("SFT_LR_SCHEDULER", "cosine", Choice(*lr_schedulers), "learning-rate schedule"),
-        ("SFT_WARMUP_RATIO", "0.0", Float(0, 1, hi_open=True), "fraction of steps spent warming up the LR"),
-        ("SFT_HOLDOUT", "0.1", Holdout, "problems never trained on (their loss is reported): a fraction, a count, "
-                                        "or ids; chosen with GRPO_SEED"),
-        ("SFT_STOP_LOSS", "0", Float(0), "stop once a logged training loss is below this (0: off); stopping at "
-                                         "partial memorisation leaves GRPO groups with mixed rewards"),
-    ]
-
-
-def help_text(grpo_config: list[tuple], sft_entries: list[tuple]) -> str:
-    by_name = {e[0]: e for e in grpo_config}
-    lines = [__doc__.rsplit("\n\n", 1)[0], "", "Environment variables (default: meaning; accepted values):"]
-    for name, default, parse, meaning in sft_entries + [by_name[n] for n in REUSED]:
-        lines.append(f"  {name}={default}\n      {meaning}; {parse.accepts}")
-    return "\n".join(lines)
-
-
-def resolve(config: list[tuple]) -> tuple[dict, list[str]]:
-    """Environment > ./.envrc > defaults, as train.py resolves its own."""
-    from dotenv import load_dotenv
-    load_dotenv(".envrc", override=False)
-    cfg, errors = {}, []
-    for name, default, parse, meaning in config:
-        raw = os.environ.get(name, "").strip() or default
-        try:
-            cfg[name] = parse(raw)
-        except ValueError:
-            errors.append(f"{name}={raw!r} is invalid: expected {parse.accepts} ({meaning})")
-    return cfg, errors
+SFT_CONFIG = [
+    Setting("SFT_OUTPUT_DIR", "sft_runs", Text, "where the SFT model/adapter, the split and the log go"),
+    Setting("SFT_LORA", "1", Flag, "1: train a LoRA adapter (LORA_* settings; GRPO continues it with GRPO_INIT_ADAPTER); "
+                                   "0: full fine-tune (GRPO starts from it with BASE_MODEL_ID)"),
+    Setting("SFT_EPOCHS", "3.0", Float(0, lo_open=True), "epochs over the training split"),
+    Setting("SFT_MAX_STEPS", "-1", Int(-1), "stop after this many optimizer steps (-1: run the epochs)"),
+    Setting("SFT_BATCH_SIZE", "4", Int(1), "examples per optimizer step per device"),
+    Setting("SFT_GRAD_ACCUM_STEPS", "1", Int(1), "gradient accumulation steps"),
+    Setting("SFT_LEARNING_RATE", "1e-4", Float(0, 1, lo_open=True), "peak learning rate"),
+    Setting("SFT_LR_SCHEDULER", "cosine", Choice(*LR_SCHEDULERS), "learning-rate schedule"),
+    Setting("SFT_WARMUP_RATIO", "0.0", Float(0, 1, hi_open=True), "fraction of steps spent warming up the LR"),
+    Setting("SFT_HOLDOUT", "0.1", Holdout, "problems never trained on (their loss is reported): a fraction, a count, "
+                                           "or ids; chosen with GRPO_SEED"),
+    Setting("SFT_STOP_LOSS", "0", Float(0), "stop once a logged training loss is below this (0: off); stopping at "
+                                            "partial memorisation leaves GRPO groups with mixed rewards"),
+]
+# What `python train.py sft` reads: its own variables, then the trainer's that mean the same.
+SETTINGS = SFT_CONFIG + [s for s in CONFIG if s[0] in REUSED]
 
 
 def split_problems(problems: list, holdout, seed: int) -> tuple[list, list]:
@@ -117,15 +99,16 @@ def write_problems(path: Path, problems: list) -> None:
     path.write_text("".join(json.dumps({**asdict(p)}, ensure_ascii=False) + "\n" for p in problems), encoding="utf-8")
 
 
-def main(argv: list[str], grpo_config: list[tuple], sft_entries: list[tuple]) -> int:
+def main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
-        print(help_text(grpo_config, sft_entries))
+        print(__doc__.rsplit("\n\n", 1)[0] + "\n\nEnvironment variables (default: meaning; accepted values):")
+        print(describe(SETTINGS))
         return 0
     if argv:
         print(f"unknown argument {argv[0]!r}; see python train.py sft --help", file=sys.stderr)
         return 2
-    by_name = {e[0]: e for e in grpo_config}
-    cfg, errors = resolve(sft_entries + [by_name[n] for n in REUSED])
+    load_dotenv(".envrc", override=False)  # environment > ./.envrc > defaults, as train.py resolves its own
+    cfg, errors = resolve(SETTINGS, os.environ)
     if errors:
         print("config error:\n  " + "\n  ".join(errors) + "\nSee python train.py sft --help", file=sys.stderr)
         return 2

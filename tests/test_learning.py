@@ -28,11 +28,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import TRAIN
 from ocaml_grpo import demo
 from ocaml_grpo.problems import load_problems
 
-ROOT = Path(__file__).resolve().parents[1]
-TRAIN = ROOT / "train.py"
 STEPS = 12
 EVAL_SAMPLES = 96  # per training problem
 MARGIN = 0.10
@@ -58,6 +57,12 @@ def sft_out(tmp_path_factory, cache_home) -> Path:
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert (tmp / "sft" / "final_model" / "config.json").exists()
     return tmp / "sft"
+
+
+@pytest.fixture(scope="module")
+def sft_reward(sft_out) -> float:
+    """The SFT-only model's mean reward, sampled as below: the baseline of both tests."""
+    return evaluate(str(sft_out / "final_model"), sft_out)
 
 
 def grpo(sft: Path, out: Path, cache_home: Path, **extra) -> list[float]:
@@ -91,9 +96,9 @@ def rise(rewards: list[float]) -> float:
 
 
 @pytest.mark.slow
-def test_grpo_raises_the_reward(sft_out, tmp_path, cache_home):
+def test_grpo_raises_the_reward(sft_out, sft_reward, tmp_path, cache_home):
     rewards = grpo(sft_out, tmp_path / "run", cache_home)
-    before = evaluate(str(sft_out / "final_model"), sft_out)
+    before = sft_reward
     after = evaluate(demo.merge_adapter(tmp_path / "run"), sft_out)
     print(f"SFT only {before:.3f}, SFT + GRPO {after:.3f} ({after - before:+.3f}); per-step reward:",
           " ".join(f"{r:.3f}" for r in rewards))
@@ -103,9 +108,9 @@ def test_grpo_raises_the_reward(sft_out, tmp_path, cache_home):
 
 
 @pytest.mark.slow
-def test_flipped_advantage_fails_the_same_check(sft_out, tmp_path, cache_home):
+def test_flipped_advantage_fails_the_same_check(sft_out, sft_reward, tmp_path, cache_home):
     rewards = grpo(sft_out, tmp_path / "run", cache_home, GRPO_TEST_NEGATE_REWARD=1)
-    before = evaluate(str(sft_out / "final_model"), sft_out)
+    before = sft_reward
     after = evaluate(demo.merge_adapter(tmp_path / "run"), sft_out)
     print(f"advantages flipped: SFT only {before:.3f}, SFT + GRPO {after:.3f} ({after - before:+.3f}); per-step reward:",
           " ".join(f"{r:.3f}" for r in rewards))

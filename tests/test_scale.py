@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from test_train import TRAIN, check_log_wellformed, checkpoints, log_lines, read_jsonl, run_env, train
+from conftest import ROOT, TRAIN, check_log_wellformed, checkpoints, log_lines, read_jsonl, run_env, train
 
-ROOT = Path(__file__).resolve().parents[1]
 ACCELERATE = Path(sys.executable).parent / "accelerate"
 
 

@@ -11,10 +11,7 @@ import pytest
 from ocaml_grpo.problems import Problem
 from ocaml_grpo.sft import Holdout, split_problems
 
-ROOT = Path(__file__).resolve().parents[1]
-TRAIN = ROOT / "train.py"
-sys.path.insert(0, str(Path(__file__).parent))
-from test_train import log_lines, read_jsonl, run_env, small_dataset  # noqa: E402
+from conftest import TRAIN, log_lines, read_jsonl, run_env, small_dataset
 
 
 def sft_env(tmp: Path, cache_home: Path, **overrides) -> dict:

@@ -3,72 +3,18 @@ grader, offline. Each training run is a subprocess (~20 s, most of it importing 
 the whole file takes about 3 minutes on 2 cores; `-m "not slow"` keeps only the fast checks."""
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-TRAIN = ROOT / "train.py"
-BUNDLED = ROOT / "data" / "ocaml_problems.jsonl"
-METRIC_RE = re.compile(
-    r"^\[Epoch \d+\.\d{2}\]  loss=-?\d+\.\d{4}  grad=\d+\.\d{4}  lr=\d\.\d{2}e[-+]\d{2}  "
-    r"reward=-?\d+\.\d{3}±\d+\.\d{3}  syntax_rew=-?\d+\.\d{3}±\d+\.\d{3}  entropy=\d+\.\d{3}  frac_zero_std=\d\.\d{2}$")
+from conftest import TRAIN, check_log_wellformed, checkpoints, log_lines, read_jsonl, run_env, small_dataset, train
+
 COMPLETION_FIELDS = {"step", "epoch", "problem_id", "completion", "reward", "completion_tokens"}
 BREAKDOWN_FIELDS = {"step", "epoch", "problem_id", "reward", "structural", "type_check", "compile", "tests",
                     "has_end_marker", "tests_passed", "tests_total", "runaway"}
-
-
-def small_dataset(path: Path, n: int) -> Path:
-    lines = [line for line in BUNDLED.read_text().splitlines() if line.strip()][:n]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def run_env(tmp: Path, cache_home: Path, **overrides) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GRPO_", "LORA_", "REWARD_"))}
-    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", XDG_CACHE_HOME=str(cache_home),
-               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", GRPO_DEMO="1", AUDIT_CACHE_DIR=str(cache_home),
-               TRAINING_DATASET=str(small_dataset(tmp / "problems.jsonl", 16)),  # 8 steps per epoch
-              GRPO_AUTO_STOP="0", GRPO_OUTPUT_DIR=str(tmp / "run"),
-               GRPO_BATCH_SIZE="2", GRPO_NUM_GENERATIONS="2", GRPO_MAX_COMPLETION="24", GRPO_MAX_STEPS="4",
-               GRPO_SAVE_STEPS="2", GRPO_SAVE_TOTAL_LIMIT="5", REWARD_WORKERS="2")
-    env.update({k: str(v) for k, v in overrides.items()})
-    return env
-
-
-def train(tmp: Path, env: dict, timeout: int = 240) -> subprocess.CompletedProcess:
-    # cwd = tmp: no .envrc there, so only `env` configures the run.
-    res = subprocess.run([sys.executable, str(TRAIN)], cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return res
-
-
-def log_lines(run: Path) -> list[str]:
-    text = (run / "learning.log").read_text(encoding="utf-8")
-    assert text.endswith("\n")
-    return text.splitlines()
-
-
-def check_log_wellformed(lines: list[str]) -> list[str]:
-    """Every line is a header, a health/stop line, or an exact metric line; returns the metric lines."""
-    for line in lines:
-        assert line.startswith(("# ", "[Health] ", "[Stop] ", "[Curriculum] ")) or METRIC_RE.match(line), repr(line)
-    return [line for line in lines if line.startswith("[Epoch")]
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    raw = path.read_text(encoding="utf-8")
-    assert raw.endswith("\n")
-    return [json.loads(line) for line in raw.splitlines() if line.strip()]  # a torn line would raise here
-
-
-def checkpoints(run: Path) -> list[int]:
-    return sorted(int(p.name.split("-")[1]) for p in run.glob("checkpoint-*") if (p / "trainer_state.json").exists())
 
 
 # ----------------------------------------------------------------------------- fast checks
