@@ -55,11 +55,11 @@ def make_plots(lines: list[LogLine], per_step: dict[int, dict[str, float]], lr_s
                   (axes[1, 1], "lr", f"Learning rate ({lr_schedule})", []),
                   (axes[2, 0], "grad", "Gradient norm", [(th.grad_low, "g", "band"), (th.grad_high, "g", None)]),
                   (axes[2, 1], "loss", "Loss", [(0.0, "k", None)])]
-        for ax, key, title, hlines in panels:
+        for ax, key, panel_title, hlines in panels:
             ax.plot(*pick(key), "o-", ms=3)
             for y, col, lab in hlines:
                 ax.axhline(y, color=col, ls="--", lw=1, label=lab)
-            ax.set(title=title, ylabel=key)
+            ax.set(title=panel_title, ylabel=key)
             if any(lab for _, _, lab in hlines):
                 ax.legend(fontsize=8)
         for ax in axes.flat:

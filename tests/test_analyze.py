@@ -154,6 +154,22 @@ def test_cli_writes_report_and_plots(seed_run):
         assert len(data) > 5000 and data[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_training_curves_carry_the_runs_title_and_each_panels_own(tmp_path, monkeypatch):
+    from ocaml_grpo import analyze_plots
+    seen, save = {}, analyze_plots._save
+
+    def record(fig, path):  # observe the figure as it is written; the real save still runs
+        seen[path.name] = (fig._suptitle.get_text() if fig._suptitle else "", [ax.get_title() for ax in fig.axes])
+        save(fig, path)
+    monkeypatch.setattr(analyze_plots, "_save", record)
+    _, lines, _ = parse_learning_log(FIX / "seed_learning.log")
+    analyze_plots.make_plots(lines, {}, "linear", "run-x — status RED", tmp_path)
+    title, panels = seen["training_curves.png"]
+    assert title == "run-x — status RED"
+    assert panels == ["Reward (mean ± std)", "frac_zero_std (share of groups with identical rewards)", "Entropy",
+                      "Learning rate (linear)", "Gradient norm", "Loss"]
+
+
 def test_missing_learning_log_exits_nonzero(tmp_path):
     missing = tmp_path / "nowhere"
     p = subprocess.run([sys.executable, str(ROOT / "analyze.py"), str(missing)], capture_output=True, text=True)
