@@ -8,7 +8,7 @@ What "raises" means, and why it cannot pass by chance (measured on the project's
 - statistic: the mean training reward of the SFT+GRPO model minus that of the SFT-only model, each
   sampled as GRPO samples (temperature 0.5, 64 tokens) 96 times per training problem with the same
   sampling seed, graded by the training grader (demo.compare, the demo's before/after table);
-- GRPO, STEPS=12 steps: +0.209 with GRPO_SEED 42 (the test's seed); +0.139 and +0.188 with seeds 1, 2;
+- GRPO, STEPS=12 steps: +0.209 with GRPO_SEED 42 (the test's seed; +0.224 on another VM, SFT only 0.375 -> 0.598); +0.139 and +0.188 with seeds 1, 2;
 - no learning (GRPO_LEARNING_RATE=1e-12, seeds 42 and 2): +0.000 (the model does not move);
 - the statistic's own noise: one model sampled with 6 different seeds has a standard deviation of
   0.018 (SFT only) and 0.025 (after GRPO), so a difference of two models is noisy by about +-0.035;
