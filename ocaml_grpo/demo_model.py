@@ -84,34 +84,47 @@ def build_demo_model(path: str | Path, vocab_size: int = 1500, seed: int = 0) ->
     """Save a random-weight Qwen2ForCausalLM (hidden 64, 2 layers, 4 heads, 2 kv heads) and
     its tokenizer to `path`. Takes a few seconds."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from tokenizers import pre_tokenizers
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(_corpus(), trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>"], model_max_length=4096)
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(path)
-
+    tokenizer = _save_tokenizer(path, pre_tokenizers.ByteLevel(add_prefix_space=False), vocab_size, _corpus())
     torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None)
-    model = Qwen2ForCausalLM(config)
+    return _save_model(path, Qwen2ForCausalLM(config), tokenizer, VERSION)
+
+
+def _save_tokenizer(path: str | Path, pre_tokenizer, vocab_size: int, corpus: list[str]):
+    """Train a byte-level BPE tokenizer on `corpus` with the chat template, save it to `path`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    Path(path).mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizer
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"], model_max_length=4096)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(path)
+    return tokenizer
+
+
+def _save_model(path: str | Path, model, tokenizer, version: str) -> Path:
+    """Save `model` beside its tokenizer, generation stopping at the end of a turn, then the
+    version marker (last: a model without it is rebuilt)."""
+    path = Path(path)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(path)
-    (path / "demo_version.txt").write_text(VERSION + "\n")
+    (path / "demo_version.txt").write_text(version + "\n")
     return path
 
 
@@ -136,35 +149,17 @@ def build_learner_model(path: str | Path, seed: int = 0) -> Path:
     checkpoint with Qwen2's own pre-tokenizer regardless of tokenizer.json, which would undo this;
     the projections carry the same names (q_proj ... down_proj), so the LoRA targets are Qwen2's."""
     import torch
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from tokenizers import Regex, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
+    tokenizer = _save_tokenizer(path, pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex("\n"), behavior="merged_with_previous"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=LEARNER_VOCAB, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(_learner_corpus(), trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>"], model_max_length=4096)
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(path)
-
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]), LEARNER_VOCAB, _learner_corpus())
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer), **LEARNER_SHAPE, max_position_embeddings=4096, tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
-    model = LlamaForCausalLM(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(path)
-    (path / "demo_version.txt").write_text(LEARNER_VERSION + "\n")
-    return path
+    return _save_model(path, LlamaForCausalLM(config), tokenizer, LEARNER_VERSION)
 
 
 if __name__ == "__main__":
