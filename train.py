@@ -38,8 +38,8 @@ from ocaml_grpo.generation_engines import engine_kwargs
 from ocaml_grpo.problems import DatasetError, load_problems
 from ocaml_grpo.prompting import chat_messages, prompt_token_count
 from ocaml_grpo import sft as sft_command
-from ocaml_grpo.settings import describe, resolve
-from ocaml_grpo.train_config import CONFIG, DEMO_DEFAULTS, SETTINGS
+from ocaml_grpo.settings import describe, resolve, unknown_variables
+from ocaml_grpo.train_config import CONFIG, DEMO_DEFAULTS, RETIRED, SETTINGS, SFT_CONFIG, VARIABLES
 from ocaml_sandbox import SANDBOX_SETTINGS, ToolchainError
 
 # ----------------------------------------------------------------------------- config
@@ -57,7 +57,7 @@ if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
     print(describe(dataset_audit.AUDIT_SETTINGS))
     print("The sandbox's (ocaml_sandbox.py):")
     print(describe(SANDBOX_SETTINGS))
-    print("python train.py sft also reads (python train.py sft --help): " + " ".join(s.name for s in sft_command.SFT_CONFIG))
+    print("python train.py sft also reads (python train.py sft --help): " + " ".join(s.name for s in SFT_CONFIG))
     sys.exit(0)
 
 if len(sys.argv) > 1 and sys.argv[1] == "sft":  # the SFT warm start: ocaml_grpo/sft.py
@@ -97,6 +97,7 @@ if demo:
             os.environ[k] = v
 # The trainer's and the reward's settings, validated together; config.json records both.
 cfg, errors = resolve(SETTINGS, os.environ)
+errors += unknown_variables(os.environ, VARIABLES, RETIRED)
 # Optional engines: asked for but missing must stop here, with the way to get them.
 if cfg.get("GRPO_USE_VLLM") and importlib.util.find_spec("vllm") is None:
     errors.append("GRPO_USE_VLLM=1 but vLLM is not installed: `pip install vllm` on a CUDA machine "

@@ -7,6 +7,7 @@ attribute says what it takes, for the error message and --help. Nothing here imp
 """
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
@@ -34,6 +35,24 @@ def resolve(settings: Sequence[Setting | tuple], environ: Mapping[str, str]) -> 
         except ValueError:
             errors.append(f"{name}={raw!r} is invalid: expected {parse.accepts} ({meaning})")
     return values, errors
+
+
+# Variables named like the project's: one that is not a setting is a typo, not something to ignore.
+PROJECT_PREFIXES = ("GRPO_", "LORA_", "REWARD_", "SFT_")
+
+
+def unknown_variables(environ: Mapping[str, str], known: Sequence[str], retired: Mapping[str, str] = {},
+                      prefixes: tuple[str, ...] = PROJECT_PREFIXES) -> list[str]:
+    """One message per variable that looks like one of ours but is not: a misspelt name would
+    otherwise be ignored and the run would silently use the default."""
+    errors = []
+    for name in sorted(n for n in environ if n.startswith(prefixes) and n not in known):
+        if name in retired:
+            errors.append(f"{name} is no longer read: {retired[name]}")
+            continue
+        close = difflib.get_close_matches(name, known, n=1)
+        errors.append(f"{name} is not a variable of this project" + (f": did you mean {close[0]}?" if close else ""))
+    return errors
 
 
 def defaults(settings: Sequence[Setting | tuple]) -> dict[str, Any]:
@@ -128,3 +147,19 @@ def Auto(parse: Parser, auto: Callable[[], Any], when: str) -> Parser:
         return auto() if s == "auto" else parse(s)
     p.accepts = f"auto ({when}) or {parse.accepts}"
     return p
+
+
+def Holdout(s: str):
+    """A fraction in [0, 1), a count, or comma-separated problem ids."""
+    s = s.strip()
+    try:
+        v = float(s)
+    except ValueError:
+        ids = [i.strip() for i in s.split(",") if i.strip()]
+        if not ids:
+            raise ValueError from None
+        return ids
+    if not math.isfinite(v) or v < 0 or (v >= 1 and v != int(v)):
+        raise ValueError
+    return v if v < 1 else int(v)
+Holdout.accepts = "a fraction in [0, 1), a number of problems, or comma-separated problem ids"

@@ -22,7 +22,6 @@ This module imports torch/TRL only inside `run`, so `--help` and config errors c
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import sys
@@ -34,8 +33,8 @@ from dotenv import load_dotenv
 
 from ocaml_grpo.problems import DatasetError, load_problems
 from ocaml_grpo.prompting import answer_text, chat_messages, prompt_token_count
-from ocaml_grpo.settings import Choice, Flag, Float, Int, Setting, Text, describe, resolve
-from ocaml_grpo.train_config import CONFIG, LR_SCHEDULERS
+from ocaml_grpo.settings import describe, resolve, unknown_variables
+from ocaml_grpo.train_config import CONFIG, RETIRED, SFT_CONFIG, VARIABLES
 
 # Variables of train.py's CONFIG that mean the same here.
 REUSED = ("BASE_MODEL_ID", "TRAINING_DATASET", "GRPO_MAX_PROMPT", "GRPO_MAX_COMPLETION", "GRPO_SEED",
@@ -43,38 +42,8 @@ REUSED = ("BASE_MODEL_ID", "TRAINING_DATASET", "GRPO_MAX_PROMPT", "GRPO_MAX_COMP
           "LORA_BIAS", "LORA_TARGET_MODULES")
 
 
-def Holdout(s: str):
-    """A fraction in [0, 1), a count, or comma-separated problem ids."""
-    s = s.strip()
-    try:
-        v = float(s)
-    except ValueError:
-        ids = [i.strip() for i in s.split(",") if i.strip()]
-        if not ids:
-            raise ValueError from None
-        return ids
-    if not math.isfinite(v) or v < 0 or (v >= 1 and v != int(v)):
-        raise ValueError
-    return v if v < 1 else int(v)
-Holdout.accepts = "a fraction in [0, 1), a number of problems, or comma-separated problem ids"
 
 
-SFT_CONFIG = [
-    Setting("SFT_OUTPUT_DIR", "sft_runs", Text, "where the SFT model/adapter, the split and the log go"),
-    Setting("SFT_LORA", "1", Flag, "1: train a LoRA adapter (LORA_* settings; GRPO continues it with GRPO_INIT_ADAPTER); "
-                                   "0: full fine-tune (GRPO starts from it with BASE_MODEL_ID)"),
-    Setting("SFT_EPOCHS", "3.0", Float(0, lo_open=True), "epochs over the training split"),
-    Setting("SFT_MAX_STEPS", "-1", Int(-1), "stop after this many optimizer steps (-1: run the epochs)"),
-    Setting("SFT_BATCH_SIZE", "4", Int(1), "examples per optimizer step per device"),
-    Setting("SFT_GRAD_ACCUM_STEPS", "1", Int(1), "gradient accumulation steps"),
-    Setting("SFT_LEARNING_RATE", "1e-4", Float(0, 1, lo_open=True), "peak learning rate"),
-    Setting("SFT_LR_SCHEDULER", "cosine", Choice(*LR_SCHEDULERS), "learning-rate schedule"),
-    Setting("SFT_WARMUP_RATIO", "0.0", Float(0, 1, hi_open=True), "fraction of steps spent warming up the LR"),
-    Setting("SFT_HOLDOUT", "0.1", Holdout, "problems never trained on (their loss is reported): a fraction, a count, "
-                                           "or ids; chosen with GRPO_SEED"),
-    Setting("SFT_STOP_LOSS", "0", Float(0), "stop once a logged training loss is below this (0: off); stopping at "
-                                            "partial memorisation leaves GRPO groups with mixed rewards"),
-]
 # What `python train.py sft` reads: its own variables, then the trainer's that mean the same.
 SETTINGS = SFT_CONFIG + [s for s in CONFIG if s[0] in REUSED]
 
@@ -109,6 +78,7 @@ def main(argv: list[str]) -> int:
         return 2
     load_dotenv(".envrc", override=False)  # environment > ./.envrc > defaults, as train.py resolves its own
     cfg, errors = resolve(SETTINGS, os.environ)
+    errors += unknown_variables(os.environ, VARIABLES, RETIRED)
     if errors:
         print("config error:\n  " + "\n  ".join(errors) + "\nSee python train.py sft --help", file=sys.stderr)
         return 2

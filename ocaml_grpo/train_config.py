@@ -1,5 +1,5 @@
-"""The trainer's settings (train.py): every variable it reads, with its default, parser and
-meaning. The reward's own settings (weights, MIN_NON_EMPTY_LINES, ...) are defined next to the
+"""The trainer's settings (train.py, and `train.py sft`'s): every variable they read, with its
+default, parser and meaning. The reward's own settings (weights, MIN_NON_EMPTY_LINES, ...) are defined next to the
 reward in rewards.py; SETTINGS is both, as train.py resolves them and writes them to config.json.
 analyze.py falls back to these defaults for a run directory without config.json.
 """
@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import rewards
 from ocaml_sandbox import SANDBOX_SETTINGS
-from ocaml_grpo.settings import AdapterDir, Choice, Flag, Float, Int, ModuleList, Resume, Text
+from ocaml_grpo.dataset_audit import AUDIT_SETTINGS
+from ocaml_grpo.settings import AdapterDir, Choice, Flag, Float, Holdout, Int, ModuleList, Resume, Setting, Text
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")  # trl 1.16 GRPOConfig.loss_type
 LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
@@ -65,3 +66,26 @@ DEMO_DEFAULTS = {  # GRPO_DEMO=1 replaces defaults and .envrc values, never the 
 }
 
 SETTINGS = CONFIG + rewards.REWARD_SETTINGS + SANDBOX_SETTINGS
+
+SFT_CONFIG = [
+    Setting("SFT_OUTPUT_DIR", "sft_runs", Text, "where the SFT model/adapter, the split and the log go"),
+    Setting("SFT_LORA", "1", Flag, "1: train a LoRA adapter (LORA_* settings; GRPO continues it with GRPO_INIT_ADAPTER); "
+                                   "0: full fine-tune (GRPO starts from it with BASE_MODEL_ID)"),
+    Setting("SFT_EPOCHS", "3.0", Float(0, lo_open=True), "epochs over the training split"),
+    Setting("SFT_MAX_STEPS", "-1", Int(-1), "stop after this many optimizer steps (-1: run the epochs)"),
+    Setting("SFT_BATCH_SIZE", "4", Int(1), "examples per optimizer step per device"),
+    Setting("SFT_GRAD_ACCUM_STEPS", "1", Int(1), "gradient accumulation steps"),
+    Setting("SFT_LEARNING_RATE", "1e-4", Float(0, 1, lo_open=True), "peak learning rate"),
+    Setting("SFT_LR_SCHEDULER", "cosine", Choice(*LR_SCHEDULERS), "learning-rate schedule"),
+    Setting("SFT_WARMUP_RATIO", "0.0", Float(0, 1, hi_open=True), "fraction of steps spent warming up the LR"),
+    Setting("SFT_HOLDOUT", "0.1", Holdout, "problems never trained on (their loss is reported): a fraction, a count, "
+                                           "or ids; chosen with GRPO_SEED"),
+    Setting("SFT_STOP_LOSS", "0", Float(0), "stop once a logged training loss is below this (0: off); stopping at "
+                                            "partial memorisation leaves GRPO groups with mixed rewards"),
+]
+
+TEST_ONLY = ("GRPO_TEST_NEGATE_REWARD",)  # read by train.py for tests/test_learning.py alone
+RETIRED = {"REWARD_END_MARKER": "the END marker is fixed, (* END *) (ocaml_grpo/prompting.py), so that the "
+                                "prompt and the reward cannot disagree; unset it"}
+# Every variable train.py's commands read: a GRPO_/LORA_/REWARD_/SFT_ name outside it is a config error.
+VARIABLES = tuple(s[0] for s in SETTINGS + SFT_CONFIG + AUDIT_SETTINGS) + TEST_ONLY

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from ocaml_grpo.problems import Problem
-from ocaml_grpo.sft import Holdout, split_problems
+from ocaml_grpo.settings import Holdout
+from ocaml_grpo.sft import split_problems
 
 from conftest import TRAIN, log_lines, read_jsonl, run_env, small_dataset
 
@@ -73,6 +74,7 @@ def test_sft_help_lists_its_variables_fast(tmp_path):
     ("SFT_LORA", "yes", "0 or 1"),
     ("SFT_LR_SCHEDULER", "steep", "one of linear"),
     ("GRPO_SEED", "-3", "an integer >= 0"),
+    ("SFT_EPOCH", "2", "did you mean SFT_EPOCHS?"),
 ])
 def test_sft_config_error_exits_fast_naming_the_variable(tmp_path, cache_home, var, value, accepts):
     t0 = time.time()
