@@ -72,6 +72,9 @@ SANDBOX_SETTINGS = [
     Setting("OCAML_MAX_PROCS", str(Limits.max_procs), Int(1), "processes per job (counted per job uid)"),
     Setting("OCAML_MAX_FILES", str(Limits.max_files), Int(8), "open files per process"),
     Setting("OCAML_OUTPUT_BYTES", str(Limits.output_bytes), Int(1), "stdout/stderr bytes kept per call"),
+    Setting("OCAML_COMPILER", "server", Choice("server", "ocamlc"),
+            "server: the grader compiles with a persistent compiler-libs process (same outputs as ocamlc); "
+            "ocamlc: one ocamlc process per step (problems that `require` packages always use ocamlfind ocamlc)"),
     Setting("OCAML_SANDBOX_TMPDIR", "auto", Auto(Text, lambda: None, "the system temp dir"),
             "where the grader's job directories go"),
 ]
@@ -173,7 +176,7 @@ class Sandbox:
         return f"bubblewrap sandbox, {who}, limits {self.limits}"
 
     def _command(self, argv: list[str], workdir: Path, cpu_s: int, uid: int | None, nice: int,
-                 program: Path | None, program_fd: int | None) -> list[str]:
+                 program: Path | None, program_fd: int | None, ro_binds: tuple[tuple[str, str], ...] = ()) -> list[str]:
         lim = self.limits
         cmd = [
             "prlimit", f"--cpu={cpu_s}:{cpu_s}", f"--as={lim.memory_mb << 20}:{lim.memory_mb << 20}",
@@ -196,6 +199,8 @@ class Sandbox:
             for f in ("/etc/ocamlfind.conf", "/etc/findlib.conf", "/etc/ld.so.cache", "/etc/ld.so.conf"):
                 box += ["--ro-bind-try", f, f]
             box += ["--bind", str(workdir), "/work"]
+            for host, inside in ro_binds:  # a trusted tool of ours (the compile server)
+                box += ["--ro-bind", host, inside]
         else:
             # Model code: the bytecode runtime, its libraries and the launch chain, nothing else:
             # no shell, no interpreters (a child could read its parent's memory), no compilers.
@@ -247,6 +252,81 @@ class Sandbox:
             if uid is not None:
                 self._uids.release(uid)
 
+    def spawn(self, argv: list[str], workdir: Path, *, cpu_s: int, ro_binds: tuple[tuple[str, str], ...] = (),
+              stderr_file=None) -> "Spawned":
+        """Start a long-lived toolchain process (the compile server) in the toolchain sandbox, with
+        `workdir` as /work and pipes on its stdin and stdout. It holds its own uid (when we are
+        root) until `stop`: what it writes belongs to that uid, so give it the directories it
+        must write (`own`). Its limits are the toolchain's, CPU seconds counted over its life."""
+        uid = self._uids.acquire() if self._uids else None
+        try:
+            env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LC_ALL": "C"}
+            proc = subprocess.Popen(self._command(argv, workdir, cpu_s, uid, 0, None, None, ro_binds), cwd=workdir,
+                                    env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=stderr_file or subprocess.DEVNULL, bufsize=0, start_new_session=True)
+        except BaseException:
+            if uid is not None:
+                self._uids.release(uid)
+            raise
+        return Spawned(proc, uid, self)
+
+    def own(self, spawned: "Spawned", path: Path) -> None:
+        """Let a spawned process write `path` and everything in it."""
+        if spawned.uid is not None:
+            for p in [path, *path.rglob("*")]:
+                os.chown(p, spawned.uid, spawned.uid)
+
+
+@dataclass
+class Spawned:
+    proc: subprocess.Popen
+    uid: int | None
+    sandbox: Sandbox
+    stopped: bool = False
+
+    def stop(self, graceful: bool = False) -> None:
+        """Kill the process and everything it started (gracefully: close its stdin and give it a
+        moment to exit first); give its uid back."""
+        if self.stopped:
+            return
+        self.stopped = True
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        if graceful:
+            try:
+                self.proc.wait(0.5)
+            except subprocess.TimeoutExpired:
+                pass
+        # As for a run that timed out: the uid's processes first, while bwrap lives to reap them.
+        _kill_uid(self.uid)
+        try:
+            self.proc.wait(1)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        if self.uid is not None:
+            self.sandbox._uids.release(self.uid)
+
+
+def _kill_uid(uid: int | None) -> None:
+    """SIGKILL every process running as the job's uid (none when there is no uid)."""
+    if uid is None:
+        return
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if os.stat(f"/proc/{pid}").st_uid == uid:
+                    os.kill(int(pid), signal.SIGKILL)
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                pass
+
 
 def _wait_with_usage(proc: subprocess.Popen, wall_s: float, uid: int | None) -> tuple[int, float, bool]:
     """Wait for proc up to wall_s, then kill everything it started; reap it with wait4: (exit
@@ -262,13 +342,7 @@ def _wait_with_usage(proc: subprocess.Popen, wall_s: float, uid: int | None) -> 
         # leaves the child a zombie of init); then the process group, for the rest. proc stays
         # unreaped until the waiter returns, so its pid (the group id) cannot be reused meanwhile.
         if uid is not None:
-            for pid in os.listdir("/proc"):
-                if pid.isdigit():
-                    try:
-                        if os.stat(f"/proc/{pid}").st_uid == uid:
-                            os.kill(int(pid), signal.SIGKILL)
-                    except (FileNotFoundError, ProcessLookupError, PermissionError):
-                        pass
+            _kill_uid(uid)
             waiter.join(1)
         try:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ocaml_grpo import ocaml_source as src
+from ocaml_grpo.compile_server import CompileServer, Reply, ServerPool
 from ocaml_sandbox import RunResult, Sandbox, ToolchainError, sandbox_settings
 
 # Ways to read or forge memory (the harness's nonce lives there): no test credit when used.
@@ -236,8 +238,11 @@ class OcamlGrader:
     MAX_CHECKS = 10  # bound on compiler calls spent counting errors in one solution
 
     def __init__(self, sandbox: Sandbox | None = None, tmp_root: str | None = None,
-                 max_parallel_compiles: int | None = None):
+                 max_parallel_compiles: int | None = None, compiler: str | None = None):
         self.sandbox = sandbox or Sandbox()
+        self.compiler = compiler or sandbox_settings()["OCAML_COMPILER"]
+        if self.compiler not in ("server", "ocamlc"):
+            raise ValueError(f"compiler {self.compiler!r}: expected 'server' or 'ocamlc'")
         cores = max_parallel_compiles or os.cpu_count() or 1
         # Compiles and test runs are CPU-bound: each is bounded by the cores, so a test run gets
         # a core to itself and a correct but slow answer never loses its verdict to neighbours
@@ -259,8 +264,15 @@ class OcamlGrader:
             raise ToolchainError(f"ocamlc is installed but cannot compile a trivial module: {res.stderr.strip()[:400]}")
         self._counter = 0
         self._lock = threading.Lock()
+        # One compile server per compile slot; built (or found in the cache) now, so a missing
+        # piece of the toolchain is an error at start-up, never a silent switch to ocamlc.
+        self._servers = ServerPool(self.sandbox, self.tmp_root, cores) if self.compiler == "server" else None
+        if self._servers:
+            weakref.finalize(self, self._servers.close)
 
     def close(self) -> None:
+        if self._servers:
+            self._servers.close()
         shutil.rmtree(self.tmp_root, ignore_errors=True)
 
     def _new_job_dir(self) -> Path:
@@ -338,7 +350,12 @@ class OcamlGrader:
     def _check(self, text: str, requires: list[str], workdir: Path, budget: CompileBudget) -> CompileError | None:
         """Type-check some of the phrases, as check.ml."""
         (workdir / "check.ml").write_text(text)
-        res = self._compile(["sh", "-c", self._type_check_only(requires, "check.ml") + " >/dev/null"], workdir, budget)
+        if self._servers and not requires:
+            with self._servers.server() as server:
+                rep = self._serve(server, workdir, ["c", "i", "check.ml"], budget)
+            res = RunResult(rep.returncode, "", rep.output, rep.timed_out)
+        else:
+            res = self._compile(["sh", "-c", self._type_check_only(requires, "check.ml") + " >/dev/null"], workdir, budget)
         if res.timed_out:
             return CompileError("other", 0, "compiler timed out")
         return None if res.returncode == 0 else parse_compiler_error(res.stderr)
@@ -363,6 +380,67 @@ class OcamlGrader:
                 f"  {self._type_check_only(requires, 'check.ml')} >/dev/null 2>check.out; echo $? >check.rc\n"
                 f"fi\n")
 
+    def _first_steps_script(self, workdir: Path, phrases: list[src.Phrase], requires: list[str], link: bool,
+                            budget: CompileBudget) -> bool:
+        """The first steps (see the class docstring) as one shell script in one sandbox call, one
+        `ocamlc` each; True if the call timed out."""
+        typed = " ".join(self._compiler(requires, False) + ["-dparsetree", "-dtypedtree", "-dump-into-file"])
+        script = (f"{typed} -c solution.ml >tc.out 2>&1; echo $? >tc.rc\n"
+                  f'if [ "$(cat tc.rc)" != 0 ] && grep -q "{NONGENERALIZABLE}" tc.out; then '
+                  f"{typed} -i solution.ml >/dev/null 2>tci.out; echo $? >tci.rc; fi\n")
+        if len(phrases) > 1:
+            script += self._syntax_script(phrases, requires, workdir)
+        if link:
+            prog = " ".join(self._compiler(requires, True) + ["-o", "prog", f"{self.harness}.cmo", "tests.ml"])
+            script += (f'if [ "$(cat tc.rc)" = 0 ] || [ "$(cat tci.rc 2>/dev/null)" = 0 ]; then '
+                       f"{prog} >link.out 2>&1; echo $? >link.rc; fi\n")
+        return self._compile(["sh", "-c", script], workdir, budget).timed_out
+
+    def _first_steps_served(self, workdir: Path, phrases: list[src.Phrase], link: bool, budget: CompileBudget) -> bool:
+        """The same steps as `_first_steps_script`, each a request to a compile server, leaving
+        the same files; True if one timed out (the steps after it do not run)."""
+        with self._servers.server() as server:
+            def step(fields: list[str], out: str, rc: str | None) -> bool:
+                rep = self._serve(server, workdir, fields, budget)
+                if not rep.timed_out:
+                    (workdir / out).write_text(rep.output)
+                    if rc:
+                        (workdir / rc).write_text(f"{rep.returncode}\n")
+                return rep.timed_out
+
+            if step(["c", "d", "solution.ml"], "tc.out", "tc.rc"):
+                return True
+            tc_out, tc_ok = _read(workdir / "tc.out"), _read(workdir / "tc.rc").strip() == "0"
+            if not tc_ok and NONGENERALIZABLE in tc_out and step(["c", "di", "solution.ml"], "tci.out", "tci.rc"):
+                return True
+            if len(phrases) > 1 and not tc_ok and re.search(SYNTAX_ERROR_RE, tc_out, re.IGNORECASE):
+                bad = []
+                for i, ph in enumerate(phrases):  # parsing alone takes ocamlc's default warnings
+                    (workdir / f"parse{i}.ml").write_text(ph.text)
+                    if step(["c", "pW", f"parse{i}.ml"], f"err{i}.txt", f"parse{i}.rc"):
+                        return True
+                    if _read(workdir / f"parse{i}.rc").strip() != "0":
+                        bad.append(i)
+                (workdir / "bad").write_text("".join(f"{i}\n" for i in bad))
+                (workdir / "check.ml").write_text("".join(ph.text for i, ph in enumerate(phrases) if i not in bad))
+                if step(["c", "i", "check.ml"], "check.out", "check.rc"):
+                    return True
+            if link and (tc_ok or _read(workdir / "tci.rc").strip() == "0"):
+                return step(["o", "prog", f"{self.harness}.cmo", "tests.ml"], "link.out", "link.rc")
+        return False
+
+    @staticmethod
+    def _serve(server: CompileServer, workdir: Path, fields: list[str], budget: CompileBudget) -> Reply:
+        """One compile-server request within what is left of the completion's compile budget."""
+        if budget.seconds <= 0:
+            budget.exhausted = True
+            return Reply(2, "compiler timed out", timed_out=True)
+        t0 = time.monotonic()
+        rep = server.request(workdir, fields, budget.seconds)
+        budget.seconds -= time.monotonic() - t0
+        budget.exhausted = rep.timed_out or budget.seconds <= 0
+        return rep
+
     def grade(self, solution: str, tests: str, requires: list[str] = (), entry_points: list[str] = ()) -> Grade:
         """Type check, compile, and run the tests against one assembled solution.
 
@@ -376,27 +454,22 @@ class OcamlGrader:
             solution = src.strip_line_directives(solution)
             phrases = src.split_phrases(solution)
             grade.phrases_total = max(1, len(phrases))
-            plan = src.parse_assert_tests(tests)
+            plan = test_plan(tests)
             grade.tests_total = src.assertion_count(plan)
             grade.forbidden = src.first_identifier(solution, forbidden_identifier)  # text: a fast first filter
             (workdir / "solution.ml").write_text(solution)
-            typed = " ".join(self._compiler(requires, False) + ["-dparsetree", "-dtypedtree", "-dump-into-file"])
-            script = (f"{typed} -c solution.ml >tc.out 2>&1; echo $? >tc.rc\n"
-                      f'if [ "$(cat tc.rc)" != 0 ] && grep -q "{NONGENERALIZABLE}" tc.out; then '
-                      f"{typed} -i solution.ml >/dev/null 2>tci.out; echo $? >tci.rc; fi\n")
-            if len(phrases) > 1:
-                script += self._syntax_script(phrases, requires, workdir)
-            if not grade.forbidden:
+            link = not grade.forbidden
+            if link:
                 for ext in (".cmi", ".cmo"):
                     shutil.copyfile(self._harness_dir / (self.harness + ext), workdir / (self.harness + ext))
                 (workdir / "tests.ml").write_text(render_tests(solution, tests, plan, self.harness.capitalize(),
                                                                list(entry_points)))
-                link = " ".join(self._compiler(requires, True) + ["-o", "prog", f"{self.harness}.cmo", "tests.ml"])
-                script += (f'if [ "$(cat tc.rc)" = 0 ] || [ "$(cat tci.rc 2>/dev/null)" = 0 ]; then '
-                           f"{link} >link.out 2>&1; echo $? >link.rc; fi\n")
-            res = self._compile(["sh", "-c", script], workdir, budget)
+            if self._servers and not requires:
+                timed_out = self._first_steps_served(workdir, phrases, link, budget)
+            else:
+                timed_out = self._first_steps_script(workdir, phrases, requires, link, budget)
             first = parse_compiler_error(_read(workdir / "tc.out"))
-            if res.timed_out:
+            if timed_out:
                 first = CompileError("other", 0, "compiler timed out")
             # Typing got to the end: said by the compiler's exit status, never by its messages.
             # Weak type variables (`let f = List.map g`) are fine in a program, only not in a
@@ -511,6 +584,13 @@ class OcamlGrader:
                     break
                 start = crashed_in[-1] + 1
         return passed, finished, timed_out
+
+
+@functools.lru_cache(maxsize=1024)
+def test_plan(tests: str) -> src.TestPlan | None:
+    """The tests' per-assertion plan, parsed once per problem (every completion of a GRPO group
+    shares its tests; the Python lexer takes ~10 ms on a 70-line test file). Read-only."""
+    return src.parse_assert_tests(tests)
 
 
 @dataclass

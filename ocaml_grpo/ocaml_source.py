@@ -6,6 +6,7 @@ makes it testable in microseconds and keeps the sandbox file about isolation.
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -25,6 +26,11 @@ _CHAR_BODY = r"(?:\r?\n|(?![\\'\n\r])[\x00-\x7f]|\\[\\'\"ntbr ]|\\[0-9]{3}|\\o[0
 CHAR_RE = re.compile(r"'" + _CHAR_BODY + r"'")
 COMMENT_CHAR_RE = re.compile(r"''|'" + _CHAR_BODY + r"'")  # inside comments '' is skipped too
 LINE_DIRECTIVE_RE = re.compile(r"(?m)^[ \t]*#[ \t]*[0-9].*$")
+# Scanning shortcuts (the lexer runs on every completion and test file): a run of blanks; the
+# next place a comment can change state (in the order _skip_comment tests them); a string's body.
+BLANKS_RE = re.compile(r"[ \t\r\n\f]+")
+COMMENT_EVENT_RE = re.compile(r"""\(\*|\*\)|"|\{|'""")
+STRING_BODY_RE = re.compile(r'(?:[^"\\]|\\[\s\S])*')
 
 
 @dataclass
@@ -55,7 +61,7 @@ def tokenize(src: str) -> list[Token]:
     while i < n:
         c = src[i]
         if c in " \t\r\n\f":
-            advance_to(i + 1)
+            advance_to(BLANKS_RE.match(src, i).end())
             continue
         start, tline, tcol = i, line, i - line_start
         if src.startswith("(*", i):  # `(*)` opens a comment too, as in OCaml
@@ -88,6 +94,10 @@ def _skip_comment(src: str, j: int) -> int:
     strings and char literals OCaml's lexer reads inside comments (so `"*)"` does not close one)."""
     depth, n = 1, len(src)
     while j < n and depth:
+        m = COMMENT_EVENT_RE.search(src, j)  # everything before it is skipped one by one
+        if m is None:
+            return n
+        j = m.start()
         if src.startswith("(*", j):
             depth, j = depth + 1, j + 2
         elif src.startswith("*)", j):
@@ -110,15 +120,10 @@ def _skip_quoted(src: str, opener: re.Match) -> int:
 
 
 def _skip_string(src: str, i: int) -> int:
-    j = i + 1
-    while j < len(src):
-        if src[j] == "\\":
-            j += 2
-        elif src[j] == '"':
-            return j + 1
-        else:
-            j += 1
-    return len(src)
+    """End of the string opening at i: a backslash escapes the next character; unterminated:
+    the end of the text."""
+    j = STRING_BODY_RE.match(src, i + 1).end()
+    return j + 1 if j < len(src) and src[j] == '"' else len(src)
 
 
 def strip_line_directives(src: str) -> str:
@@ -130,7 +135,14 @@ def strip_line_directives(src: str) -> str:
 
 
 def code_tokens(src: str) -> list[Token]:
-    return [t for t in tokenize(src) if t.kind != "comment"]
+    return list(_code_tokens(src))
+
+
+@functools.lru_cache(maxsize=8192)
+def _code_tokens(src: str) -> tuple[Token, ...]:
+    """Memoised: a grading lexes the same texts several times (the prompt, the answer, then each
+    of its phrases for the names it defines). Tokens are never modified."""
+    return tuple(t for t in tokenize(src) if t.kind != "comment")
 
 
 def strip_comments(src: str) -> str:
