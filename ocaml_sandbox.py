@@ -32,6 +32,8 @@ RUN_TOOLS = ("ocamlrun", "prlimit", "setpriv", "nice")  # all that the model-cod
 # A 32 MB minor heap: list-heavy tests on large inputs run ~1.7x faster in bytecode.
 RUNPARAM = "s=4M"
 UID_POOL_BASE, UID_POOL_SIZE = 61000, 256  # unprivileged uids lent to jobs (above the usual user range)
+# Long-lived toolchain processes (compile servers) get uids of their own, never a job's.
+SERVER_UID_BASE, SERVER_UID_SIZE = 60000, 256
 RUN_WORK_FILES = 4  # the model code's in-memory /work holds this many maximum-size files (/tmp: one)
 
 
@@ -156,6 +158,7 @@ class Sandbox:
         self.isolated = self.mode == "bwrap"
         self.as_root = os.geteuid() == 0
         self._uids = UidPool() if self.as_root else None
+        self._server_uids = UidPool(SERVER_UID_BASE, SERVER_UID_SIZE) if self.as_root else None
         _which_or_raise("ocamlc", "ocaml-nox")
         _which_or_raise("ocamlfind", "ocaml-findlib")  # problems that `require` packages compile through it
         _which_or_raise("prlimit", "util-linux")
@@ -258,7 +261,8 @@ class Sandbox:
         `workdir` as /work and pipes on its stdin and stdout. It holds its own uid (when we are
         root) until `stop`: what it writes belongs to that uid, so give it the directories it
         must write (`own`). Its limits are the toolchain's, CPU seconds counted over its life."""
-        uid = self._uids.acquire() if self._uids else None
+        pool = self._server_uids
+        uid = pool.acquire() if pool else None
         try:
             env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LC_ALL": "C"}
             proc = subprocess.Popen(self._command(argv, workdir, cpu_s, uid, 0, None, None, ro_binds), cwd=workdir,
@@ -266,9 +270,9 @@ class Sandbox:
                                     stderr=stderr_file or subprocess.DEVNULL, bufsize=0, start_new_session=True)
         except BaseException:
             if uid is not None:
-                self._uids.release(uid)
+                pool.release(uid)
             raise
-        return Spawned(proc, uid, self)
+        return Spawned(proc, uid, pool)
 
     def own(self, spawned: "Spawned", path: Path) -> None:
         """Let a spawned process write `path` and everything in it."""
@@ -281,7 +285,7 @@ class Sandbox:
 class Spawned:
     proc: subprocess.Popen
     uid: int | None
-    sandbox: Sandbox
+    pool: UidPool | None  # where its uid goes back
     stopped: bool = False
 
     def stop(self, graceful: bool = False) -> None:
@@ -312,7 +316,7 @@ class Spawned:
             pass
         self.proc.wait()
         if self.uid is not None:
-            self.sandbox._uids.release(self.uid)
+            self.pool.release(self.uid)
 
 
 def _kill_uid(uid: int | None) -> None:
