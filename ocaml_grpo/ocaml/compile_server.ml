@@ -71,9 +71,44 @@ let run (f : unit -> unit) : int * string =
   Format.pp_print_flush ppf ();
   rc, Buffer.contents buf
 
+(* What every request re-read from disk and never changes: the standard library directory's
+   listing and its .cmi files (read-only data; each request still builds its own environment
+   from them, as the toplevel does across phrases). Measured: -1.3 ms of the ~2.5 ms a request
+   for an empty file cost. *)
+let std_dir = Load_path.Dir.create Config.standard_library
+let cmi_cache : (string, Cmi_format.cmi_infos) Hashtbl.t = Hashtbl.create 64
+let () =
+  let load_default = !Persistent_env.Persistent_signature.load in
+  Persistent_env.Persistent_signature.load := fun ~unit_name ->
+    match Load_path.find_uncap (unit_name ^ ".cmi") with
+    | filename when Filename.dirname filename = Config.standard_library ->
+      let cmi = match Hashtbl.find_opt cmi_cache filename with
+        | Some c -> c
+        | None -> let c = Cmi_format.read_cmi filename in Hashtbl.add cmi_cache filename c; c in
+      Some { Persistent_env.Persistent_signature.filename; cmi }
+    | _ | exception Not_found -> load_default ~unit_name
+
+(* Compmisc.init_path for ocamlc's load path here ("" then the standard library, nothing else:
+   no -I, no OCAMLPARAM), with the standard library's listing kept. `add` keeps the first
+   directory's files first, as `init` does. *)
+let init_path () =
+  Load_path.reset ();
+  Load_path.add (Load_path.Dir.create "");
+  Load_path.add std_dir;
+  Env.reset_cache ()
+
+(* Compile.implementation ~start_from:Parsing, with init_path above (Compile_common.with_info). *)
 let compile file () =
-  Compile.implementation ~start_from:Clflags.Compiler_pass.Parsing ~source_file:file
-    ~output_prefix:(Filename.remove_extension file)
+  let output_prefix = Filename.remove_extension file in
+  init_path ();
+  let module_name = Compenv.module_of_filename file output_prefix in
+  Env.set_unit_name module_name;
+  let env = Compmisc.initial_env () in
+  Compmisc.with_ppf_dump ~file_prefix:(output_prefix ^ ".cmo") @@ fun ppf_dump ->
+  let info = { Compile_common.source_file = file; module_name; output_prefix; env; ppf_dump;
+               tool_name = "ocamlc"; native = false } in
+  Compile_common.implementation info
+    ~backend:(fun info typed -> Compile.emit_bytecode info (Compile.to_bytecode info typed))
 
 let set_flags flags =
   String.iter (function
@@ -86,7 +121,7 @@ let set_flags flags =
 let link out files () =
   let objs = List.map (fun f ->
     if Filename.check_suffix f ".ml" then (compile f (); Filename.remove_extension f ^ ".cmo") else f) files in
-  Compmisc.init_path ();
+  init_path ();
   Bytelink.link objs out;
   Warnings.check_fatal ()
 
