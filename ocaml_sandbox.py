@@ -77,9 +77,22 @@ SANDBOX_SETTINGS = [
     Setting("OCAML_COMPILER", "server", Choice("server", "ocamlc"),
             "server: the grader compiles with a persistent compiler-libs process (same outputs as ocamlc); "
             "ocamlc: one ocamlc process per step (problems that `require` packages always use ocamlfind ocamlc)"),
-    Setting("OCAML_SANDBOX_TMPDIR", "auto", Auto(Text, lambda: None, "the system temp dir"),
+    Setting("OCAML_SANDBOX_TMPDIR", "auto", Auto(Text, lambda: memory_tmpdir(), "/dev/shm when it has 1 GiB free "
+                                                 "and allows exec, else the system temp dir"),
             "where the grader's job directories go"),
 ]
+
+
+def memory_tmpdir(path: str = "/dev/shm", min_free: int = 1 << 30) -> str | None:
+    """A memory file system for job directories, when there is a usable one: a grading creates
+    and deletes ~20 small files, each a journal write on a disk file system (measured here:
+    ~0.3 ms per open on ext4, a tenth of that on tmpfs)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    usable = os.access(path, os.W_OK | os.X_OK) and not st.f_flag & (os.ST_NOEXEC | os.ST_RDONLY)
+    return path if usable and st.f_bavail * st.f_frsize >= min_free else None
 
 
 def sandbox_settings(environ: Mapping[str, str] | None = None) -> dict:
