@@ -293,6 +293,13 @@ class Sandbox:
             for p in [path, *path.rglob("*")]:
                 os.chown(p, spawned.uid, spawned.uid)
 
+    def disown(self, path: Path) -> None:
+        """Take `path` and everything in it back from whichever spawned process owned it: a
+        long-lived one goes on to serve other jobs and must not be able to change this one's."""
+        if self._server_uids is not None:
+            for p in [path, *path.rglob("*")]:
+                os.chown(p, os.getuid(), os.getgid())
+
 
 @dataclass
 class Spawned:

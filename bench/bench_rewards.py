@@ -59,6 +59,12 @@ def build_corpus(problems: list[Problem], n: int, loops: int, seed: int = 0) -> 
     return corpus
 
 
+def default_exercises() -> Path:
+    """The ocaml.org exercises in BENCHMARKS_DIR (default: ../shared/benchmarks beside the repo)."""
+    bench_dir = Path(os.environ.get("BENCHMARKS_DIR") or Path(__file__).resolve().parents[2] / "shared" / "benchmarks")
+    return bench_dir / "ocamlorg_exercises.jsonl"
+
+
 def no_loop_corpus(problems: list[Problem], seed: int = 0) -> list[tuple[Problem, str, str]]:
     """Every problem x {correct, stub, type error, syntax error}, plus 25% duplicates, shuffled."""
     rng = random.Random(seed)
@@ -114,8 +120,7 @@ def main() -> None:
     ap.add_argument("--problems", default="bundled")
     ap.add_argument("--n", type=int, default=48)
     ap.add_argument("--loops", type=int, default=4)
-    bench_dir = Path(os.environ.get("BENCHMARKS_DIR") or Path(__file__).resolve().parents[2] / "shared" / "benchmarks")
-    ap.add_argument("--exercises", default=str(bench_dir / "ocamlorg_exercises.jsonl"))
+    ap.add_argument("--exercises", default=str(default_exercises()))
     args = ap.parse_args()
     problems = [p for p in load_problems(args.problems) if p.solution and not p.requires]
     exercises = problems
@@ -145,15 +150,18 @@ def main() -> None:
 
     batch = build_corpus(problems, 24, 6, seed=1)
     scorer._cache.clear()
-    t0 = time.perf_counter()
+    c0, t0 = os.times(), time.perf_counter()
     res = scorer.score_batch([c[0] for c in batch], [c[1] for c in batch])
-    t_batch = time.perf_counter() - t0
+    t_batch, c1 = time.perf_counter() - t0, os.times()
+    # The test runs' CPU (reaped children): what the batch got of the machine while it ran.
+    runs_cpu = c1.children_user + c1.children_system - c0.children_user - c0.children_system
     # Each loop is owed its whole CPU budget (a slow correct answer must not be cut short by its
     # neighbours), so the fair floor is the loops' CPU shared over the run slots.
     floor = -(-6 // slots) * limit
     print(f"GRPO batch of 24 with 6 infinite loops: {t_batch:.2f}s (bound: 6 loops x CPU limit {limit}s over "
           f"{slots} run slots = {floor}s, + 0.5s: {'met' if t_batch <= floor + 0.5 else 'MISSED'}); "
-          f"timed out: {sum(b.timed_out for b in res)}")
+          f"timed out: {sum(b.timed_out for b in res)}; its test runs used {runs_cpu:.1f}s of CPU, "
+          f"{100 * runs_cpu / (t_batch * (os.cpu_count() or 1)):.0f}% of the {os.cpu_count()} cores over that time")
     scorer.close()
 
 

@@ -8,10 +8,11 @@
    the solution never sees (fail-closed: only verified passes count);
 3. run it, restarting after the assertion that crashed the process; runs are bounded by the
    cores and judged by the CPU time they used.
+Compiles go to compile servers (ocaml_grpo/compile_server.py: `ocamlc` as a persistent process
+in the toolchain sandbox) or, with OCAML_COMPILER=ocamlc, to one `ocamlc` per step.
 """
 from __future__ import annotations
 
-import functools
 import math
 import os
 import re
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from ocaml_grpo import ocaml_source as src
 from ocaml_grpo.compile_server import CompileServer, Reply, ServerPool
+from ocaml_grpo.harness import HARNESS_ML, plan_of, render_tests, tally_run
 from ocaml_sandbox import RunResult, Sandbox, ToolchainError, sandbox_settings
 
 # Ways to read or forge memory (the harness's nonce lives there): no test credit when used.
@@ -108,31 +110,6 @@ WARNINGS_OFF = ["-w", "-a", "-alert", "-all"]
 RUN_NICE = 15  # model code yields the CPU to compiles and to the trainer
 RESULTS_READ_CAP = 4 << 20  # bytes of harness result lines read back; a test program writes ~40 per assertion
 CPU_TIMEOUT_SLACK_S = 0.05  # a run that used its CPU budget less this much was stopped by the CPU limit
-HARNESS_ML = r"""
-(* Trusted: linked before the solution, so it reads the nonce before any model code runs. *)
-external fd_out : int -> out_channel = "caml_ml_open_descriptor_out"
-(* The runtime has loaded the program; its file (holding the tests' constants) goes now. *)
-let () = try Sys.remove Sys.executable_name with Sys_error _ -> ()
-external fd_in : int -> in_channel = "caml_ml_open_descriptor_in"
-let nonce, start =
-  let ic = fd_in (int_of_string Sys.argv.(2)) in
-  let n = input_line ic in
-  let s = int_of_string (input_line ic) in
-  close_in ic;
-  n, s
-let oc = fd_out (int_of_string Sys.argv.(1))
-let emit tag i =
-  output_string oc (nonce ^ " " ^ tag ^ " " ^ string_of_int i ^ "\n");
-  flush oc
-let check i f =
-  if i >= start then begin
-    emit "S" i;
-    match f () with
-    | () -> emit "P" i
-    | exception _ -> emit "F" i
-  end
-let finish () = emit "D" 0
-"""
 
 
 @dataclass
@@ -234,7 +211,9 @@ class OcamlGrader:
     check.ml/.out/.rc      the phrases that parse, type-checked together
     link.out / link.rc     the test program (harness + solution + tests) built as `prog`
 
-    A file that is missing means its step did not run (or the call timed out before it)."""
+    A file that is missing means its step did not run (or the call timed out before it).
+    With the compile server, each step is a request and Python writes the same files from the
+    replies, so everything after the first steps reads them the same way on both paths."""
     MAX_CHECKS = 10  # bound on compiler calls spent counting errors in one solution
 
     def __init__(self, sandbox: Sandbox | None = None, tmp_root: str | None = None,
@@ -351,8 +330,11 @@ class OcamlGrader:
         """Type-check some of the phrases, as check.ml."""
         (workdir / "check.ml").write_text(text)
         if self._servers and not requires:
-            with self._servers.server() as server:
-                rep = self._serve(server, workdir, ["c", "i", "check.ml"], budget)
+            try:
+                with self._servers.server() as server:
+                    rep = self._serve(server, workdir, ["c", "i", "check.ml"], budget)
+            finally:
+                self.sandbox.disown(workdir)
             res = RunResult(rep.returncode, "", rep.output, rep.timed_out)
         else:
             res = self._compile(["sh", "-c", self._type_check_only(requires, "check.ml") + " >/dev/null"], workdir, budget)
@@ -399,34 +381,41 @@ class OcamlGrader:
     def _first_steps_served(self, workdir: Path, phrases: list[src.Phrase], link: bool, budget: CompileBudget) -> bool:
         """The same steps as `_first_steps_script`, each a request to a compile server, leaving
         the same files; True if one timed out (the steps after it do not run)."""
-        with self._servers.server() as server:
-            def step(fields: list[str], out: str, rc: str | None) -> bool:
-                rep = self._serve(server, workdir, fields, budget)
-                if not rep.timed_out:
-                    (workdir / out).write_text(rep.output)
-                    if rc:
-                        (workdir / rc).write_text(f"{rep.returncode}\n")
-                return rep.timed_out
+        try:
+            with self._servers.server() as server:
+                return self._served_steps(server, workdir, phrases, link, budget)
+        finally:
+            self.sandbox.disown(workdir)  # the server goes on to other completions
 
-            if step(["c", "d", "solution.ml"], "tc.out", "tc.rc"):
-                return True
-            tc_out, tc_ok = _read(workdir / "tc.out"), _read(workdir / "tc.rc").strip() == "0"
-            if not tc_ok and NONGENERALIZABLE in tc_out and step(["c", "di", "solution.ml"], "tci.out", "tci.rc"):
-                return True
-            if len(phrases) > 1 and not tc_ok and re.search(SYNTAX_ERROR_RE, tc_out, re.IGNORECASE):
-                bad = []
-                for i, ph in enumerate(phrases):  # parsing alone takes ocamlc's default warnings
-                    (workdir / f"parse{i}.ml").write_text(ph.text)
-                    if step(["c", "pW", f"parse{i}.ml"], f"err{i}.txt", f"parse{i}.rc"):
-                        return True
-                    if _read(workdir / f"parse{i}.rc").strip() != "0":
-                        bad.append(i)
-                (workdir / "bad").write_text("".join(f"{i}\n" for i in bad))
-                (workdir / "check.ml").write_text("".join(ph.text for i, ph in enumerate(phrases) if i not in bad))
-                if step(["c", "i", "check.ml"], "check.out", "check.rc"):
+    def _served_steps(self, server: CompileServer, workdir: Path, phrases: list[src.Phrase], link: bool,
+                      budget: CompileBudget) -> bool:
+        def step(fields: list[str], out: str, rc: str | None) -> bool:
+            rep = self._serve(server, workdir, fields, budget)
+            if not rep.timed_out:
+                (workdir / out).write_text(rep.output)
+                if rc:
+                    (workdir / rc).write_text(f"{rep.returncode}\n")
+            return rep.timed_out
+
+        if step(["c", "d", "solution.ml"], "tc.out", "tc.rc"):
+            return True
+        tc_out, tc_ok = _read(workdir / "tc.out"), _read(workdir / "tc.rc").strip() == "0"
+        if not tc_ok and NONGENERALIZABLE in tc_out and step(["c", "di", "solution.ml"], "tci.out", "tci.rc"):
+            return True
+        if len(phrases) > 1 and not tc_ok and re.search(SYNTAX_ERROR_RE, tc_out, re.IGNORECASE):
+            bad = []
+            for i, ph in enumerate(phrases):  # parsing alone takes ocamlc's default warnings
+                (workdir / f"parse{i}.ml").write_text(ph.text)
+                if step(["c", "pW", f"parse{i}.ml"], f"err{i}.txt", f"parse{i}.rc"):
                     return True
-            if link and (tc_ok or _read(workdir / "tci.rc").strip() == "0"):
-                return step(["o", "prog", f"{self.harness}.cmo", "tests.ml"], "link.out", "link.rc")
+                if _read(workdir / f"parse{i}.rc").strip() != "0":
+                    bad.append(i)
+            (workdir / "bad").write_text("".join(f"{i}\n" for i in bad))
+            (workdir / "check.ml").write_text("".join(ph.text for i, ph in enumerate(phrases) if i not in bad))
+            if step(["c", "i", "check.ml"], "check.out", "check.rc"):
+                return True
+        if link and (tc_ok or _read(workdir / "tci.rc").strip() == "0"):
+            return step(["o", "prog", f"{self.harness}.cmo", "tests.ml"], "link.out", "link.rc")
         return False
 
     @staticmethod
@@ -444,8 +433,9 @@ class OcamlGrader:
     def grade(self, solution: str, tests: str, requires: list[str] = (), entry_points: list[str] = ()) -> Grade:
         """Type check, compile, and run the tests against one assembled solution.
 
-        The type check of the solution alone and the build of the test program share one
-        sandbox call (each call costs ~20 ms of process start-up here)."""
+        The type check of the solution alone and the build of the test program go to one
+        compile server, request after request (OCAML_COMPILER=server), or share one sandbox
+        call of `ocamlc`s (each call costs ~20 ms of process start-up here)."""
         workdir = self._new_job_dir()
         requires = list(requires)
         budget = CompileBudget(self.sandbox.limits.compile_s)
@@ -454,7 +444,7 @@ class OcamlGrader:
             solution = src.strip_line_directives(solution)
             phrases = src.split_phrases(solution)
             grade.phrases_total = max(1, len(phrases))
-            plan = test_plan(tests)
+            plan = plan_of(tests)
             grade.tests_total = src.assertion_count(plan)
             grade.forbidden = src.first_identifier(solution, forbidden_identifier)  # text: a fast first filter
             (workdir / "solution.ml").write_text(solution)
@@ -586,39 +576,6 @@ class OcamlGrader:
         return passed, finished, timed_out
 
 
-@functools.lru_cache(maxsize=1024)
-def test_plan(tests: str) -> src.TestPlan | None:
-    """The tests' per-assertion plan, parsed once per problem (every completion of a GRPO group
-    shares its tests; the Python lexer takes ~10 ms on a 70-line test file). Read-only."""
-    return src.parse_assert_tests(tests)
-
-
-@dataclass
-class RunTally:
-    began: set[int] = field(default_factory=set)
-    done: set[int] = field(default_factory=set)
-    passed: set[int] = field(default_factory=set)
-    finished: bool = False
-
-
-def tally_run(text: str, nonce: str, start: int, total: int) -> RunTally:
-    """What one run of the test program reported. Only lines carrying the run's nonce count, and
-    only for assertions this run was asked to run (start <= i < total), each once: whatever a
-    program writes, it cannot pass more assertions than the tests hold."""
-    t = RunTally()
-    for tag, i in _parse_events(text, nonce):
-        if tag == "D":
-            t.finished = True
-        elif start <= i < total:
-            if tag == "S":
-                t.began.add(i)
-            elif tag in ("P", "F"):
-                t.done.add(i)
-                if tag == "P":
-                    t.passed.add(i)
-    return t
-
-
 def _read(path: Path) -> str:
     try:
         return path.read_text(errors="replace")
@@ -668,43 +625,3 @@ def _phrase_of(err: CompileError, checked: Joined, candidates: list[int]) -> int
         if start <= at < end:
             return i if i in candidates else None
     return None
-
-
-def _parse_events(text: str, nonce: str) -> list[tuple[str, int]]:
-    events = []
-    for ln in text.splitlines():
-        parts = ln.split(" ")
-        if len(parts) == 3 and parts[0] == nonce and parts[1] in ("S", "P", "F", "D") and parts[2].isdigit():
-            events.append((parts[1], int(parts[2])))
-    return events
-
-
-def render_tests(solution: str, tests: str, plan: src.TestPlan | None, harness: str, entries: list[str]) -> str:
-    """One program: the harness alias, the solution as module `Solution`, then the tests.
-
-    Stdlib is opened after the solution, so a solution that redefines `=`, `List` or `exit`
-    cannot change what the tests mean. Each assertion runs inside the harness's `check`."""
-    tag = secrets.token_hex(6)
-    alias, stdlib = f"H_{tag}", f"Stdlib_{tag}"  # names taken before the solution can shadow them
-    head = [f"module {alias} = {harness}", f"module {stdlib} = Stdlib", "module Solution = struct",
-            '# 1 "solution.ml"', solution, '# 1 "tests.ml"', "end", "open Solution", f"open! {stdlib}"]
-    head += [f"let {e} = Solution.{e}" for e in entries]
-    body: list[str] = []
-    if plan is None:
-        body.append(tests)
-    else:
-        k = 0
-        for item in plan.items:
-            if isinstance(item, str):
-                body.append(item)
-                continue
-            lines = ["let () ="] + [f"  {b}" for b in item.bindings]
-            for is_assert, stmt in item.statements:
-                if is_assert:
-                    lines.append(f"  {alias}.check {k} (fun () -> {stmt});")
-                    k += 1
-                else:
-                    lines.append(f"  {stmt};")
-            lines += ["  ()", ";;"]
-            body.append("\n".join(lines))
-    return "\n".join(head) + "\n;;\n" + "\n".join(body) + f"\n;;\nlet () = {alias}.finish ()\n"
