@@ -38,6 +38,23 @@ RESTART_EVERY = 400  # requests per server process
 # of its requests (>= their CPU: one thread) reaches half of this.
 SERVER_CPU_S = 600
 READ_CHUNK = 1 << 16
+START_TIMEOUT_S = 30.0  # a server's start-up (bwrap, exec, reading the stdlib's .cmi) takes ~20 ms
+
+
+def _read_line(proc: Spawned, deadline: float) -> bytes | None:
+    """One line from the server, byte by byte (nothing after it is consumed); None on EOF or
+    at the deadline."""
+    fd, line = proc.proc.stdout.fileno(), bytearray()
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None
+        c = os.read(fd, 1)
+        if not c:
+            return None
+        if c == b"\n":
+            return bytes(line)
+        line += c
 
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -112,10 +129,19 @@ class CompileServer:
         self.starts = 0  # processes started so far (the tests read it)
 
     def _start(self) -> Spawned:
+        """The running server, started if need be. One that does not come up (its sandbox or
+        binary is broken) is a ToolchainError with what it printed, never a compile error."""
         if self._proc is None:
             argv = [SERVER_IN_BOX if self.sandbox.isolated else str(self.exe)]
-            self._proc = self.sandbox.spawn(argv, self.root, cpu_s=SERVER_CPU_S,
-                                            ro_binds=((str(self.exe), SERVER_IN_BOX),))
+            with tempfile.TemporaryFile() as err:
+                proc = self.sandbox.spawn(argv, self.root, cpu_s=SERVER_CPU_S, stderr_file=err,
+                                          ro_binds=((str(self.exe), SERVER_IN_BOX),))
+                if _read_line(proc, time.monotonic() + START_TIMEOUT_S) != b"ready":
+                    proc.stop()
+                    err.seek(0)
+                    raise ToolchainError(f"the compile server ({self.exe}) did not start in its sandbox: "
+                                         f"{err.read(2000).decode(errors='replace').strip() or 'no output'}")
+            self._proc = proc
             self._requests, self._busy_s = 0, 0.0
             self.starts += 1
         return self._proc
@@ -184,6 +210,7 @@ class ServerPool:
         self._free: queue.SimpleQueue[CompileServer] = queue.SimpleQueue()
         for s in self.servers:
             self._free.put(s)
+        self.servers[0]._start()  # a server that cannot run fails the grader's start, not a grading
 
     @contextmanager
     def server(self) -> Iterator[CompileServer]:

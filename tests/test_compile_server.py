@@ -206,3 +206,16 @@ def test_both_compilers_give_the_same_grades():
     finally:
         a.close()
         b.close()
+
+
+def test_a_server_that_cannot_start_is_a_toolchain_error_not_a_compile_error(sandbox, tmp_path):
+    broken = tmp_path / "compile_server"
+    broken.write_text("not a program\n")
+    broken.chmod(0o755)
+    root = tmp_path / "root"
+    root.mkdir()
+    s = cs.CompileServer(sandbox, broken, root)
+    d = root / "j"
+    d.mkdir()
+    with pytest.raises(ToolchainError, match="did not start"):
+        s.request(d, ["c", "-", "x.ml"], 20)

@@ -15,7 +15,7 @@
                                    warnings instead of -w -a -alert -all
      DIR  o  OUT  FILE...          like `ocamlc -w -a -alert -all -o OUT FILE...` (.ml files are
                                    compiled first, then everything is linked with the stdlib)
-   Reply on the original stdout, per request: "RC LEN\n" and LEN bytes: what ocamlc would have
+   Reply on the original stdout: "ready" once started, then per request: "RC LEN\n" and LEN bytes: what ocamlc would have
    written on stderr (warnings a solution re-enabled, then the error). The length prefix means
    nothing in a message (solution text is quoted in it) can pass for a reply. *)
 
@@ -136,6 +136,7 @@ let handle line =
   | _ -> 2, "bad request\n"
 
 let () =
+  output_string proto "ready\n"; flush proto;  (* the client's start-up probe *)
   try while true do
     let line = input_line stdin in
     let rc, out = Local_store.with_store (Local_store.fresh ()) (fun () -> reset (); handle line) in
