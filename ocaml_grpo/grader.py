@@ -45,6 +45,9 @@ def forbidden_identifier(name: str) -> bool:
             or name.startswith(("unsafe", "Camlinternal")))
 
 
+# Every verdict below needs one of these in the dump: a forbidden module or value, `external`,
+# an unsafe_* value, a Camlinternal* unit, or a primitive's declaration.
+DUMP_WORDS = (*FORBIDDEN_MODULES, *FORBIDDEN_VALUES, "external", "unsafe", "Camlinternal", "value_description")
 TYPED_PATH_RE = re.compile(r'^\s*(T[a-z]+_[a-z_]+) "([^"]*)"')
 # Nodes whose quoted text is a name being defined or a constructor/label as written, not a path.
 NOT_A_PATH = {"Tpat_var", "Tpat_alias", "Tpat_construct", "Texp_construct", "Tpat_variant", "Texp_variant"}
@@ -76,6 +79,8 @@ def typed_tree_forbidden(dump: str) -> str | None:
     Camlinternal* unit counts, as does a value named unsafe_*, input_value or output_value, and
     every primitive declaration (`external`, in a structure or a signature). String constants
     are printed escaped on their own `Const_string` lines, so no literal can forge a line here."""
+    if not any(word in dump for word in DUMP_WORDS):  # nothing below could match: skip the walk
+        return None
     lines = dump.splitlines()
     for k, line in enumerate(lines):
         stripped = line.strip()
