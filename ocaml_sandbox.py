@@ -288,8 +288,9 @@ class Sandbox:
         return Spawned(proc, uid, pool)
 
     def own(self, spawned: "Spawned", path: Path) -> None:
-        """Let a spawned process write `path` and everything in it."""
-        if spawned.uid is not None:
+        """Let a spawned process write `path` and everything in it (skipped when the directory is
+        its already: then so is every file not written since by us, which it only reads)."""
+        if spawned.uid is not None and os.stat(path).st_uid != spawned.uid:
             for p in [path, *path.rglob("*")]:
                 os.chown(p, spawned.uid, spawned.uid)
 

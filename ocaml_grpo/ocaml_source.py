@@ -54,6 +54,21 @@ def tokenize(src: str) -> list[Token]:
 
     Unterminated strings and comments run to the end of the text (the compiler reports them).
     """
+    return list(_cached_tokens(src) if len(src) <= TOKEN_CACHE_MAX_CHARS else _tokens(src))
+
+
+# A grading lexes the same texts several times (the prompt, the answer, then each of its phrases
+# for the names it defines): those are memoised, up to a size that bounds the cache's memory
+# (~512 x 4 KB of text; a token costs ~150 bytes).
+TOKEN_CACHE_MAX_CHARS = 4096
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_tokens(src: str) -> tuple[Token, ...]:
+    return _tokens(src)  # tokens are never modified
+
+
+def _tokens(src: str) -> tuple[Token, ...]:
     tokens: list[Token] = []
     newlines = [m.start() for m in re.finditer("\n", src)]
     i, n = 0, len(src)
@@ -76,7 +91,7 @@ def tokenize(src: str) -> list[Token]:
         k = bisect.bisect_left(newlines, i)  # newlines before the token
         tokens.append(Token(kind, src[i:end], i, k + 1, i - (newlines[k - 1] + 1 if k else 0)))
         i = end
-    return tokens
+    return tuple(tokens)
 
 
 def _skip_comment(src: str, j: int) -> int:
@@ -125,14 +140,7 @@ def strip_line_directives(src: str) -> str:
 
 
 def code_tokens(src: str) -> list[Token]:
-    return list(_code_tokens(src))
-
-
-@functools.lru_cache(maxsize=8192)
-def _code_tokens(src: str) -> tuple[Token, ...]:
-    """Memoised: a grading lexes the same texts several times (the prompt, the answer, then each
-    of its phrases for the names it defines). Tokens are never modified."""
-    return tuple(t for t in tokenize(src) if t.kind != "comment")
+    return [t for t in tokenize(src) if t.kind != "comment"]
 
 
 def strip_comments(src: str) -> str:
