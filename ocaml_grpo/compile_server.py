@@ -86,8 +86,13 @@ def build_server(source: Path = SERVER_SOURCE, cache: Path | None = None,
     exe = cache / f"compile_server-{key}"
     if exe.exists():
         return exe
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / ".build.lock", "w") as lock:  # several trainer ranks may start at once
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        lock = open(cache / ".build.lock", "w")  # several trainer ranks may start at once
+    except OSError as e:
+        raise ToolchainError(f"cannot write the compile server's cache directory {cache} ({e}); "
+                             "point XDG_CACHE_HOME at a writable directory") from e
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if exe.exists():
             return exe
