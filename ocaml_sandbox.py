@@ -172,6 +172,7 @@ class Sandbox:
         self.as_root = os.geteuid() == 0
         self._uids = UidPool() if self.as_root else None
         self._server_uids = UidPool(SERVER_UID_BASE, SERVER_UID_SIZE) if self.as_root else None
+        self._capture_dir = memory_tmpdir()  # each call's stdout/stderr (None: the system temp dir)
         _which_or_raise("ocamlc", "ocaml-nox")
         _which_or_raise("ocamlfind", "ocaml-findlib")  # problems that `require` packages compile through it
         _which_or_raise("prlimit", "util-linux")
@@ -252,7 +253,8 @@ class Sandbox:
             program_fd = os.open(program, os.O_RDONLY) if program is not None and self.isolated else None
             if program_fd is not None:
                 pass_fds = (*pass_fds, program_fd)
-            with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            capture = self._capture_dir
+            with tempfile.TemporaryFile(dir=capture) as out, tempfile.TemporaryFile(dir=capture) as err:
                 try:
                     proc = subprocess.Popen(
                         self._command(argv, workdir, cpu_s, uid, nice, program, program_fd), cwd=workdir,
