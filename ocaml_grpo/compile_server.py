@@ -79,8 +79,9 @@ def build_server(source: Path = SERVER_SOURCE, cache: Path | None = None,
                              "Install it: apt-get install -y ocaml-findlib")
     version = _tool_output(["ocamlfind", "ocamlopt", "-version"], env)
     if version.returncode != 0:
+        why = (version.stderr or version.stdout).strip()[:300]
         raise ToolchainError("the compile server needs the native compiler `ocamlopt` (through ocamlfind): "
-                             f"{(version.stderr or version.stdout).strip()[:300]}. Install it: apt-get install -y ocaml-nox")
+                             f"{why}. Install it: apt-get install -y ocaml-nox")
     text = source.read_bytes()
     key = hashlib.sha256(text + b"\0" + version.stdout.strip().encode()).hexdigest()[:16]
     exe = cache / f"compile_server-{key}"

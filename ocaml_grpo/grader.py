@@ -342,7 +342,8 @@ class OcamlGrader:
                 self.sandbox.disown(workdir)
             res = RunResult(rep.returncode, "", rep.output, rep.timed_out)
         else:
-            res = self._compile(["sh", "-c", self._type_check_only(requires, "check.ml") + " >/dev/null"], workdir, budget)
+            argv = ["sh", "-c", self._type_check_only(requires, "check.ml") + " >/dev/null"]
+            res = self._compile(argv, workdir, budget)
         if res.timed_out:
             return CompileError("other", 0, "compiler timed out")
         return None if res.returncode == 0 else parse_compiler_error(res.stderr)
