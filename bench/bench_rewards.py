@@ -1,9 +1,13 @@
 """Grader throughput: this grader (isolation on) against a naive reference pipeline, side by side.
 
-    python -m bench.bench_rewards [--problems data/ocaml_problems.jsonl] [--n 48]
+    python -m bench.bench_rewards [--problems bundled] [--n 48] [--exercises PATH]
 
-The corpus is fixed and mixed, built from the bundled problems' reference solutions:
-correct answers, type errors, syntax errors, failing tests, infinite loops and duplicates.
+Two fixed corpora, each timed with both pipelines in the same run:
+- no loops (issue #12's): the 55 ocaml.org exercises (`ocamlorg_exercises.jsonl` from
+  BENCHMARKS_DIR, default ../shared/benchmarks) x {correct, stub, type error, syntax error},
+  plus 25% duplicates: 275 completions. Without that file: the bundled problems, the same way.
+- mixed: built from the bundled problems' reference solutions: correct answers, type errors,
+  syntax errors, failing tests, infinite loops and duplicates.
 The naive pipeline is what a first version would do: `ocamlc -c`, `ocamlc -o`, run, one
 completion after another, no isolation, the CPU limit as its wall-clock limit per run.
 Then a GRPO-sized batch of 24 completions with 6 infinite loops is timed on its own.
@@ -18,6 +22,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from ocaml_grpo.problems import Problem, load_problems
 from ocaml_grpo.completions import assemble_solution, extract_code
@@ -54,6 +59,22 @@ def build_corpus(problems: list[Problem], n: int, loops: int, seed: int = 0) -> 
     return corpus
 
 
+def default_exercises() -> Path:
+    """The ocaml.org exercises in BENCHMARKS_DIR (default: ../shared/benchmarks beside the repo)."""
+    bench_dir = Path(os.environ.get("BENCHMARKS_DIR") or Path(__file__).resolve().parents[2] / "shared" / "benchmarks")
+    return bench_dir / "ocamlorg_exercises.jsonl"
+
+
+def no_loop_corpus(problems: list[Problem], seed: int = 0) -> list[tuple[Problem, str, str]]:
+    """Every problem x {correct, stub, type error, syntax error}, plus 25% duplicates, shuffled."""
+    rng = random.Random(seed)
+    corpus = [(p, f"```ocaml\n{variants(p)[kind]}\n```\n(* END *)", kind) for p in problems
+              for kind in ("correct", "failing_tests", "type_error", "syntax_error")]
+    corpus += [rng.choice(corpus)[:2] + ("duplicate",) for _ in range(len(corpus) // 4)]
+    rng.shuffle(corpus)
+    return corpus
+
+
 def naive_score(p: Problem, completion: str, wall_s: float) -> bool:
     """ocamlc -c, ocamlc -o, run: sequential, unisolated. Returns whether the tests passed."""
     solution, _ = assemble_solution(extract_code(completion), p.prompt)
@@ -73,25 +94,14 @@ def naive_score(p: Problem, completion: str, wall_s: float) -> bool:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--problems", default="bundled")
-    ap.add_argument("--n", type=int, default=48)
-    ap.add_argument("--loops", type=int, default=4)
-    args = ap.parse_args()
-    problems = [p for p in load_problems(args.problems) if p.solution and not p.requires]
-    corpus = build_corpus(problems, args.n, args.loops)
-    cfg = RewardConfig.from_env()
-    scorer = RewardScorer(replace(cfg, min_lines=0))
-    wall = scorer.grader.sandbox.limits.cpu_s  # the naive pipeline's per-run limit
-    print(f"cores={os.cpu_count()} workers={cfg.workers} cpu_limit={wall}s  {scorer.grader.sandbox.describe()}")
+def side_by_side(name: str, corpus: list[tuple[Problem, str, str]], scorer: RewardScorer, wall: float) -> dict:
+    """Both pipelines on one corpus (the grader's cache emptied first); the verdicts compared."""
     counts = {k: sum(1 for c in corpus if c[2] == k) for k in sorted({c[2] for c in corpus})}
-    print(f"corpus: {len(corpus)} completions {counts}")
-
+    print(f"{name} corpus: {len(corpus)} completions {counts}")
     t0 = time.perf_counter()
     naive = [naive_score(p, c, wall) for p, c, _ in corpus]
     t_naive = time.perf_counter() - t0
-
+    scorer._cache.clear()
     t0 = time.perf_counter()
     ours = scorer.score_batch([c[0] for c in corpus], [c[1] for c in corpus])
     t_ours = time.perf_counter() - t0
@@ -102,36 +112,56 @@ def main() -> None:
         else:
             print(f"  verdicts differ: {p.id} ({kind}): naive {ok}, grader {b.tests_passed}/{b.tests_total} "
                   f"timed_out={b.timed_out} {b.elapsed_ms:.0f} ms {b.first_error or ''}")
+    return {"name": name, "n": len(corpus), "naive": t_naive, "ours": t_ours, "agree": agree}
 
-    no_loops = [c for c in corpus if c[2] != "infinite_loop"]
-    scorer._cache.clear()
-    t0 = time.perf_counter()
-    for p, c, _ in no_loops:
-        naive_score(p, c, wall)
-    t_naive_nl = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    scorer.score_batch([c[0] for c in no_loops], [c[1] for c in no_loops])
-    t_ours_nl = time.perf_counter() - t0
 
-    print(f"{'pipeline':<34}{'seconds':>9}{'completions/s':>15}")
-    print(f"{'naive (sequential, no isolation)':<34}{t_naive:>9.2f}{len(corpus) / t_naive:>15.1f}")
-    print(f"{'this grader (bwrap, parallel)':<34}{t_ours:>9.2f}{len(corpus) / t_ours:>15.1f}")
-    print(f"speed-up on the mixed corpus: {t_naive / t_ours:.1f}x   (all-tests-pass verdicts agree: {agree}/{len(corpus)})")
-    print(f"without the infinite loops ({len(no_loops)} completions): naive {t_naive_nl:.2f}s, "
-          f"grader {t_ours_nl:.2f}s, speed-up {t_naive_nl / t_ours_nl:.1f}x")
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--problems", default="bundled")
+    ap.add_argument("--n", type=int, default=48)
+    ap.add_argument("--loops", type=int, default=4)
+    ap.add_argument("--exercises", default=str(default_exercises()))
+    args = ap.parse_args()
+    problems = [p for p in load_problems(args.problems) if p.solution and not p.requires]
+    exercises = problems
+    if Path(args.exercises).is_file():
+        exercises = [p for p in load_problems(args.exercises) if p.solution and not p.requires]
+    else:
+        print(f"note: {args.exercises} not found: the no-loop corpus is built from {args.problems}")
+    cfg = RewardConfig.from_env()
+    scorer = RewardScorer(replace(cfg, min_lines=0))
+    wall = scorer.grader.sandbox.limits.cpu_s  # the naive pipeline's per-run limit
+    print(f"cores={os.cpu_count()} workers={cfg.workers} cpu_limit={wall}s compiler={scorer.grader.compiler}  "
+          f"{scorer.grader.sandbox.describe()}")
+    scorer.score_batch([exercises[0]], [f"```ocaml\n{exercises[0].solution}\n```"])  # start the compile servers
+    rows = [side_by_side("no-loop", no_loop_corpus(exercises), scorer, wall),
+            side_by_side("mixed", build_corpus(problems, args.n, args.loops), scorer, wall)]
+    print(f"{'corpus':<10}{'completions':>12}{'naive s':>9}{'naive /s':>10}{'grader s':>10}{'grader /s':>11}"
+          f"{'speed-up':>10}{'verdicts agree':>16}")
+    for r in rows:
+        print(f"{r['name']:<10}{r['n']:>12}{r['naive']:>9.2f}{r['n'] / r['naive']:>10.1f}{r['ours']:>10.2f}"
+              f"{r['n'] / r['ours']:>11.1f}{r['naive'] / r['ours']:>9.1f}x{r['agree']:>11}/{r['n']}")
+    limit, slots = scorer.grader.sandbox.limits.cpu_s, cfg.workers
+    # Each loop is owed its whole CPU budget: on these run slots no CPU-fair grader spends less
+    # than the loops' CPU over the slots on the mixed corpus, whatever it does with the rest.
+    fair = -(-args.loops // slots) * limit
+    print(f"mixed corpus: its {args.loops} loops cost any CPU-fair grader >= {fair}s on {slots} run slots, "
+          f"so its speed-up here is at most {rows[1]['naive'] / fair:.1f}x")
 
     batch = build_corpus(problems, 24, 6, seed=1)
     scorer._cache.clear()
-    t0 = time.perf_counter()
+    c0, t0 = os.times(), time.perf_counter()
     res = scorer.score_batch([c[0] for c in batch], [c[1] for c in batch])
-    t_batch = time.perf_counter() - t0
-    limit, slots = scorer.grader.sandbox.limits.cpu_s, cfg.workers
+    t_batch, c1 = time.perf_counter() - t0, os.times()
+    # The test runs' CPU (reaped children): what the batch got of the machine while it ran.
+    runs_cpu = c1.children_user + c1.children_system - c0.children_user - c0.children_system
     # Each loop is owed its whole CPU budget (a slow correct answer must not be cut short by its
     # neighbours), so the fair floor is the loops' CPU shared over the run slots.
     floor = -(-6 // slots) * limit
     print(f"GRPO batch of 24 with 6 infinite loops: {t_batch:.2f}s (bound: 6 loops x CPU limit {limit}s over "
           f"{slots} run slots = {floor}s, + 0.5s: {'met' if t_batch <= floor + 0.5 else 'MISSED'}); "
-          f"timed out: {sum(b.timed_out for b in res)}")
+          f"timed out: {sum(b.timed_out for b in res)}; its test runs used {runs_cpu:.1f}s of CPU, "
+          f"{100 * runs_cpu / (t_batch * (os.cpu_count() or 1)):.0f}% of the {os.cpu_count()} cores over that time")
     scorer.close()
 
 

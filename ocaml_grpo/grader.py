@@ -8,6 +8,8 @@
    the solution never sees (fail-closed: only verified passes count);
 3. run it, restarting after the assertion that crashed the process; runs are bounded by the
    cores and judged by the CPU time they used.
+Compiles go to compile servers (ocaml_grpo/compile_server.py: `ocamlc` as a persistent process
+in the toolchain sandbox) or, with OCAML_COMPILER=ocamlc, to one `ocamlc` per step.
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ocaml_grpo import ocaml_source as src
+from ocaml_grpo.compile_server import CompileServer, Reply, ServerPool
+from ocaml_grpo.harness import HARNESS_ML, plan_of, render_tests, tally_run
 from ocaml_sandbox import RunResult, Sandbox, ToolchainError, sandbox_settings
 
 # Ways to read or forge memory (the harness's nonce lives there): no test credit when used.
@@ -41,6 +45,9 @@ def forbidden_identifier(name: str) -> bool:
             or name.startswith(("unsafe", "Camlinternal")))
 
 
+# Every verdict below needs one of these in the dump: a forbidden module or value, `external`,
+# an unsafe_* value, a Camlinternal* unit, or a primitive's declaration.
+DUMP_WORDS = (*FORBIDDEN_MODULES, *FORBIDDEN_VALUES, "external", "unsafe", "Camlinternal", "value_description")
 TYPED_PATH_RE = re.compile(r'^\s*(T[a-z]+_[a-z_]+) "([^"]*)"')
 # Nodes whose quoted text is a name being defined or a constructor/label as written, not a path.
 NOT_A_PATH = {"Tpat_var", "Tpat_alias", "Tpat_construct", "Texp_construct", "Tpat_variant", "Texp_variant"}
@@ -72,6 +79,8 @@ def typed_tree_forbidden(dump: str) -> str | None:
     Camlinternal* unit counts, as does a value named unsafe_*, input_value or output_value, and
     every primitive declaration (`external`, in a structure or a signature). String constants
     are printed escaped on their own `Const_string` lines, so no literal can forge a line here."""
+    if not any(word in dump for word in DUMP_WORDS):  # nothing below could match: skip the walk
+        return None
     lines = dump.splitlines()
     for k, line in enumerate(lines):
         stripped = line.strip()
@@ -106,31 +115,6 @@ WARNINGS_OFF = ["-w", "-a", "-alert", "-all"]
 RUN_NICE = 15  # model code yields the CPU to compiles and to the trainer
 RESULTS_READ_CAP = 4 << 20  # bytes of harness result lines read back; a test program writes ~40 per assertion
 CPU_TIMEOUT_SLACK_S = 0.05  # a run that used its CPU budget less this much was stopped by the CPU limit
-HARNESS_ML = r"""
-(* Trusted: linked before the solution, so it reads the nonce before any model code runs. *)
-external fd_out : int -> out_channel = "caml_ml_open_descriptor_out"
-(* The runtime has loaded the program; its file (holding the tests' constants) goes now. *)
-let () = try Sys.remove Sys.executable_name with Sys_error _ -> ()
-external fd_in : int -> in_channel = "caml_ml_open_descriptor_in"
-let nonce, start =
-  let ic = fd_in (int_of_string Sys.argv.(2)) in
-  let n = input_line ic in
-  let s = int_of_string (input_line ic) in
-  close_in ic;
-  n, s
-let oc = fd_out (int_of_string Sys.argv.(1))
-let emit tag i =
-  output_string oc (nonce ^ " " ^ tag ^ " " ^ string_of_int i ^ "\n");
-  flush oc
-let check i f =
-  if i >= start then begin
-    emit "S" i;
-    match f () with
-    | () -> emit "P" i
-    | exception _ -> emit "F" i
-  end
-let finish () = emit "D" 0
-"""
 
 
 @dataclass
@@ -232,12 +216,17 @@ class OcamlGrader:
     check.ml/.out/.rc      the phrases that parse, type-checked together
     link.out / link.rc     the test program (harness + solution + tests) built as `prog`
 
-    A file that is missing means its step did not run (or the call timed out before it)."""
+    A file that is missing means its step did not run (or the call timed out before it).
+    With the compile server, each step is a request and Python writes the same files from the
+    replies, so everything after the first steps reads them the same way on both paths."""
     MAX_CHECKS = 10  # bound on compiler calls spent counting errors in one solution
 
     def __init__(self, sandbox: Sandbox | None = None, tmp_root: str | None = None,
-                 max_parallel_compiles: int | None = None):
+                 max_parallel_compiles: int | None = None, compiler: str | None = None):
         self.sandbox = sandbox or Sandbox()
+        self.compiler = compiler or sandbox_settings()["OCAML_COMPILER"]
+        if self.compiler not in ("server", "ocamlc"):
+            raise ValueError(f"compiler {self.compiler!r}: expected 'server' or 'ocamlc'")
         cores = max_parallel_compiles or os.cpu_count() or 1
         # Compiles and test runs are CPU-bound: each is bounded by the cores, so a test run gets
         # a core to itself and a correct but slow answer never loses its verdict to neighbours
@@ -259,8 +248,15 @@ class OcamlGrader:
             raise ToolchainError(f"ocamlc is installed but cannot compile a trivial module: {res.stderr.strip()[:400]}")
         self._counter = 0
         self._lock = threading.Lock()
+        # One compile server per compile slot; built (or found in the cache) now, so a missing
+        # piece of the toolchain is an error at start-up, never a silent switch to ocamlc.
+        self._servers = ServerPool(self.sandbox, self.tmp_root, cores) if self.compiler == "server" else None
+        if self._servers:
+            weakref.finalize(self, self._servers.close)
 
     def close(self) -> None:
+        if self._servers:
+            self._servers.close()
         shutil.rmtree(self.tmp_root, ignore_errors=True)
 
     def _new_job_dir(self) -> Path:
@@ -338,7 +334,16 @@ class OcamlGrader:
     def _check(self, text: str, requires: list[str], workdir: Path, budget: CompileBudget) -> CompileError | None:
         """Type-check some of the phrases, as check.ml."""
         (workdir / "check.ml").write_text(text)
-        res = self._compile(["sh", "-c", self._type_check_only(requires, "check.ml") + " >/dev/null"], workdir, budget)
+        if self._servers and not requires:
+            try:
+                with self._servers.server() as server:
+                    rep = self._serve(server, workdir, ["c", "i", "check.ml"], budget)
+            finally:
+                self.sandbox.disown(workdir)
+            res = RunResult(rep.returncode, "", rep.output, rep.timed_out)
+        else:
+            argv = ["sh", "-c", self._type_check_only(requires, "check.ml") + " >/dev/null"]
+            res = self._compile(argv, workdir, budget)
         if res.timed_out:
             return CompileError("other", 0, "compiler timed out")
         return None if res.returncode == 0 else parse_compiler_error(res.stderr)
@@ -363,11 +368,80 @@ class OcamlGrader:
                 f"  {self._type_check_only(requires, 'check.ml')} >/dev/null 2>check.out; echo $? >check.rc\n"
                 f"fi\n")
 
+    def _first_steps_script(self, workdir: Path, phrases: list[src.Phrase], requires: list[str], link: bool,
+                            budget: CompileBudget) -> bool:
+        """The first steps (see the class docstring) as one shell script in one sandbox call, one
+        `ocamlc` each; True if the call timed out."""
+        typed = " ".join(self._compiler(requires, False) + ["-dparsetree", "-dtypedtree", "-dump-into-file"])
+        script = (f"{typed} -c solution.ml >tc.out 2>&1; echo $? >tc.rc\n"
+                  f'if [ "$(cat tc.rc)" != 0 ] && grep -q "{NONGENERALIZABLE}" tc.out; then '
+                  f"{typed} -i solution.ml >/dev/null 2>tci.out; echo $? >tci.rc; fi\n")
+        if len(phrases) > 1:
+            script += self._syntax_script(phrases, requires, workdir)
+        if link:
+            prog = " ".join(self._compiler(requires, True) + ["-o", "prog", f"{self.harness}.cmo", "tests.ml"])
+            script += (f'if [ "$(cat tc.rc)" = 0 ] || [ "$(cat tci.rc 2>/dev/null)" = 0 ]; then '
+                       f"{prog} >link.out 2>&1; echo $? >link.rc; fi\n")
+        return self._compile(["sh", "-c", script], workdir, budget).timed_out
+
+    def _first_steps_served(self, workdir: Path, phrases: list[src.Phrase], link: bool, budget: CompileBudget) -> bool:
+        """The same steps as `_first_steps_script`, each a request to a compile server, leaving
+        the same files; True if one timed out (the steps after it do not run)."""
+        try:
+            with self._servers.server() as server:
+                return self._served_steps(server, workdir, phrases, link, budget)
+        finally:
+            self.sandbox.disown(workdir)  # the server goes on to other completions
+
+    def _served_steps(self, server: CompileServer, workdir: Path, phrases: list[src.Phrase], link: bool,
+                      budget: CompileBudget) -> bool:
+        def step(fields: list[str], out: str, rc: str | None) -> bool:
+            rep = self._serve(server, workdir, fields, budget)
+            if not rep.timed_out:
+                (workdir / out).write_text(rep.output)
+                if rc:
+                    (workdir / rc).write_text(f"{rep.returncode}\n")
+            return rep.timed_out
+
+        if step(["c", "d", "solution.ml"], "tc.out", "tc.rc"):
+            return True
+        tc_out, tc_ok = _read(workdir / "tc.out"), _read(workdir / "tc.rc").strip() == "0"
+        if not tc_ok and NONGENERALIZABLE in tc_out and step(["c", "di", "solution.ml"], "tci.out", "tci.rc"):
+            return True
+        if len(phrases) > 1 and not tc_ok and re.search(SYNTAX_ERROR_RE, tc_out, re.IGNORECASE):
+            bad = []
+            for i, ph in enumerate(phrases):  # parsing alone takes ocamlc's default warnings
+                (workdir / f"parse{i}.ml").write_text(ph.text)
+                if step(["c", "pW", f"parse{i}.ml"], f"err{i}.txt", f"parse{i}.rc"):
+                    return True
+                if _read(workdir / f"parse{i}.rc").strip() != "0":
+                    bad.append(i)
+            (workdir / "bad").write_text("".join(f"{i}\n" for i in bad))
+            (workdir / "check.ml").write_text("".join(ph.text for i, ph in enumerate(phrases) if i not in bad))
+            if step(["c", "i", "check.ml"], "check.out", "check.rc"):
+                return True
+        if link and (tc_ok or _read(workdir / "tci.rc").strip() == "0"):
+            return step(["o", "prog", f"{self.harness}.cmo", "tests.ml"], "link.out", "link.rc")
+        return False
+
+    @staticmethod
+    def _serve(server: CompileServer, workdir: Path, fields: list[str], budget: CompileBudget) -> Reply:
+        """One compile-server request within what is left of the completion's compile budget."""
+        if budget.seconds <= 0:
+            budget.exhausted = True
+            return Reply(2, "compiler timed out", timed_out=True)
+        t0 = time.monotonic()
+        rep = server.request(workdir, fields, budget.seconds)
+        budget.seconds -= time.monotonic() - t0
+        budget.exhausted = rep.timed_out or budget.seconds <= 0
+        return rep
+
     def grade(self, solution: str, tests: str, requires: list[str] = (), entry_points: list[str] = ()) -> Grade:
         """Type check, compile, and run the tests against one assembled solution.
 
-        The type check of the solution alone and the build of the test program share one
-        sandbox call (each call costs ~20 ms of process start-up here)."""
+        The type check of the solution alone and the build of the test program go to one
+        compile server, request after request (OCAML_COMPILER=server), or share one sandbox
+        call of `ocamlc`s (each call costs ~20 ms of process start-up here)."""
         workdir = self._new_job_dir()
         requires = list(requires)
         budget = CompileBudget(self.sandbox.limits.compile_s)
@@ -376,27 +450,22 @@ class OcamlGrader:
             solution = src.strip_line_directives(solution)
             phrases = src.split_phrases(solution)
             grade.phrases_total = max(1, len(phrases))
-            plan = src.parse_assert_tests(tests)
+            plan = plan_of(tests)
             grade.tests_total = src.assertion_count(plan)
             grade.forbidden = src.first_identifier(solution, forbidden_identifier)  # text: a fast first filter
             (workdir / "solution.ml").write_text(solution)
-            typed = " ".join(self._compiler(requires, False) + ["-dparsetree", "-dtypedtree", "-dump-into-file"])
-            script = (f"{typed} -c solution.ml >tc.out 2>&1; echo $? >tc.rc\n"
-                      f'if [ "$(cat tc.rc)" != 0 ] && grep -q "{NONGENERALIZABLE}" tc.out; then '
-                      f"{typed} -i solution.ml >/dev/null 2>tci.out; echo $? >tci.rc; fi\n")
-            if len(phrases) > 1:
-                script += self._syntax_script(phrases, requires, workdir)
-            if not grade.forbidden:
+            link = not grade.forbidden
+            if link:
                 for ext in (".cmi", ".cmo"):
                     shutil.copyfile(self._harness_dir / (self.harness + ext), workdir / (self.harness + ext))
                 (workdir / "tests.ml").write_text(render_tests(solution, tests, plan, self.harness.capitalize(),
                                                                list(entry_points)))
-                link = " ".join(self._compiler(requires, True) + ["-o", "prog", f"{self.harness}.cmo", "tests.ml"])
-                script += (f'if [ "$(cat tc.rc)" = 0 ] || [ "$(cat tci.rc 2>/dev/null)" = 0 ]; then '
-                           f"{link} >link.out 2>&1; echo $? >link.rc; fi\n")
-            res = self._compile(["sh", "-c", script], workdir, budget)
+            if self._servers and not requires:
+                timed_out = self._first_steps_served(workdir, phrases, link, budget)
+            else:
+                timed_out = self._first_steps_script(workdir, phrases, requires, link, budget)
             first = parse_compiler_error(_read(workdir / "tc.out"))
-            if res.timed_out:
+            if timed_out:
                 first = CompileError("other", 0, "compiler timed out")
             # Typing got to the end: said by the compiler's exit status, never by its messages.
             # Weak type variables (`let f = List.map g`) are fine in a program, only not in a
@@ -513,32 +582,6 @@ class OcamlGrader:
         return passed, finished, timed_out
 
 
-@dataclass
-class RunTally:
-    began: set[int] = field(default_factory=set)
-    done: set[int] = field(default_factory=set)
-    passed: set[int] = field(default_factory=set)
-    finished: bool = False
-
-
-def tally_run(text: str, nonce: str, start: int, total: int) -> RunTally:
-    """What one run of the test program reported. Only lines carrying the run's nonce count, and
-    only for assertions this run was asked to run (start <= i < total), each once: whatever a
-    program writes, it cannot pass more assertions than the tests hold."""
-    t = RunTally()
-    for tag, i in _parse_events(text, nonce):
-        if tag == "D":
-            t.finished = True
-        elif start <= i < total:
-            if tag == "S":
-                t.began.add(i)
-            elif tag in ("P", "F"):
-                t.done.add(i)
-                if tag == "P":
-                    t.passed.add(i)
-    return t
-
-
 def _read(path: Path) -> str:
     try:
         return path.read_text(errors="replace")
@@ -588,43 +631,3 @@ def _phrase_of(err: CompileError, checked: Joined, candidates: list[int]) -> int
         if start <= at < end:
             return i if i in candidates else None
     return None
-
-
-def _parse_events(text: str, nonce: str) -> list[tuple[str, int]]:
-    events = []
-    for ln in text.splitlines():
-        parts = ln.split(" ")
-        if len(parts) == 3 and parts[0] == nonce and parts[1] in ("S", "P", "F", "D") and parts[2].isdigit():
-            events.append((parts[1], int(parts[2])))
-    return events
-
-
-def render_tests(solution: str, tests: str, plan: src.TestPlan | None, harness: str, entries: list[str]) -> str:
-    """One program: the harness alias, the solution as module `Solution`, then the tests.
-
-    Stdlib is opened after the solution, so a solution that redefines `=`, `List` or `exit`
-    cannot change what the tests mean. Each assertion runs inside the harness's `check`."""
-    tag = secrets.token_hex(6)
-    alias, stdlib = f"H_{tag}", f"Stdlib_{tag}"  # names taken before the solution can shadow them
-    head = [f"module {alias} = {harness}", f"module {stdlib} = Stdlib", "module Solution = struct",
-            '# 1 "solution.ml"', solution, '# 1 "tests.ml"', "end", "open Solution", f"open! {stdlib}"]
-    head += [f"let {e} = Solution.{e}" for e in entries]
-    body: list[str] = []
-    if plan is None:
-        body.append(tests)
-    else:
-        k = 0
-        for item in plan.items:
-            if isinstance(item, str):
-                body.append(item)
-                continue
-            lines = ["let () ="] + [f"  {b}" for b in item.bindings]
-            for is_assert, stmt in item.statements:
-                if is_assert:
-                    lines.append(f"  {alias}.check {k} (fun () -> {stmt});")
-                    k += 1
-                else:
-                    lines.append(f"  {stmt};")
-            lines += ["  ()", ";;"]
-            body.append("\n".join(lines))
-    return "\n".join(head) + "\n;;\n" + "\n".join(body) + f"\n;;\nlet () = {alias}.finish ()\n"

@@ -6,6 +6,8 @@ makes it testable in microseconds and keeps the sandbox file about isolation.
 """
 from __future__ import annotations
 
+import bisect
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -25,6 +27,17 @@ _CHAR_BODY = r"(?:\r?\n|(?![\\'\n\r])[\x00-\x7f]|\\[\\'\"ntbr ]|\\[0-9]{3}|\\o[0
 CHAR_RE = re.compile(r"'" + _CHAR_BODY + r"'")
 COMMENT_CHAR_RE = re.compile(r"''|'" + _CHAR_BODY + r"'")  # inside comments '' is skipped too
 LINE_DIRECTIVE_RE = re.compile(r"(?m)^[ \t]*#[ \t]*[0-9].*$")
+# Scanning shortcuts (the lexer runs on every completion and test file): a run of blanks; the
+# next place a comment can change state (in the order _skip_comment tests them); a string's body.
+BLANKS_RE = re.compile(r"[ \t\r\n\f]+")
+COMMENT_EVENT_RE = re.compile(r"""\(\*|\*\)|"|\{|'""")
+STRING_BODY_RE = re.compile(r'(?:[^"\\]|\\[\s\S])*')
+# One step of `tokenize`: its cases as alternatives, tried in the same order.
+TOKEN_RE = re.compile("|".join([
+    r"(?P<blank>[ \t\r\n\f]+)", r"(?P<comment>\(\*)", r'(?P<string>")',
+    r"(?P<quoted>\{(?:%%?[A-Za-z0-9_']+(?:\.[A-Za-z0-9_']+)*[ \t]*)?(?P<qid>[a-z_]*)\|)",
+    r"(?P<char>'" + _CHAR_BODY + "')", r"(?P<quote>')", r"(?P<ident>[A-Za-z_][A-Za-z0-9_']*)",
+    r"(?P<number>[0-9][0-9a-zA-Z_.']*)", r"(?P<symbol>;;|[()\[\]{};,]|[!$%&*+\-./:<=>?@^|~#]+|.)"]), re.S)
 
 
 @dataclass
@@ -41,46 +54,44 @@ def tokenize(src: str) -> list[Token]:
 
     Unterminated strings and comments run to the end of the text (the compiler reports them).
     """
+    return list(_cached_tokens(src) if len(src) <= TOKEN_CACHE_MAX_CHARS else _tokens(src))
+
+
+# A grading lexes the same texts several times (the prompt, the answer, then each of its phrases
+# for the names it defines): those are memoised, up to a size that bounds the cache's memory
+# (~512 x 4 KB of text; a token costs ~150 bytes).
+TOKEN_CACHE_MAX_CHARS = 4096
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_tokens(src: str) -> tuple[Token, ...]:
+    return _tokens(src)  # tokens are never modified
+
+
+def _tokens(src: str) -> tuple[Token, ...]:
     tokens: list[Token] = []
-    i, n, line, line_start = 0, len(src), 1, 0
-
-    def advance_to(j: int) -> None:
-        nonlocal i, line, line_start
-        nl = src.count("\n", i, j)
-        if nl:
-            line += nl
-            line_start = src.rindex("\n", i, j) + 1
-        i = j
-
+    newlines = [m.start() for m in re.finditer("\n", src)]
+    i, n = 0, len(src)
     while i < n:
-        c = src[i]
-        if c in " \t\r\n\f":
-            advance_to(i + 1)
+        m = TOKEN_RE.match(src, i)
+        kind = m.lastgroup
+        if kind == "blank":
+            i = m.end()
             continue
-        start, tline, tcol = i, line, i - line_start
-        if src.startswith("(*", i):  # `(*)` opens a comment too, as in OCaml
-            kind, end = "comment", _skip_comment(src, i + 2)
-        elif c == '"':
-            kind, end = "string", _skip_string(src, i)
-        elif c == "{" and (m := QUOTED_STRING_RE.match(src, i)):
-            kind, end = "string", _skip_quoted(src, m)
-        elif c == "'":
-            m = CHAR_RE.match(src, i)
-            kind, end = ("char", m.end()) if m else ("symbol", i + 1)  # else a type variable's quote
-        elif m := IDENT_RE.match(src, i):
-            kind, end = "ident", m.end()
-        elif "0" <= c <= "9":
-            kind, end = "symbol", NUMBER_RE.match(src, i).end()
-        elif src.startswith(";;", i):
-            kind, end = "symbol", i + 2
-        elif c in "()[]{};,":
-            kind, end = "symbol", i + 1
+        if kind == "comment":  # `(*)` opens a comment too, as in OCaml
+            end = _skip_comment(src, i + 2)
+        elif kind == "string":
+            end = _skip_string(src, i)
+        elif kind == "quoted":
+            kind, end = "string", _skip_quoted(src, m, "qid")
+        elif kind in ("quote", "number"):  # a quote that opens no char literal: a type variable's
+            kind, end = "symbol", m.end()
         else:
-            m = OPERATOR_RE.match(src, i)
-            kind, end = "symbol", (m.end() if m else i + 1)
-        tokens.append(Token(kind, src[start:end], start, tline, tcol))
-        advance_to(end)
-    return tokens
+            end = m.end()
+        k = bisect.bisect_left(newlines, i)  # newlines before the token
+        tokens.append(Token(kind, src[i:end], i, k + 1, i - (newlines[k - 1] + 1 if k else 0)))
+        i = end
+    return tuple(tokens)
 
 
 def _skip_comment(src: str, j: int) -> int:
@@ -88,6 +99,10 @@ def _skip_comment(src: str, j: int) -> int:
     strings and char literals OCaml's lexer reads inside comments (so `"*)"` does not close one)."""
     depth, n = 1, len(src)
     while j < n and depth:
+        m = COMMENT_EVENT_RE.search(src, j)  # everything before it is skipped one by one
+        if m is None:
+            return n
+        j = m.start()
         if src.startswith("(*", j):
             depth, j = depth + 1, j + 2
         elif src.startswith("*)", j):
@@ -103,22 +118,17 @@ def _skip_comment(src: str, j: int) -> int:
     return j
 
 
-def _skip_quoted(src: str, opener: re.Match) -> int:
+def _skip_quoted(src: str, opener: re.Match, group: int | str = 1) -> int:
     """End of a quoted string; the closing `|id}` is searched after the opener, never inside it."""
-    close = src.find("|" + opener.group(1) + "}", opener.end())
-    return len(src) if close < 0 else close + len(opener.group(1)) + 2
+    close = src.find("|" + opener.group(group) + "}", opener.end())
+    return len(src) if close < 0 else close + len(opener.group(group)) + 2
 
 
 def _skip_string(src: str, i: int) -> int:
-    j = i + 1
-    while j < len(src):
-        if src[j] == "\\":
-            j += 2
-        elif src[j] == '"':
-            return j + 1
-        else:
-            j += 1
-    return len(src)
+    """End of the string opening at i: a backslash escapes the next character; unterminated:
+    the end of the text."""
+    j = STRING_BODY_RE.match(src, i + 1).end()
+    return j + 1 if j < len(src) and src[j] == '"' else len(src)
 
 
 def strip_line_directives(src: str) -> str:

@@ -1,0 +1,231 @@
+"""The grader's persistent compiler: ocaml/compile_server.ml, built once, run in the toolchain sandbox.
+
+A new `ocamlc` per check costs ~12 ms of CPU before it reads its file, and a sandbox call ~8 ms
+more; a grading makes 2-4 of them. The server is `ocamlc` as a library (compiler-libs): started
+once per compile slot, inside the same bubblewrap sandbox and rlimits as `ocamlc` calls, it
+answers requests over pipes with ocamlc's outputs (files, exit status, stderr).
+
+Trust: a request that overruns its completion's compile budget is stopped by killing the
+server (and everything in its sandbox); a server that dies is restarted, the request retried
+once on the fresh one (its death may be an earlier request's doing). Servers are also replaced
+every RESTART_EVERY requests, and after any fatal error, so no request inherits a damaged heap.
+Per-request state (the type checker's tables, warnings, flags, linker tables) is reset by the
+server itself before each request.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import queue
+import select
+import shutil
+import subprocess
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Mapping
+
+from ocaml_sandbox import Sandbox, Spawned, ToolchainError
+
+SERVER_SOURCE = Path(__file__).resolve().parent / "ocaml" / "compile_server.ml"
+SERVER_PACKAGES = "compiler-libs.bytecomp,unix"
+SERVER_IN_BOX = "/opt/ocaml-grpo/compile_server"  # where the toolchain sandbox sees the binary
+RESTART_EVERY = 400  # requests per server process
+# The server's CPU rlimit over its life. The client replaces it well before: when the wall time
+# of its requests (>= their CPU: one thread) reaches half of this.
+SERVER_CPU_S = 600
+READ_CHUNK = 1 << 16
+START_TIMEOUT_S = 30.0  # a server's start-up (bwrap, exec, reading the stdlib's .cmi) takes ~20 ms
+
+
+def _read_line(proc: Spawned, deadline: float) -> bytes | None:
+    """One line from the server, byte by byte (nothing after it is consumed); None on EOF or
+    at the deadline."""
+    fd, line = proc.proc.stdout.fileno(), bytearray()
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None
+        c = os.read(fd, 1)
+        if not c:
+            return None
+        if c == b"\n":
+            return bytes(line)
+        line += c
+
+
+def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ocaml-grpo"
+
+
+def _tool_output(argv: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, env=dict(env))
+
+
+def build_server(source: Path = SERVER_SOURCE, cache: Path | None = None,
+                 environ: Mapping[str, str] | None = None) -> Path:
+    """The server binary, built with `ocamlfind ocamlopt` on first use and cached under a key of
+    its source and the compiler's version (a compiler upgrade rebuilds it). A missing piece of
+    the toolchain is a ToolchainError that names the Debian package to install."""
+    env = dict(os.environ if environ is None else environ)
+    cache = cache or cache_dir(env)
+    if not shutil.which("ocamlfind", path=env.get("PATH")):
+        raise ToolchainError("the compile server needs `ocamlfind`, not found on PATH. "
+                             "Install it: apt-get install -y ocaml-findlib")
+    version = _tool_output(["ocamlfind", "ocamlopt", "-version"], env)
+    if version.returncode != 0:
+        why = (version.stderr or version.stdout).strip()[:300]
+        raise ToolchainError("the compile server needs the native compiler `ocamlopt` (through ocamlfind): "
+                             f"{why}. Install it: apt-get install -y ocaml-nox")
+    text = source.read_bytes()
+    key = hashlib.sha256(text + b"\0" + version.stdout.strip().encode()).hexdigest()[:16]
+    exe = cache / f"compile_server-{key}"
+    if exe.exists():
+        return exe
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        lock = open(cache / ".build.lock", "w")  # several trainer ranks may start at once
+    except OSError as e:
+        raise ToolchainError(f"cannot write the compile server's cache directory {cache} ({e}); "
+                             "point XDG_CACHE_HOME at a writable directory") from e
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if exe.exists():
+            return exe
+        missing = [p for p in SERVER_PACKAGES.split(",")
+                   if _tool_output(["ocamlfind", "query", p], env).returncode != 0]
+        if missing:
+            raise ToolchainError(f"the compile server needs the OCaml package(s) {', '.join(missing)} "
+                                 "(ocamlfind cannot find them). Install them: apt-get install -y ocaml-compiler-libs")
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            shutil.copyfile(source, Path(tmp) / "compile_server.ml")
+            res = subprocess.run(["ocamlfind", "ocamlopt", "-package", SERVER_PACKAGES, "-linkpkg",
+                                  "compile_server.ml", "-o", "compile_server"], cwd=tmp, capture_output=True,
+                                 text=True, env=env)
+            if res.returncode != 0:
+                raise ToolchainError("building the compile server failed (`ocamlfind ocamlopt -package "
+                                     f"{SERVER_PACKAGES}`): {(res.stderr or res.stdout).strip()[-600:]}")
+            os.chmod(Path(tmp) / "compile_server", 0o755)
+            os.replace(Path(tmp) / "compile_server", exe)
+    return exe
+
+
+@dataclass
+class Reply:
+    returncode: int
+    output: str  # what ocamlc would have written on stderr
+    timed_out: bool = False
+
+
+class CompileServer:
+    """One server process (started on first use), used by one thread at a time."""
+
+    def __init__(self, sandbox: Sandbox, exe: Path, root: Path):
+        self.sandbox, self.exe, self.root = sandbox, exe, root
+        # Where `root` is inside the server's sandbox (its /work), or on the host when unisolated.
+        self._box_root = "/work" if sandbox.isolated else str(root)
+        self._proc: Spawned | None = None
+        self._requests = 0
+        self._busy_s = 0.0
+        self.starts = 0  # processes started so far (the tests read it)
+
+    def _start(self) -> Spawned:
+        """The running server, started if need be. One that does not come up (its sandbox or
+        binary is broken) is a ToolchainError with what it printed, never a compile error."""
+        if self._proc is None:
+            argv = [SERVER_IN_BOX if self.sandbox.isolated else str(self.exe)]
+            with tempfile.TemporaryFile() as err:
+                proc = self.sandbox.spawn(argv, self.root, cpu_s=SERVER_CPU_S, stderr_file=err,
+                                          ro_binds=((str(self.exe), SERVER_IN_BOX),))
+                if _read_line(proc, time.monotonic() + START_TIMEOUT_S) != b"ready":
+                    proc.stop()
+                    err.seek(0)
+                    raise ToolchainError(f"the compile server ({self.exe}) did not start in its sandbox: "
+                                         f"{err.read(2000).decode(errors='replace').strip() or 'no output'}")
+            self._proc = proc
+            self._requests, self._busy_s = 0, 0.0
+            self.starts += 1
+        return self._proc
+
+    def stop(self, graceful: bool = False) -> None:
+        if self._proc is not None:
+            self._proc.stop(graceful)
+            self._proc = None
+
+    def request(self, workdir: Path, fields: list[str], timeout: float) -> Reply:
+        """Run one request in `workdir` (under the server's root) within `timeout` seconds."""
+        for attempt in (0, 1):
+            t0 = time.monotonic()
+            proc = self._start()
+            self.sandbox.own(proc, workdir)
+            line = "\t".join([f"{self._box_root}/{workdir.relative_to(self.root)}", *fields]) + "\n"
+            reply = self._exchange(proc, line.encode(), t0 + timeout)
+            self._requests += 1
+            self._busy_s += time.monotonic() - t0
+            if reply is None or reply.timed_out:
+                self.stop()  # the only way to stop a compile in flight; a fresh server serves the next
+                if reply is None and attempt == 0 and time.monotonic() - t0 < timeout:
+                    timeout -= time.monotonic() - t0
+                    continue  # it died (not timed out): retry once on a fresh server
+                return reply or Reply(2, "Fatal error: the compiler process died\n")
+            if (self._requests >= RESTART_EVERY or self._busy_s >= SERVER_CPU_S / 2
+                    or reply.output.startswith("Fatal error")):
+                self.stop(graceful=True)
+            return reply
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _exchange(proc: Spawned, line: bytes, deadline: float) -> Reply | None:
+        """Send a request and read its reply: None if the server died, timed_out if the deadline
+        passed first."""
+        try:
+            proc.proc.stdin.write(line)
+        except (BrokenPipeError, OSError):
+            return None
+        fd = proc.proc.stdout.fileno()
+        buf = bytearray()
+        need: int | None = None
+        header = 0
+        while need is None or len(buf) < header + need:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return Reply(2, "compiler timed out", timed_out=True)
+            chunk = os.read(fd, READ_CHUNK)
+            if not chunk:
+                return None
+            buf += chunk
+            if need is None and b"\n" in buf:
+                head, _, _ = buf.partition(b"\n")
+                rc, n = head.split()
+                header, need = len(head) + 1, int(n)
+                code = int(rc)
+        return Reply(code, buf[header:header + need].decode("utf-8", "replace"))
+
+
+class ServerPool:
+    """One server per compile slot: taking a server is taking a slot."""
+
+    def __init__(self, sandbox: Sandbox, root: Path, size: int, exe: Path | None = None):
+        self.exe = exe or build_server()
+        self.servers = [CompileServer(sandbox, self.exe, root) for _ in range(size)]
+        self._free: queue.SimpleQueue[CompileServer] = queue.SimpleQueue()
+        for s in self.servers:
+            self._free.put(s)
+        self.servers[0]._start()  # a server that cannot run fails the grader's start, not a grading
+
+    @contextmanager
+    def server(self) -> Iterator[CompileServer]:
+        s = self._free.get()
+        try:
+            yield s
+        finally:
+            self._free.put(s)
+
+    def close(self) -> None:
+        for s in self.servers:
+            s.stop(graceful=True)
