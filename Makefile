@@ -2,13 +2,13 @@
 # make test   - the test suite (real OCaml, real TRL, a tiny local model)
 # make bench  - the grader, audit and trainer benchmarks (BENCHMARKS.md)
 PY := .venv/bin/python
-APT_PACKAGES := ocaml-nox ocaml-findlib bubblewrap libbase-ocaml-dev libreact-ocaml-dev libcalendar-ocaml-dev
+APT_PACKAGES := ocaml-nox ocaml-compiler-libs ocaml-findlib bubblewrap libbase-ocaml-dev libreact-ocaml-dev libcalendar-ocaml-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: setup system python demo test bench
 setup: system python
 
-# Debian packages: OCaml 4.13, findlib, Base (and the two libraries two benchmark rows need), bubblewrap.
+# Debian packages: OCaml 4.13 and its compiler-libs (the grader's compile server), findlib, Base (and the two libraries two benchmark rows need), bubblewrap.
 system:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
