@@ -23,6 +23,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from ocaml_grpo.demo_model import ensure_demo_model
+from ocaml_grpo.models import load_model, load_tokenizer
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo.prompting import chat_messages
 from rewards import Breakdown, RewardConfig, RewardScorer
@@ -55,18 +56,18 @@ def verdict(pass1: float) -> str:
 
 
 def generate_hf(model_id: str, adapter: str | None, prompts: list[list[dict]], samples: int, max_new_tokens: int,
-                temperature: float, batch_size: int, seed: int) -> tuple[list[list[str]], list[list[int]]]:
+                temperature: float, batch_size: int, seed: int, top_k: int | None = None,
+                progress: bool = True) -> tuple[list[list[str]], list[list[int]]]:
+    """`samples` completions per prompt (top_k=0 samples as TRL's GRPO does; None keeps the
+    model's generation config)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(seed)
     on_gpu = torch.cuda.is_available()
-    tokenizer = AutoTokenizer.from_pretrained(adapter if adapter and (Path(adapter) / "tokenizer_config.json").exists()
-                                              else model_id)
-    tokenizer.padding_side = "left"  # decoder-only: pad on the left so generation continues the prompt
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(model_id, dtype=torch.bfloat16 if on_gpu else torch.float32)
+    # decoder-only: pad on the left so generation continues the prompt
+    tokenizer = load_tokenizer(adapter if adapter and (Path(adapter) / "tokenizer_config.json").exists() else model_id,
+                               padding_side="left")
+    model = load_model(model_id)
     if adapter:
         from peft import PeftModel
         model = PeftModel.from_pretrained(model, adapter)
@@ -81,13 +82,15 @@ def generate_hf(model_id: str, adapter: str | None, prompts: list[list[dict]], s
         with torch.no_grad():
             gen = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=do_sample,
                                  temperature=temperature if do_sample else None, top_p=1.0 if do_sample else None,
+                                 **({"top_k": top_k} if do_sample and top_k is not None else {}),
                                  num_return_sequences=samples, pad_token_id=tokenizer.pad_token_id)
         new = gen[:, batch["input_ids"].shape[1]:]
         for i in range(0, new.shape[0], samples):
             group = new[i:i + samples]
             outs.append([tokenizer.decode(g, skip_special_tokens=True) for g in group])
             lens.append([int((g != tokenizer.pad_token_id).sum()) for g in group])
-        print(f"generated {min(start + batch_size, len(texts))}/{len(texts)} problems", flush=True)
+        if progress:
+            print(f"generated {min(start + batch_size, len(texts))}/{len(texts)} problems", flush=True)
     return outs, lens
 
 

@@ -35,6 +35,7 @@ import rewards
 from ocaml_grpo import dataset_audit
 from ocaml_grpo.demo_model import DEMO_MODEL_DIR, ensure_demo_model
 from ocaml_grpo.generation_engines import engine_kwargs
+from ocaml_grpo.models import adapter_base, load_model, load_tokenizer, lora_config, merge_adapter
 from ocaml_grpo.problems import DatasetError, load_problems
 from ocaml_grpo.prompting import chat_messages, prompt_token_count
 from ocaml_grpo import sft as sft_command
@@ -71,16 +72,9 @@ if len(sys.argv) > 1 and sys.argv[1] == "merge":
     # Fold a LoRA adapter into its base model so it loads without peft (e.g. for vLLM / llama.cpp export).
     if len(sys.argv) != 4:
         sys.exit("usage: python train.py merge ADAPTER_DIR OUT_DIR")
-    import torch
-    from peft import PeftConfig, PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     adapter_dir, out_dir = sys.argv[2], sys.argv[3]
-    base_id = PeftConfig.from_pretrained(adapter_dir).base_model_name_or_path
-    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    merged = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_id, dtype=dtype), adapter_dir).merge_and_unload()
-    merged.save_pretrained(out_dir)
-    tok_src = adapter_dir if (Path(adapter_dir) / "tokenizer_config.json").exists() else base_id
-    AutoTokenizer.from_pretrained(tok_src).save_pretrained(out_dir)
+    merge_adapter(adapter_dir, out_dir)
+    base_id = adapter_base(adapter_dir)
     print(f"merged {adapter_dir} into {base_id} -> {out_dir}")
     sys.exit(0)
 
@@ -160,17 +154,13 @@ import warnings  # noqa: E402
 import torch  # noqa: E402
 # TRL 1.16 calls a transformers API deprecated in 5.x once per step; the warning says nothing actionable.
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-from peft import LoraConfig  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from ocaml_grpo.callbacks import LearningLog  # noqa: E402
 
 if demo and cfg["BASE_MODEL_ID"] == str(DEMO_MODEL_DIR):
     ensure_demo_model(DEMO_MODEL_DIR)
-tokenizer = AutoTokenizer.from_pretrained(cfg["BASE_MODEL_ID"])
-if tokenizer.pad_token is None:
-    tokenizer.pad_token = tokenizer.eos_token
+tokenizer = load_tokenizer(cfg["BASE_MODEL_ID"])
 
 # ----------------------------------------------------------------------------- prompts (text: prompting.py)
 def prompt_tokens(problem) -> int:
@@ -200,16 +190,13 @@ train_dataset = Dataset.from_list([{"prompt": chat_messages(p.prompt), **p.to_ro
 
 # ----------------------------------------------------------------------------- model
 on_gpu = torch.cuda.is_available()
-model = AutoModelForCausalLM.from_pretrained(cfg["BASE_MODEL_ID"], dtype=torch.bfloat16 if on_gpu else torch.float32)
-peft_config = LoraConfig(r=cfg["LORA_R"], lora_alpha=cfg["LORA_ALPHA"], lora_dropout=cfg["LORA_DROPOUT"],
-                         bias=cfg["LORA_BIAS"], target_modules=cfg["LORA_TARGET_MODULES"].split(","),
-                         task_type="CAUSAL_LM")
+model = load_model(cfg["BASE_MODEL_ID"])
+peft_config = lora_config(cfg)
 if cfg["GRPO_INIT_ADAPTER"]:  # continue the SFT adapter instead of starting a fresh one
     from peft import PeftModel
-    adapter_base = json.loads((Path(cfg["GRPO_INIT_ADAPTER"]) / "adapter_config.json").read_text()).get(
-        "base_model_name_or_path")
-    if adapter_base and adapter_base != cfg["BASE_MODEL_ID"]:
-        print(f"warning: GRPO_INIT_ADAPTER was trained on {adapter_base}, BASE_MODEL_ID is {cfg['BASE_MODEL_ID']}")
+    trained_on = adapter_base(cfg["GRPO_INIT_ADAPTER"])
+    if trained_on and trained_on != cfg["BASE_MODEL_ID"]:
+        print(f"warning: GRPO_INIT_ADAPTER was trained on {trained_on}, BASE_MODEL_ID is {cfg['BASE_MODEL_ID']}")
     model = PeftModel.from_pretrained(model, cfg["GRPO_INIT_ADAPTER"], is_trainable=True)
     peft_config = None
     print(f"starting from the adapter {cfg['GRPO_INIT_ADAPTER']} (its LoRA settings apply, not LORA_*)")

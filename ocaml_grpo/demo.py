@@ -20,16 +20,20 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import analyze
-from evaluate import grade_completions
+from evaluate import generate_hf, grade_completions
+from ocaml_grpo import models
 from ocaml_grpo.demo_model import ensure_learner_model
+from ocaml_grpo.learning_log import parse_learning_log, series
 from ocaml_grpo.problems import BUNDLED, load_problems, read_rows
 from ocaml_grpo.prompting import chat_messages
 from rewards import RewardConfig, RewardScorer
@@ -155,32 +159,6 @@ def _tail(path: Path, stop: threading.Event) -> None:
         time.sleep(0.5)
 
 
-def sample(model_dir: str, problems: list, n: int, recipe: Recipe, seed: int) -> tuple[list, list]:
-    """n completions per problem, sampled as TRL's GRPO samples (temperature, top-k off, top-p 1)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model.eval()
-    texts = [tokenizer.apply_chat_template(chat_messages(p.prompt), add_generation_prompt=True, tokenize=False)
-             for p in problems]
-    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        out = model.generate(**batch, max_new_tokens=int(recipe.max_completion), do_sample=True,
-                             temperature=float(recipe.temperature), top_k=0, top_p=1.0, num_return_sequences=n,
-                             pad_token_id=tokenizer.pad_token_id)
-    new = out[:, batch["input_ids"].shape[1]:]
-    texts, lens = [], []
-    for i in range(len(problems)):
-        group = new[i * n:(i + 1) * n]
-        texts.append([tokenizer.decode(g, skip_special_tokens=True) for g in group])
-        lens.append([int((g != tokenizer.pad_token_id).sum()) for g in group])
-    return texts, lens
-
-
 def compare(models: dict[str, str], splits: dict[str, list], recipe: Recipe, seed: int = 0) -> dict:
     """{model: {split: metrics}}: every model sampled identically and graded like training."""
     config = RewardConfig()  # the defaults, as in the training runs (base_env drops the caller's reward settings)
@@ -190,7 +168,10 @@ def compare(models: dict[str, str], splits: dict[str, list], recipe: Recipe, see
         for name, model_dir in models.items():
             for split, problems in splits.items():
                 n = recipe.eval_samples if split == "training" else recipe.heldout_samples
-                texts, lens = sample(model_dir, problems, n, recipe, seed)
+                # sampled as TRL's GRPO samples: the training temperature, top-k off, top-p 1
+                texts, lens = generate_hf(model_dir, None, [chat_messages(p.prompt) for p in problems], n,
+                                          int(recipe.max_completion), float(recipe.temperature), len(problems), seed,
+                                          top_k=0, progress=False)
                 core, rows = grade_completions(problems, texts, lens, 1, int(recipe.max_completion), scorer,
                                                config.min_lines)
                 results.setdefault(name, {})[split] = {
@@ -215,9 +196,7 @@ def table(results: dict, splits: dict[str, list]) -> str:
 
 
 def learning_log_rewards(run: Path) -> list[float]:
-    import re
-    return [float(m.group(1)) for m in re.finditer(r"^\[Epoch [^\]]*\].*?  reward=(-?[\d.]+)",
-                                                   (run / "learning.log").read_text(), re.M)]
+    return series(parse_learning_log(run / "learning.log")[1], "reward")
 
 
 def main(argv: list[str]) -> int:
@@ -243,7 +222,6 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing comes from the hub: every model here is local
     out = Path(positional[0] if positional else "grpo_runs/demo-learn").resolve()
     if out.exists():
-        import shutil
         shutil.rmtree(out)
     out.mkdir(parents=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # this process samples too (before/after table)
@@ -267,7 +245,6 @@ def main(argv: list[str]) -> int:
     t0 = time.time()
     splits = {"training": load_problems(str(sft_out / "train_problems.jsonl")),
               "held-out": load_problems(str(sft_out / "heldout_problems.jsonl"))}
-    import warnings
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
@@ -290,15 +267,6 @@ def main(argv: list[str]) -> int:
 
 
 def merge_adapter(grpo_out: Path) -> str:
-    """The GRPO adapter folded into its base, so both models load the same way."""
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    adapter = grpo_out / "final_adapter"
-    merged = grpo_out / "merged"
-    base = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), adapter)
-    model.merge_and_unload().save_pretrained(merged)
-    AutoTokenizer.from_pretrained(adapter).save_pretrained(merged)
-    return str(merged)
-
+    """The GRPO adapter folded into its base (fp32, as the SFT model was saved), so both models
+    load the same way."""
+    return str(models.merge_adapter(grpo_out / "final_adapter", grpo_out / "merged", fp32=True))

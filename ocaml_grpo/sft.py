@@ -31,6 +31,7 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 
+from ocaml_grpo.models import load_model, load_tokenizer, lora_config
 from ocaml_grpo.problems import DatasetError, load_problems
 from ocaml_grpo.prompting import answer_text, chat_messages, prompt_token_count
 from ocaml_grpo.settings import describe, resolve, unknown_variables
@@ -106,7 +107,7 @@ def run(cfg: dict, train: list, held: list, skipped_no_solution: int) -> int:
     import torch
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
+    from transformers import PrinterCallback, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
 
@@ -115,9 +116,7 @@ def run(cfg: dict, train: list, held: list, skipped_no_solution: int) -> int:
     width = max(map(len, cfg))
     print("sft config:\n" + "\n".join(f"  {k.ljust(width)} = {v}" for k, v in cfg.items()))
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    tokenizer = AutoTokenizer.from_pretrained(cfg["BASE_MODEL_ID"])
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = load_tokenizer(cfg["BASE_MODEL_ID"])
 
     def fits(p) -> str | None:
         if prompt_token_count(tokenizer, p.prompt) > cfg["GRPO_MAX_PROMPT"]:
@@ -146,13 +145,8 @@ def run(cfg: dict, train: list, held: list, skipped_no_solution: int) -> int:
                                   for p in ps])
 
     on_gpu = torch.cuda.is_available()
-    model = AutoModelForCausalLM.from_pretrained(cfg["BASE_MODEL_ID"], dtype=torch.bfloat16 if on_gpu else torch.float32)
-    peft_config = None
-    if cfg["SFT_LORA"]:
-        from peft import LoraConfig
-        peft_config = LoraConfig(r=cfg["LORA_R"], lora_alpha=cfg["LORA_ALPHA"], lora_dropout=cfg["LORA_DROPOUT"],
-                                 bias=cfg["LORA_BIAS"], target_modules=cfg["LORA_TARGET_MODULES"].split(","),
-                                 task_type="CAUSAL_LM")
+    model = load_model(cfg["BASE_MODEL_ID"])
+    peft_config = lora_config(cfg) if cfg["SFT_LORA"] else None
     args = SFTConfig(
         output_dir=str(out / "trainer"),
         num_train_epochs=cfg["SFT_EPOCHS"], max_steps=cfg["SFT_MAX_STEPS"],
