@@ -22,12 +22,11 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-
-import traceback
 from typing import Any, Mapping
 
 from ocaml_grpo import dataset_audit, ocaml_source as src
