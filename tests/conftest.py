@@ -10,11 +10,11 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+import preloaded
 from ocaml_grpo.problems import Problem
 from rewards import RewardConfig, RewardScorer
 
@@ -27,6 +27,11 @@ GRADED = FIXTURES / "problems_graded.jsonl"
 # ... and rows no answer can pass, each with the audit reason it must get (`expect`).
 BROKEN = FIXTURES / "problems_broken.jsonl"
 END = "(* END *)"
+
+# One torch thread per process, for the pytest processes and every command they start: with torch's
+# default of a thread per core, torch processes running side by side on 2 cores spin-wait on each
+# other (measured: two 8-step trainings at once took 66 s, against 8 s with one thread each).
+os.environ["OMP_NUM_THREADS"] = "1"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -117,7 +122,7 @@ def run_env(tmp: Path, cache_home: Path, **overrides) -> dict:
 
 def train(tmp: Path, env: dict, timeout: int = 240) -> subprocess.CompletedProcess:
     # cwd = tmp: no .envrc there, so only `env` configures the run.
-    res = subprocess.run([sys.executable, str(TRAIN)], cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout)
+    res = preloaded.run(TRAIN, cwd=tmp, env=env, timeout=timeout)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return res
 

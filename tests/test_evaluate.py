@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+import preloaded
 from conftest import GRADED, ROOT
 from evaluate import RATES, grade_completions, pass_at_k, verdict
 from ocaml_grpo import ocaml_source as src
@@ -55,10 +56,9 @@ def test_aggregation_over_real_grading():
 
 def test_end_to_end_on_the_demo_model(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    r = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--model", "demo", "--n", "3", "--k", "2",
-                        "--max-new-tokens", "24", "--out", str(tmp_path / "out"),
-                        "--dataset", str(GRADED)],
-                       env=env, capture_output=True, text=True, timeout=300)
+    r = preloaded.run(ROOT / "evaluate.py", ["--model", "demo", "--n", "3", "--k", "2", "--max-new-tokens", "24",
+                                              "--out", tmp_path / "out", "--dataset", GRADED],
+                      cwd=ROOT, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     for key in ("model", "adapter", "dataset", "n_problems", "k", "pass@1", "pass@k", "mean_reward", "rates",

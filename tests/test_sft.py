@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import preloaded
 from ocaml_grpo.problems import Problem
 from ocaml_grpo.settings import Holdout
 from ocaml_grpo.sft import split_problems
@@ -107,8 +108,7 @@ def test_lora_sft_then_grpo_continues_the_adapter(tmp_path, cache_home):
     model = cache_home / "ocaml-grpo" / "demo-qwen2-tiny"
     if not (model / "config.json").exists():
         build_demo_model(model)
-    res = subprocess.run([sys.executable, str(TRAIN), "sft"], cwd=tmp_path, env=sft_env(tmp_path, cache_home),
-                         capture_output=True, text=True, timeout=240)
+    res = preloaded.run(TRAIN, ["sft"], cwd=tmp_path, env=sft_env(tmp_path, cache_home), timeout=240)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     sft = tmp_path / "sft"
     split = json.loads((sft / "split.json").read_text())
@@ -125,8 +125,8 @@ def test_lora_sft_then_grpo_continues_the_adapter(tmp_path, cache_home):
 
     # GRPO on the training split only, continuing the SFT adapter.
     run = tmp_path / "run"
-    res = subprocess.run([sys.executable, str(TRAIN)], cwd=tmp_path, capture_output=True, text=True, timeout=240,
-                         env=run_env(tmp_path, cache_home, GRPO_INIT_ADAPTER=adapter, GRPO_MAX_STEPS=2,
+    res = preloaded.run(TRAIN, cwd=tmp_path, timeout=240,
+                        env=run_env(tmp_path, cache_home, GRPO_INIT_ADAPTER=adapter, GRPO_MAX_STEPS=2,
                                      TRAINING_DATASET=sft / "train_problems.jsonl"))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert f"starting from the adapter {adapter}" in res.stdout

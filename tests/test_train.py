@@ -1,6 +1,6 @@
 """End-to-end tests of train.py: real TRL, a tiny random Qwen2 (demo_model.py), the real OCaml
-grader, offline. Each training run is a subprocess (~20 s, most of it importing torch/trl), so
-the whole file takes about 3 minutes on 2 cores; `-m "not slow"` keeps only the fast checks."""
+grader, offline. Each training run is a process of its own, forked with torch and TRL already
+imported (tests/preloaded.py): 3-5 s for a 4-step run; `-m "not slow"` keeps only the fast checks."""
 import json
 import os
 import signal
@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+import preloaded
 from conftest import TRAIN, check_log_wellformed, checkpoints, log_lines, read_jsonl, run_env, small_dataset, train
 
 COMPLETION_FIELDS = {"step", "epoch", "problem_id", "completion", "reward", "completion_tokens"}
@@ -105,8 +106,8 @@ def test_train_logs_checkpoints_resume_and_merge(tmp_path, cache_home):
     assert len(read_jsonl(run / "reward_logs" / "completions.jsonl")) == 2 * 2 * 2
 
     merged = tmp_path / "merged"
-    res = subprocess.run([sys.executable, str(TRAIN), "merge", str(run / "final_adapter"), str(merged)],
-                         cwd=tmp_path, env=run_env(tmp_path, cache_home), capture_output=True, text=True, timeout=120)
+    res = preloaded.run(TRAIN, ["merge", run / "final_adapter", merged], cwd=tmp_path, env=run_env(tmp_path, cache_home),
+                        timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert (merged / "config.json").exists() and (merged / "tokenizer_config.json").exists()
     assert not (merged / "adapter_config.json").exists()
@@ -116,8 +117,7 @@ def test_train_logs_checkpoints_resume_and_merge(tmp_path, cache_home):
 def test_sigkill_mid_training_then_resume(tmp_path, cache_home):
     run = tmp_path / "run"
     env = run_env(tmp_path, cache_home, GRPO_MAX_STEPS=200, GRPO_SAVE_STEPS=2)
-    proc = subprocess.Popen([sys.executable, str(TRAIN)], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = preloaded.Command(TRAIN, [], tmp_path, env)  # in a session of its own, like start_new_session
     try:
         deadline = time.time() + 180
         while time.time() < deadline and not checkpoints(run):
