@@ -127,7 +127,7 @@ def test_lora_sft_then_grpo_continues_the_adapter(tmp_path, cache_home):
     run = tmp_path / "run"
     res = preloaded.run(TRAIN, cwd=tmp_path, timeout=240,
                         env=run_env(tmp_path, cache_home, GRPO_INIT_ADAPTER=adapter, GRPO_MAX_STEPS=2,
-                                     TRAINING_DATASET=sft / "train_problems.jsonl"))
+                                    TRAINING_DATASET=sft / "train_problems.jsonl"))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert f"starting from the adapter {adapter}" in res.stdout
     scored = {r["problem_id"] for r in read_jsonl(run / "reward_logs" / "completions.jsonl")}
