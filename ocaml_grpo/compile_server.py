@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
 
+from ocaml_grpo.settings import cache_dir
 from ocaml_sandbox import Sandbox, Spawned, ToolchainError
 
 SERVER_SOURCE = Path(__file__).resolve().parent / "ocaml" / "compile_server.ml"
@@ -55,12 +56,6 @@ def _read_line(proc: Spawned, deadline: float) -> bytes | None:
         if c == b"\n":
             return bytes(line)
         line += c
-
-
-def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
-    env = os.environ if environ is None else environ
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "ocaml-grpo"
 
 
 def _tool_output(argv: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess:

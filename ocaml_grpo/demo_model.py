@@ -21,12 +21,12 @@ through the same `from_pretrained` code path as a real hub model.
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 from ocaml_grpo.problems import BUNDLED, read_rows
 from ocaml_grpo.prompting import answer_text, user_message
+from ocaml_grpo.settings import cache_dir
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Same shape as Qwen2.5's template (system default, <|im_start|>role ... <|im_end|>), minus tools.
@@ -39,7 +39,7 @@ CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
-CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ocaml-grpo"
+CACHE_DIR = cache_dir()
 DEMO_MODEL_DIR = CACHE_DIR / "demo-qwen2-tiny"
 LEARNER_MODEL_DIR = CACHE_DIR / "demo-learner"
 VERSION = "1"  # bump when the recipe changes so cached copies are rebuilt

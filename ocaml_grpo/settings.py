@@ -17,6 +17,13 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 Parser = Callable[[str], Any]
 
 
+def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where the project caches what it builds (demo models, the compile server):
+    $XDG_CACHE_HOME/ocaml-grpo, by default ~/.cache/ocaml-grpo."""
+    env = os.environ if environ is None else environ
+    return Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ocaml-grpo"
+
+
 class Setting(NamedTuple):
     name: str  # the environment variable
     default: str  # as it would be exported
