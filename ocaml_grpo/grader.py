@@ -23,8 +23,10 @@ import tempfile
 import threading
 import time
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from ocaml_grpo import ocaml_source as src
 from ocaml_grpo.compile_server import CompileServer, Reply, ServerPool
@@ -334,12 +336,9 @@ class OcamlGrader:
     def _check(self, text: str, requires: list[str], workdir: Path, budget: CompileBudget) -> CompileError | None:
         """Type-check some of the phrases, as check.ml."""
         (workdir / "check.ml").write_text(text)
-        if self._servers and not requires:
-            try:
-                with self._servers.server() as server:
-                    rep = self._serve(server, workdir, ["c", "i", "check.ml"], budget)
-            finally:
-                self.sandbox.disown(workdir)
+        if self._served(requires):
+            with self._server_for(workdir) as server:
+                rep = self._serve(server, workdir, ["c", "i", "check.ml"], budget)
             res = RunResult(rep.returncode, "", rep.output, rep.timed_out)
         else:
             argv = ["sh", "-c", self._type_check_only(requires, "check.ml") + " >/dev/null"]
@@ -384,17 +383,25 @@ class OcamlGrader:
                        f"{prog} >link.out 2>&1; echo $? >link.rc; fi\n")
         return self._compile(["sh", "-c", script], workdir, budget).timed_out
 
-    def _first_steps_served(self, workdir: Path, phrases: list[src.Phrase], link: bool, budget: CompileBudget) -> bool:
-        """The same steps as `_first_steps_script`, each a request to a compile server, leaving
-        the same files; True if one timed out (the steps after it do not run)."""
+    def _served(self, requires: list[str]) -> bool:
+        """Whether a compile server does this completion's compiles (problems that `require`
+        packages go through ocamlfind ocamlc)."""
+        return self._servers is not None and not requires
+
+    @contextmanager
+    def _server_for(self, workdir: Path) -> Iterator[CompileServer]:
+        """A compile server for requests in `workdir`; the directory is taken back after them,
+        since the server goes on to other completions."""
         try:
             with self._servers.server() as server:
-                return self._served_steps(server, workdir, phrases, link, budget)
+                yield server
         finally:
-            self.sandbox.disown(workdir)  # the server goes on to other completions
+            self.sandbox.disown(workdir)
 
     def _served_steps(self, server: CompileServer, workdir: Path, phrases: list[src.Phrase], link: bool,
                       budget: CompileBudget) -> bool:
+        """The same steps as `_first_steps_script`, each a request to the compile server, leaving
+        the same files; True if one timed out (the steps after it do not run)."""
         def step(fields: list[str], out: str, rc: str | None) -> bool:
             rep = self._serve(server, workdir, fields, budget)
             if not rep.timed_out:
@@ -460,8 +467,9 @@ class OcamlGrader:
                     shutil.copyfile(self._harness_dir / (self.harness + ext), workdir / (self.harness + ext))
                 (workdir / "tests.ml").write_text(render_tests(solution, tests, plan, self.harness.capitalize(),
                                                                list(entry_points)))
-            if self._servers and not requires:
-                timed_out = self._first_steps_served(workdir, phrases, link, budget)
+            if self._served(requires):
+                with self._server_for(workdir) as server:
+                    timed_out = self._served_steps(server, workdir, phrases, link, budget)
             else:
                 timed_out = self._first_steps_script(workdir, phrases, requires, link, budget)
             first = parse_compiler_error(_read(workdir / "tc.out"))
