@@ -35,6 +35,8 @@ UID_POOL_BASE, UID_POOL_SIZE = 61000, 256  # unprivileged uids lent to jobs (abo
 # Long-lived toolchain processes (compile servers) get uids of their own, never a job's.
 SERVER_UID_BASE, SERVER_UID_SIZE = 60000, 256
 RUN_WORK_FILES = 4  # the model code's in-memory /work holds this many maximum-size files (/tmp: one)
+RUN_DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")  # Random.self_init reads urandom
+IDLE_POLL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -217,7 +219,8 @@ class Sandbox:
                 box += ["--ro-bind-try", f, f]
             box += ["--bind", str(workdir), "/work"]
             for host, inside in ro_binds:  # a trusted tool of ours (the compile server)
-                box += ["--ro-bind", host, inside]
+                parents = [str(p) for p in reversed(Path(inside).parents) if str(p) != "/"]
+                box += [a for d in parents for a in ("--perms", "0755", "--dir", d)] + ["--ro-bind", host, inside]
         else:
             # Model code: the bytecode runtime, its libraries and the launch chain, nothing else:
             # no shell, no interpreters (a child could read its parent's memory), no compilers.
@@ -233,16 +236,23 @@ class Sandbox:
             # it before model code runs: nothing can read the tests' constants from the binary.
             box += ["--perms", "0777", "--size", str(RUN_WORK_FILES * lim.file_mb << 20), "--tmpfs", "/work",
                     "--perms", "0755", "--file", str(program_fd), "/work/prog"]
-        box += ["--dev", "/dev", "--perms", "1777", "--size", str(lim.file_mb << 20), "--tmpfs", "/tmp",
+            # Devices: only what a program's runtime may open (no terminals, no ptys, no shm).
+            box += ["--perms", "0755", "--dir", "/dev"] + [a for d in RUN_DEVICES for a in ("--dev-bind", d, d)]
+        if program is None:
+            box += ["--dev", "/dev"]
+        box += ["--perms", "1777", "--size", str(lim.file_mb << 20), "--tmpfs", "/tmp",
                 "--chdir", "/work", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/work",
                 "--setenv", "LC_ALL", "C", "--setenv", "OCAMLRUNPARAM", RUNPARAM, "--"]
         return box + cmd
 
     def run(self, argv: list[str], workdir: Path, *, wall_s: float, cpu_s: int | None = None,
-            pass_fds: tuple[int, ...] = (), nice: int = 0, program: Path | None = None) -> RunResult:
+            pass_fds: tuple[int, ...] = (), nice: int = 0, program: Path | None = None,
+            ro_binds: tuple[tuple[str, str], ...] = (), idle_s: float | None = None) -> RunResult:
         """Run argv inside `workdir` (seen as /work) under every limit; never raises on the
         program's behaviour: a crash or timeout is in the result. With `program`, run model code:
-        that file alone is visible, as /work/prog, in the stripped-down sandbox."""
+        that file alone is visible, as /work/prog, in the stripped-down sandbox. With `idle_s`,
+        a run whose processes all stay blocked (none running or runnable) that long is stopped
+        as timed out (with a job uid, i.e. as root: its processes are found by uid)."""
         cpu_s = int(cpu_s or self.limits.cpu_s)
         uid = self._uids.acquire() if self._uids else None
         try:
@@ -257,13 +267,13 @@ class Sandbox:
             with tempfile.TemporaryFile(dir=capture) as out, tempfile.TemporaryFile(dir=capture) as err:
                 try:
                     proc = subprocess.Popen(
-                        self._command(argv, workdir, cpu_s, uid, nice, program, program_fd), cwd=workdir,
+                        self._command(argv, workdir, cpu_s, uid, nice, program, program_fd, ro_binds), cwd=workdir,
                         env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=pass_fds,
                         start_new_session=True)
                 finally:
                     if program_fd is not None:
                         os.close(program_fd)
-                status, cpu_s, timed_out = _wait_with_usage(proc, wall_s, uid)
+                status, cpu_s, timed_out = _wait_with_usage(proc, wall_s, uid, idle_s)
                 return RunResult(status, _read_capped(out, self.limits.output_bytes),
                                  _read_capped(err, self.limits.output_bytes), timed_out, cpu_s)
         finally:
@@ -355,14 +365,40 @@ def _kill_uid(uid: int | None) -> None:
                 pass
 
 
-def _wait_with_usage(proc: subprocess.Popen, wall_s: float, uid: int | None) -> tuple[int, float, bool]:
-    """Wait for proc up to wall_s, then kill everything it started; reap it with wait4: (exit
-    status, CPU seconds of it and every descendant it reaped, whether the wall guard fired). The
-    CPU figure is what a time-out is judged by, so a run slowed by its neighbours is not a loop."""
+def _blocked(uid: int) -> bool | None:
+    """Whether every process of the uid is blocked (sleeping or stopped, none running or
+    runnable); None when it has none."""
+    states = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if os.stat(f"/proc/{pid}").st_uid == uid:
+                    with open(f"/proc/{pid}/stat") as f:
+                        states.append(f.read().rpartition(")")[2].split()[0])
+            except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
+                pass
+    return all(st not in "R" for st in states) if states else None
+
+
+def _wait_with_usage(proc: subprocess.Popen, wall_s: float, uid: int | None,
+                     idle_s: float | None = None) -> tuple[int, float, bool]:
+    """Wait for proc up to wall_s (or until it has been blocked for idle_s), then kill everything
+    it started; reap it with wait4: (exit status, CPU seconds of it and every descendant it
+    reaped, whether a guard fired). The CPU figure is what a time-out is judged by, so a run
+    slowed by its neighbours is not a loop."""
     box: dict = {}
     waiter = threading.Thread(target=lambda: box.update(w=os.wait4(proc.pid, 0)), daemon=True)
     waiter.start()
-    waiter.join(wall_s)
+    if idle_s is None or uid is None:
+        waiter.join(wall_s)
+    else:
+        deadline, blocked_since = time.monotonic() + wall_s, None
+        while waiter.is_alive() and time.monotonic() < deadline:
+            waiter.join(IDLE_POLL_S)
+            now = time.monotonic()
+            blocked_since = (blocked_since or now) if _blocked(uid) else None
+            if blocked_since is not None and now - blocked_since >= idle_s:
+                break
     timed_out = waiter.is_alive()
     if timed_out:
         # The job's processes first, while bwrap is alive to reap its child (killing bwrap first

@@ -155,15 +155,15 @@ class Breakdown:
 def type_check_fraction(grade: Grade) -> float:
     if grade.syntax_errors:
         return 0.0
-    n = len(grade.type_errors)
+    n = len(grade.compile_errors)
     return 1.0 if n == 0 else 0.5 / n
 
 
 def score_grade(grade: Grade, b: Breakdown, w: Weights) -> None:
-    b.type_errors = len(grade.type_errors)
+    b.type_errors = len(grade.compile_errors)
     b.syntax_errors = grade.syntax_errors
-    b.error_kinds = [e.kind for e in grade.type_errors]
-    b.first_error = grade.type_errors[0].message if grade.type_errors else grade.test_error
+    b.error_kinds = [e.kind for e in grade.compile_errors]
+    b.first_error = grade.compile_errors[0].message if grade.compile_errors else grade.test_error
     b.compiled, b.tests_compiled = grade.compiled, grade.tests_compiled
     b.tests_passed, b.tests_total, b.timed_out = grade.tests_passed, grade.tests_total, grade.timed_out
     b.forbidden = grade.forbidden

@@ -1,16 +1,19 @@
-"""The grader's persistent compiler: ocaml/compile_server.ml, built once, run in the toolchain sandbox.
+"""The grader's OCaml tool (ocaml/compile_server.ml): built once, run in the toolchain sandbox.
 
 A new `ocamlc` per check costs ~12 ms of CPU before it reads its file, and a sandbox call ~8 ms
 more; a grading makes 2-4 of them. The server is `ocamlc` as a library (compiler-libs): started
 once per compile slot, inside the same bubblewrap sandbox and rlimits as `ocamlc` calls, it
-answers requests over pipes with ocamlc's outputs (files, exit status, stderr).
+answers requests over pipes with ocamlc's outputs (files, exit status, stderr) and the facts
+ocamlc does not print (`Reply`): the stage that failed, by the compiler's own exception; the
+name an "unbound" error is about; where the parsed file's items start; the library paths the
+typed tree reaches that ocaml/allowlist.txt does not allow.
 
-Trust: a request that overruns its completion's compile budget is stopped by killing the
-server (and everything in its sandbox); a server that dies is restarted, the request retried
-once on the fresh one (its death may be an earlier request's doing). Servers are also replaced
-every RESTART_EVERY requests, and after any fatal error, so no request inherits a damaged heap.
-Per-request state (the type checker's tables, warnings, flags, linker tables) is reset by the
-server itself before each request.
+Trust: each request is answered by a child the server forks from a parent that never compiles,
+so no request inherits another's state (counters, flags, tables, descriptors). A request that
+overruns its completion's compile budget is stopped by killing the server (and everything in its
+sandbox); a server that dies is restarted and the request re-run once on the fresh one.
+The same binary, run once per step (`--once`, `--check-cmt`), gives the OCAML_COMPILER=ocamlc
+path the same facts (ocaml_grpo/compilers.py).
 """
 from __future__ import annotations
 
@@ -24,19 +27,19 @@ import subprocess
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping
 
 from ocaml_grpo.settings import cache_dir
 from ocaml_sandbox import Sandbox, Spawned, ToolchainError
 
-SERVER_SOURCE = Path(__file__).resolve().parent / "ocaml" / "compile_server.ml"
+OCAML_DIR = Path(__file__).resolve().parent / "ocaml"
+SERVER_SOURCE = OCAML_DIR / "compile_server.ml"
+ALLOWLIST = OCAML_DIR / "allowlist.txt"  # embedded in the binary: a new list builds a new one
 SERVER_PACKAGES = "compiler-libs.bytecomp,unix"
 SERVER_IN_BOX = "/opt/ocaml-grpo/compile_server"  # where the toolchain sandbox sees the binary
-RESTART_EVERY = 400  # requests per server process
-# The server's CPU rlimit over its life. The client replaces it well before: when the wall time
-# of its requests (>= their CPU: one thread) reaches half of this.
+# Each request's child inherits this CPU rlimit (the parent itself only forks and waits).
 SERVER_CPU_S = 600
 READ_CHUNK = 1 << 16
 START_TIMEOUT_S = 30.0  # a server's start-up (bwrap, exec, reading the stdlib's .cmi) takes ~20 ms
@@ -77,8 +80,9 @@ def build_server(source: Path = SERVER_SOURCE, cache: Path | None = None,
         why = (version.stderr or version.stdout).strip()[:300]
         raise ToolchainError("the compile server needs the native compiler `ocamlopt` (through ocamlfind): "
                              f"{why}. Install it: apt-get install -y ocaml-nox")
-    text = source.read_bytes()
-    key = hashlib.sha256(text + b"\0" + version.stdout.strip().encode()).hexdigest()[:16]
+    sources = {"allowlist_data.ml": _allowlist_module(ALLOWLIST.read_text()),
+               "allowlist.ml": (OCAML_DIR / "allowlist.ml").read_text(), "compile_server.ml": source.read_text()}
+    key = hashlib.sha256("\0".join([*sources.values(), version.stdout.strip()]).encode()).hexdigest()[:16]
     exe = cache / f"compile_server-{key}"
     if exe.exists():
         return exe
@@ -98,9 +102,10 @@ def build_server(source: Path = SERVER_SOURCE, cache: Path | None = None,
             raise ToolchainError(f"the compile server needs the OCaml package(s) {', '.join(missing)} "
                                  "(ocamlfind cannot find them). Install them: apt-get install -y ocaml-compiler-libs")
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
-            shutil.copyfile(source, Path(tmp) / "compile_server.ml")
-            res = subprocess.run(["ocamlfind", "ocamlopt", "-package", SERVER_PACKAGES, "-linkpkg",
-                                  "compile_server.ml", "-o", "compile_server"], cwd=tmp, capture_output=True,
+            for name, text in sources.items():
+                (Path(tmp) / name).write_text(text)
+            res = subprocess.run(["ocamlfind", "ocamlopt", "-package", SERVER_PACKAGES, "-linkpkg", *sources,
+                                  "-o", "compile_server"], cwd=tmp, capture_output=True,
                                  text=True, env=env)
             if res.returncode != 0:
                 raise ToolchainError("building the compile server failed (`ocamlfind ocamlopt -package "
@@ -110,11 +115,45 @@ def build_server(source: Path = SERVER_SOURCE, cache: Path | None = None,
     return exe
 
 
+def _allowlist_module(text: str) -> str:
+    """allowlist.txt as an OCaml string constant (a quoted string: no escaping to get wrong)."""
+    if "|allowlist}" in text:
+        raise ValueError(f"{ALLOWLIST} must not contain '|allowlist}}'")
+    return "let text = {allowlist|" + text + "|allowlist}\n"
+
+
 @dataclass
 class Reply:
+    """What one compile or link step reports: ocamlc's status and stderr, and the tool's facts."""
     returncode: int
     output: str  # what ocamlc would have written on stderr
     timed_out: bool = False
+    stage: str = ""  # lexer | parser | typer | linker: where a failure came from
+    unbound: str = ""  # the name an "unbound value/type/module/..." error is about
+    items: list[int] | None = None  # byte offsets where the file's top-level items start (it parsed)
+    denied: list[str] = field(default_factory=list)  # library paths the allowlist does not allow
+
+    @classmethod
+    def parse(cls, returncode: int, payload: str) -> "Reply":
+        """The tool's reply payload: `key=value` lines, an empty line, then the compiler's output."""
+        head, _, output = payload.partition("\n\n")
+        facts = dict(line.partition("=")[::2] for line in head.split("\n"))
+        items = facts.get("items", "")
+        return cls(returncode, output, stage=facts.get("stage", ""), unbound=facts.get("unbound", ""),
+                   items=[int(i) for i in items.split(",")] if items else None,
+                   denied=facts.get("denied", "").split())
+
+
+def parse_reply(data: bytes) -> Reply | None:
+    """A whole `RC LEN\n<payload>` reply, or None when it is not one (a crashed or killed tool)."""
+    head, sep, rest = data.partition(b"\n")
+    try:
+        rc, n = (int(x) for x in head.split())
+    except ValueError:
+        return None
+    if not sep or len(rest) < n:
+        return None
+    return Reply.parse(rc, rest[:n].decode("utf-8", "replace"))
 
 
 class CompileServer:
@@ -125,8 +164,6 @@ class CompileServer:
         # Where `root` is inside the server's sandbox (its /work), or on the host when unisolated.
         self._box_root = "/work" if sandbox.isolated else str(root)
         self._proc: Spawned | None = None
-        self._requests = 0
-        self._busy_s = 0.0
         self.starts = 0  # processes started so far (the tests read it)
 
     def _start(self) -> Spawned:
@@ -143,7 +180,6 @@ class CompileServer:
                     raise ToolchainError(f"the compile server ({self.exe}) did not start in its sandbox: "
                                          f"{err.read(2000).decode(errors='replace').strip() or 'no output'}")
             self._proc = proc
-            self._requests, self._busy_s = 0, 0.0
             self.starts += 1
         return self._proc
 
@@ -160,18 +196,13 @@ class CompileServer:
             self.sandbox.own(proc, workdir)
             line = "\t".join([f"{self._box_root}/{workdir.relative_to(self.root)}", *fields]) + "\n"
             reply = self._exchange(proc, line.encode(), t0 + timeout)
-            self._requests += 1
-            self._busy_s += time.monotonic() - t0
-            if reply is None or reply.timed_out:
-                self.stop()  # the only way to stop a compile in flight; a fresh server serves the next
-                if reply is None and attempt == 0 and time.monotonic() - t0 < timeout:
-                    timeout -= time.monotonic() - t0
-                    continue  # it died (not timed out): retry once on a fresh server
-                return reply or Reply(2, "Fatal error: the compiler process died\n")
-            if (self._requests >= RESTART_EVERY or self._busy_s >= SERVER_CPU_S / 2
-                    or reply.output.startswith("Fatal error")):
-                self.stop(graceful=True)
-            return reply
+            if reply is not None and not reply.timed_out:
+                return reply
+            self.stop()  # the only way to stop a compile in flight; a fresh server serves the next
+            if reply is None and attempt == 0 and time.monotonic() - t0 < timeout:
+                timeout -= time.monotonic() - t0
+                continue  # it died (not timed out): re-run once on a fresh server
+            return reply or Reply(2, "Fatal error: the compiler process died\n")
         raise AssertionError("unreachable")
 
     @staticmethod
@@ -185,8 +216,7 @@ class CompileServer:
         fd = proc.proc.stdout.fileno()
         buf = bytearray()
         need: int | None = None
-        header = 0
-        while need is None or len(buf) < header + need:
+        while need is None or len(buf) < need:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([fd], [], [], left)[0]:
                 return Reply(2, "compiler timed out", timed_out=True)
@@ -195,11 +225,9 @@ class CompileServer:
                 return None
             buf += chunk
             if need is None and b"\n" in buf:
-                head, _, _ = buf.partition(b"\n")
-                rc, n = head.split()
-                header, need = len(head) + 1, int(n)
-                code = int(rc)
-        return Reply(code, buf[header:header + need].decode("utf-8", "replace"))
+                head = buf.partition(b"\n")[0]
+                need = len(head) + 1 + int(head.split()[1])
+        return parse_reply(bytes(buf))
 
 
 class ServerPool:

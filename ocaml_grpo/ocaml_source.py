@@ -154,9 +154,13 @@ def strip_comments(src: str) -> str:
     return "".join(out)
 
 
+OCAML_BLANKS = " \t\x0c\r"  # the lexer's blanks (a line ends at \n, after any \r)
+
+
 def count_code_lines(src: str) -> int:
-    """Non-empty lines once comments are removed (the MIN_NON_EMPTY_LINES rule)."""
-    return sum(1 for ln in strip_comments(src).splitlines() if ln.strip())
+    """Non-empty lines once comments are removed (the MIN_NON_EMPTY_LINES rule), as OCaml's lexer
+    counts lines: only \n ends one (Python's splitlines also splits on form feed, U+2028, ...)."""
+    return sum(1 for ln in strip_comments(src).split("\n") if ln.strip(OCAML_BLANKS))
 
 
 @dataclass
@@ -441,11 +445,3 @@ def _split_top_level(toks: list[Token], sep: str) -> list[list[Token]]:
         depth += _depth_changes(t)
         parts[-1].append(t)
     return parts
-
-
-def first_identifier(src: str, match) -> str | None:
-    """First identifier in code (strings and comments ignored) for which `match(name)` holds."""
-    for t in code_tokens(src):
-        if t.kind == "ident" and match(t.text):
-            return t.text
-    return None

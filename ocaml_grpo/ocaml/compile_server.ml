@@ -1,23 +1,30 @@
-(* A persistent `ocamlc` for the grader (ocaml_grpo/compile_server.py builds and drives it).
+(* The grader's OCaml tool (ocaml_grpo/compile_server.py builds and drives it): `ocamlc` as a
+   library (compiler-libs, the code `ocamlc` runs), so its outputs are ocamlc's (the same .cmo,
+   executables, messages, exit status), plus facts ocamlc does not print: the stage that failed
+   (from the compiler's own exception), the name an "unbound" error is about, where each
+   top-level item starts, and the library paths the solution reaches that the allowlist denies
+   (allowlist.ml, on the typed tree in this process: nothing is dumped to a file).
 
-   One `ocamlc` process costs ~12 ms of start-up before it reads a line; this process pays it
-   once and then compiles request after request with the compiler's own library
-   (compiler-libs, the same code `ocamlc` runs), so its outputs are ocamlc's: the same .cmo,
-   .cmi, dumps, executables and messages. It runs inside the toolchain sandbox like `ocamlc`
-   did, under a CPU/memory rlimit; the client stops a request that overruns its compile budget
-   by killing the process, and restarts it every N requests.
+   Three ways to run it:
+     compile_server                  the server: requests on stdin, replies on stdout. Each request
+                                     is answered by a child forked from a parent that never
+                                     compiles, so every request meets the compiler exactly as a
+                                     new `ocamlc` process would: no counters, flags, tables or
+                                     descriptors carried over from an earlier request.
+     compile_server --once REQUEST   one request (tab-separated fields as below), reply on stdout
+     compile_server --check-cmt F    the allowlist check on a `-bin-annot` .cmt (the ocamlc path)
+     compile_server --values M [INCDIR...]   every value of library module M (the list's tests)
 
-   Requests on stdin, one per line, fields separated by tabs (file names are the grader's own):
-     DIR  c  FLAGS  FILE.ml        like `ocamlc -w -a -alert -all [opts] -c FILE.ml`, in DIR;
-                                   FLAGS: letters, `-` for none: d = -dparsetree -dtypedtree
-                                   -dump-into-file, i = -i (type check only, signature
-                                   discarded), p = -stop-after parsing, W = ocamlc's default
-                                   warnings instead of -w -a -alert -all
-     DIR  o  OUT  FILE...          like `ocamlc -w -a -alert -all -o OUT FILE...` (.ml files are
-                                   compiled first, then everything is linked with the stdlib)
-   Reply on the original stdout: "ready" once started, then per request: "RC LEN\n" and LEN bytes: what ocamlc would have
-   written on stderr (warnings a solution re-enabled, then the error). The length prefix means
-   nothing in a message (solution text is quoted in it) can pass for a reply. *)
+   Requests, fields separated by tabs:
+     DIR  c  FLAGS  FILE.ml  [INCDIR...]   like `ocamlc -w -a -alert -all [-I INCDIR]... -c FILE.ml`
+                                           in DIR. FLAGS: letters, `-` for none: a = check the
+                                           typed tree against the allowlist, i = -i (type check
+                                           only, signature discarded), p = -stop-after parsing,
+                                           W = ocamlc's default warnings instead of -w -a ...
+     DIR  o  OUT  FILE...                  like `ocamlc -w -a -alert -all -o OUT FILE...`
+   Reply: "ready\n" once started, then per request "RC LEN\n" and LEN bytes: fact lines
+   `key=value` (stage, unbound, items, denied), an empty line, then what ocamlc would have written
+   on stderr. The length prefix means nothing in a message can pass for a reply. *)
 
 let proto = Unix.out_channel_of_descr (Unix.dup Unix.stdout)
 
@@ -37,22 +44,60 @@ let () =
   Clflags.color := Some Misc.Color.Never;
   Clflags.error_style := Some Misc.Error_style.Contextual
 
-let warnings0 = Warnings.backup ()
-(* The first call snapshots every registered Local_store reference (the type checker's state:
-   identifiers, levels, the loaded .cmi); every request then starts from that snapshot. *)
-let _ = Local_store.fresh ()
-let ccobjs0, ccopts0, dllibs0 = !Clflags.ccobjs, !Clflags.all_ccopts, !Clflags.dllibs
+(* The standard library's listing and .cmi files, read once by the parent (read-only data; each
+   request still builds its own environment from them, as ocamlc does). *)
+let std_dir = Load_path.Dir.create Config.standard_library
+let cmi_cache : (string, Cmi_format.cmi_infos) Hashtbl.t = Hashtbl.create 128
+let () =
+  Array.iter (fun f ->
+      if Filename.check_suffix f ".cmi" then
+        let path = Filename.concat Config.standard_library f in
+        try Hashtbl.replace cmi_cache path (Cmi_format.read_cmi path) with _ -> ())
+    (try Sys.readdir Config.standard_library with Sys_error _ -> [||]);
+  let load_default = !Persistent_env.Persistent_signature.load in
+  Persistent_env.Persistent_signature.load := fun ~unit_name ->
+    match Load_path.find_uncap (unit_name ^ ".cmi") with
+    | filename when Hashtbl.mem cmi_cache filename ->
+      Some { Persistent_env.Persistent_signature.filename; cmi = Hashtbl.find cmi_cache filename }
+    | _ | exception Not_found -> load_default ~unit_name
 
-(* Global state outside Local_store, reset before each request. *)
-let reset () =
-  Warnings.restore warnings0;
-  Clflags.dump_parsetree := false; Clflags.dump_typedtree := false; Clflags.dump_into_file := false;
-  Clflags.print_types := false; Clflags.stop_after := None; Clflags.output_name := None;
-  Location.input_name := "_none_"; Location.input_lexbuf := None; Location.input_phrase_buffer := None;
-  Typecore.reset_delayed_checks (); Typetexp.reset_type_variables ();
-  Translmod.reset (); Translobj.reset (); Bytegen.reset (); Emitcode.reset ();
-  Symtable.reset (); Bytelink.reset (); Dll.reset ();
-  Clflags.ccobjs := ccobjs0; Clflags.all_ccopts := ccopts0; Clflags.dllibs := dllibs0
+(* ocamlc's load path: "" first, then -I directories, then the standard library. *)
+let init_path includes =
+  if includes = [] then begin
+    Load_path.reset ();
+    Load_path.add (Load_path.Dir.create "");
+    Load_path.add std_dir;
+    Env.reset_cache ()
+  end else begin
+    Clflags.include_dirs := List.rev includes;
+    Compmisc.init_path ()
+  end
+
+type facts = {
+  mutable stage : string;  (* where a failure came from: lexer, parser, typer, linker *)
+  mutable unbound : string;  (* the name an "unbound value/type/..." error is about *)
+  mutable items : int list;  (* byte offsets where the parsed file's top-level items start *)
+  mutable denied : string list;  (* library paths the allowlist does not allow *)
+}
+
+let facts = { stage = ""; unbound = ""; items = []; denied = [] }
+
+let flatten lid = try String.concat "." (Longident.flatten lid) with _ -> ""
+
+(* The failure's stage, from the exception the compiler raised (never from its message). *)
+let classify exn =
+  facts.stage <- (match exn with
+      | Lexer.Error _ -> "lexer"
+      | Syntaxerr.Error _ | Syntaxerr.Escape_error -> "parser"
+      | Bytelink.Error _ | Symtable.Error _ -> "linker"
+      | _ -> "typer");
+  match exn with
+  | Env.Error (Env.Lookup_error (_, _, e)) ->
+    facts.unbound <- (match e with
+        | Env.Unbound_value (l, _) | Env.Unbound_type l | Env.Unbound_constructor l
+        | Env.Unbound_label l | Env.Unbound_module l -> flatten l
+        | _ -> "")
+  | _ -> ()
 
 (* As ocamlc's main: status 0, or 2 with the error reported (an exception the compiler cannot
    describe is reported the way ocamlc's runtime would, as a fatal error). *)
@@ -65,57 +110,38 @@ let run (f : unit -> unit) : int * string =
     | () -> 0
     | exception Compenv.Exit_with_status n -> n
     | exception x ->
+      classify x;
       (try Location.report_exception ppf x
        with x -> Format.fprintf ppf "Fatal error: exception %s@." (Printexc.to_string x));
       2 in
   Format.pp_print_flush ppf ();
   rc, Buffer.contents buf
 
-(* What every request re-read from disk and never changes: the standard library directory's
-   listing and its .cmi files (read-only data; each request still builds its own environment
-   from them, as the toplevel does across phrases). Measured: -1.3 ms of the ~2.5 ms a request
-   for an empty file cost. *)
-let std_dir = Load_path.Dir.create Config.standard_library
-let cmi_cache : (string, Cmi_format.cmi_infos) Hashtbl.t = Hashtbl.create 64
-let () =
-  let load_default = !Persistent_env.Persistent_signature.load in
-  Persistent_env.Persistent_signature.load := fun ~unit_name ->
-    match Load_path.find_uncap (unit_name ^ ".cmi") with
-    | filename when Filename.dirname filename = Config.standard_library ->
-      let cmi = match Hashtbl.find_opt cmi_cache filename with
-        | Some c -> c
-        | None -> let c = Cmi_format.read_cmi filename in Hashtbl.add cmi_cache filename c; c in
-      Some { Persistent_env.Persistent_signature.filename; cmi }
-    | _ | exception Not_found -> load_default ~unit_name
-
-(* Compmisc.init_path for ocamlc's load path here ("" then the standard library, nothing else:
-   no -I, no OCAMLPARAM), with the standard library's listing kept. `add` keeps the first
-   directory's files first, as `init` does. *)
-let init_path () =
-  Load_path.reset ();
-  Load_path.add (Load_path.Dir.create "");
-  Load_path.add std_dir;
-  Env.reset_cache ()
-
-(* Compile.implementation ~start_from:Parsing, with init_path above (Compile_common.with_info). *)
-let compile file () =
+(* Compile_common.implementation, step by step: parse (recording where items start), type, check
+   the typed tree when asked, emit bytecode unless -i or -stop-after parsing. *)
+let compile ?(check = false) ?(includes = []) file () =
   let output_prefix = Filename.remove_extension file in
-  (* Parsing alone reads no environment: skip building one (the grader parses every phrase of a
-     completion with a syntax error on its own). *)
   let parse_only = Clflags.(should_stop_after Compiler_pass.Parsing) in
-  if not parse_only then init_path ();
+  if not parse_only then init_path includes;
   let module_name = Compenv.module_of_filename file output_prefix in
   Env.set_unit_name module_name;
   let env = if parse_only then Env.empty else Compmisc.initial_env () in
-  Compmisc.with_ppf_dump ~file_prefix:(output_prefix ^ ".cmo") @@ fun ppf_dump ->
-  let info = { Compile_common.source_file = file; module_name; output_prefix; env; ppf_dump;
-               tool_name = "ocamlc"; native = false } in
-  Compile_common.implementation info
-    ~backend:(fun info typed -> Compile.emit_bytecode info (Compile.to_bytecode info typed))
+  let info = { Compile_common.source_file = file; module_name; output_prefix; env;
+               ppf_dump = Format.err_formatter; tool_name = "ocamlc"; native = false } in
+  let cmo = output_prefix ^ ".cmo" in
+  try
+    let parsed = Compile_common.parse_impl info in
+    facts.items <- List.map (fun (i : Parsetree.structure_item) -> i.pstr_loc.loc_start.pos_cnum) parsed;
+    if not parse_only then begin
+      let typed = Compile_common.typecheck_impl info parsed in
+      if check then facts.denied <- Allowlist.denied_paths typed.structure;
+      if not !Clflags.print_types then Compile.emit_bytecode info (Compile.to_bytecode info typed)
+    end;
+    Warnings.check_fatal ()
+  with x -> Misc.remove_file cmo; raise x
 
 let set_flags flags =
   String.iter (function
-    | 'd' -> Clflags.(dump_parsetree := true; dump_typedtree := true; dump_into_file := true)
     | 'i' -> Clflags.print_types := true
     | 'p' -> Clflags.stop_after := Some Clflags.Compiler_pass.Parsing
     | 'W' -> Warnings.restore default_warnings
@@ -123,8 +149,8 @@ let set_flags flags =
 
 let link out files () =
   let objs = List.map (fun f ->
-    if Filename.check_suffix f ".ml" then (compile f (); Filename.remove_extension f ^ ".cmo") else f) files in
-  init_path ();
+      if Filename.check_suffix f ".ml" then (compile f (); Filename.remove_extension f ^ ".cmo") else f) files in
+  init_path [];
   Bytelink.link objs out;
   Warnings.check_fatal ()
 
@@ -133,16 +159,80 @@ let handle line =
   | dir :: op :: args ->
     Sys.chdir dir;
     (match op, args with
-     | "c", [flags; file] -> set_flags flags; run (compile file)
+     | "c", flags :: file :: includes ->
+       set_flags flags;
+       run (compile ~check:(String.contains flags 'a') ~includes file)
      | "o", out :: files -> run (link out files)
      | _ -> 2, "bad request\n")
   | _ -> 2, "bad request\n"
 
+let reply (rc, out) =
+  let out = if String.length out > max_reply then String.sub out 0 max_reply else out in
+  let payload = Printf.sprintf "stage=%s\nunbound=%s\nitems=%s\ndenied=%s\n\n%s" facts.stage facts.unbound
+      (String.concat "," (List.map string_of_int facts.items)) (String.concat " " facts.denied) out in
+  Printf.sprintf "%d %d\n%s" rc (String.length payload) payload
+
+let rec write_all fd s off =
+  if off < String.length s then write_all fd s (off + Unix.write_substring fd s off (String.length s - off))
+
+let read_all fd =
+  let b = Buffer.create 4096 and chunk = Bytes.create 65536 in
+  let rec go () = match Unix.read fd chunk 0 65536 with
+    | 0 -> Buffer.contents b
+    | n -> Buffer.add_subbytes b chunk 0 n; go ()
+    | exception Unix.Unix_error (Unix.EINTR, _, _) -> go () in
+  go ()
+
+(* One request in a child of this pristine process. A child that dies without a whole reply
+   (killed, crashed) takes the server down with it: the client restarts it and re-runs the
+   request. *)
+let serve_forked line =
+  let r, w = Unix.pipe ~cloexec:true () in
+  match Unix.fork () with
+  | 0 ->
+    Unix.close r;
+    write_all w (reply (handle line)) 0;
+    Unix._exit 0
+  | pid ->
+    Unix.close w;
+    let data = read_all r in
+    Unix.close r;
+    let rec wait () = try snd (Unix.waitpid [] pid) with Unix.Unix_error (Unix.EINTR, _, _) -> wait () in
+    (match wait () with
+     | Unix.WEXITED 0 when data <> "" -> output_string proto data; flush proto
+     | _ -> exit 3)
+
+(* Every value of a library module, its submodules' too, by canonical path (functors as `F()`):
+   what tests/test_allowlist.py compares the list with. *)
+let print_values path includes =
+  init_path includes;
+  let env = Compmisc.initial_env () in
+  let rec walk env prefix mty =
+    match mty with
+    | Types.Mty_alias p -> walk env prefix (Env.find_module p env).md_type
+    | Types.Mty_ident _ -> (match Mtype.scrape env mty with Types.Mty_ident _ -> () | m -> walk env prefix m)
+    | Types.Mty_functor _ -> output_string proto (prefix ^ "()\n")
+    | Types.Mty_signature sg ->
+      let env = Env.add_signature sg env in
+      List.iter (function
+          | Types.Sig_value (id, _, _) -> output_string proto (prefix ^ "." ^ Ident.name id ^ "\n")
+          | Types.Sig_module (id, _, md, _, _) -> walk env (prefix ^ "." ^ Ident.name id) md.md_type
+          | _ -> ()) sg in
+  let lid = match Longident.unflatten (String.split_on_char '.' path) with Some l -> l | None -> exit 2 in
+  let _, md = Env.lookup_module ~loc:Location.none lid env in
+  walk env path md.md_type;
+  flush proto
+
 let () =
-  output_string proto "ready\n"; flush proto;  (* the client's start-up probe *)
-  try while true do
-    let line = input_line stdin in
-    let rc, out = Local_store.with_store (Local_store.fresh ()) (fun () -> reset (); handle line) in
-    let out = if String.length out > max_reply then String.sub out 0 max_reply else out in
-    Printf.fprintf proto "%d %d\n%s%!" rc (String.length out) out
-  done with End_of_file -> ()
+  match Array.to_list Sys.argv with
+  | _ :: "--values" :: path :: includes -> print_values path includes
+  | [_; "--once"; request] -> output_string proto (reply (handle request)); flush proto
+  | [_; "--check-cmt"; file] ->
+    (match (Cmt_format.read_cmt file).cmt_annots with
+     | Cmt_format.Implementation str ->
+       output_string proto (String.concat " " (Allowlist.denied_paths str) ^ "\n"); flush proto
+     | _ -> prerr_endline "not a complete implementation"; exit 2)
+  | [_] ->
+    output_string proto "ready\n"; flush proto;  (* the client's start-up probe *)
+    (try while true do serve_forked (input_line stdin) done with End_of_file -> ())
+  | _ -> prerr_endline "usage: compile_server [--once REQUEST | --check-cmt FILE.cmt | --values MODULE [INCDIR...]]"; exit 2

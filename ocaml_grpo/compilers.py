@@ -1,0 +1,204 @@
+"""The grader's two compile paths behind one interface: steps that return `Reply` values.
+
+    with compilers.steps(workdir, budget, requires) as steps:
+        tc = steps.compile("solution.ml", "a")       # flags as the tool's: a i p W
+        prog = steps.link("prog", ["harness.cmo", "tests.ml"])
+
+OCAML_COMPILER=server: each step is a request to a compile server (ocaml_grpo/compile_server.py).
+OCAML_COMPILER=ocamlc, and every problem that `require`s packages: each step is one sandboxed
+`ocamlc` (through ocamlfind); the grader's OCaml tool, run once in the same sandbox call, adds the
+facts ocamlc does not print: the typed tree's denied paths from ocamlc's own `-bin-annot` .cmt,
+and, after a failure, the stage, the unbound name and the items, from its own parse and type
+check. Both paths give the same `Reply` for the same step (bench/compare_compilers.py checks).
+One compile budget per completion (OCAML_COMPILE_LIMIT_S) is shared by all its steps.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import shlex
+import subprocess
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Protocol
+
+from ocaml_grpo.compile_server import SERVER_IN_BOX, CompileServer, Reply, ServerPool, build_server, parse_reply
+from ocaml_grpo.compiler_output import CompileError, error_of, parse_compiler_error
+from ocaml_sandbox import RunResult, Sandbox, ToolchainError
+
+WARNINGS_OFF = ["-w", "-a", "-alert", "-all"]
+
+
+@dataclass
+class CompileBudget:
+    """One compile limit per completion, shared by every toolchain call made for it: a phrase
+    whose type checking blows up costs one limit, not one per error-counting pass."""
+    seconds: float
+    exhausted: bool = False  # a call ran out of it: count no further errors
+
+    def spend(self, since: float, timed_out: bool) -> None:
+        self.seconds -= time.monotonic() - since
+        self.exhausted = timed_out or self.seconds <= 0
+
+
+class Steps(Protocol):
+    workdir: Path
+
+    def compile(self, file: str, flags: str) -> Reply: ...
+    def link(self, out: str, files: list[str]) -> Reply: ...
+
+
+@functools.lru_cache(maxsize=32)
+def package_dirs(requires: tuple[str, ...]) -> tuple[str, ...]:
+    """The include directories of the packages and everything they depend on (ocamlfind)."""
+    if not requires:
+        return ()
+    res = subprocess.run(["ocamlfind", "query", "-r", "-format", "%d", *requires], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise ToolchainError(f"ocamlfind cannot find the package(s) {', '.join(requires)}: {res.stderr.strip()[:300]}")
+    return tuple(dict.fromkeys(res.stdout.split()))
+
+
+class ServerSteps:
+    def __init__(self, server: CompileServer, workdir: Path, budget: CompileBudget):
+        self.server, self.workdir, self.budget = server, workdir, budget
+
+    def _request(self, fields: list[str]) -> Reply:
+        if self.budget.seconds <= 0:
+            self.budget.exhausted = True
+            return Reply(2, "compiler timed out", timed_out=True)
+        t0 = time.monotonic()
+        rep = self.server.request(self.workdir, fields, self.budget.seconds)
+        self.budget.spend(t0, rep.timed_out)
+        return rep
+
+    def compile(self, file: str, flags: str) -> Reply:
+        return self._request(["c", flags or "-", file])
+
+    def link(self, out: str, files: list[str]) -> Reply:
+        return self._request(["o", out, *files])
+
+
+class OcamlcSteps:
+    """One sandbox call per step: `ocamlc` (ocamlfind with packages), then the tool for the facts."""
+    FLAG_ARGS = {"i": ["-i"], "p": ["-stop-after", "parsing"], "a": ["-bin-annot"]}
+
+    def __init__(self, compilers: "Compilers", workdir: Path, budget: CompileBudget, requires: tuple[str, ...]):
+        self.c, self.workdir, self.budget, self.requires = compilers, workdir, budget, requires
+
+    def _ocamlc(self, flags: str, link: bool) -> list[str]:
+        warn = [] if "W" in flags else WARNINGS_OFF
+        opts = [a for f in flags for a in self.FLAG_ARGS.get(f, [])]
+        if not self.requires:
+            return ["ocamlc", *warn, *opts]
+        pkgs = ["-package", ",".join(self.requires)] + (["-linkpkg"] if link else [])
+        return ["ocamlfind", "ocamlc", *warn, *pkgs, *opts]
+
+    def _step(self, script: str, name: str) -> Reply:
+        if self.budget.seconds <= 0:
+            self.budget.exhausted = True
+            return Reply(2, "compiler timed out", timed_out=True)
+        t0 = time.monotonic()
+        res = self.c.run_script(script, self.workdir, self.budget.seconds)
+        self.budget.spend(t0, res.timed_out)
+        rc = _read(self.workdir / f"{name}.rc").strip()
+        if res.timed_out or not rc:
+            return Reply(2, "compiler timed out", timed_out=True)
+        out = _read(self.workdir / f"{name}.out")
+        facts = _read(self.workdir / f"{name}.facts")
+        if rc == "0":
+            return Reply(0, out, denied=facts.split())
+        rep = parse_reply(facts.encode())
+        return Reply(int(rc), out, stage=rep.stage, unbound=rep.unbound, items=rep.items) if rep else Reply(int(rc), out)
+
+    def compile(self, file: str, flags: str) -> Reply:
+        name, tool = Path(file).stem, self.c.tool_in_box
+        once = "\t".join([self.c.box_dir(self.workdir), "c", flags or "-", file, *package_dirs(self.requires)])
+        check = f"{tool} --check-cmt {name}.cmt >{name}.facts" if "a" in flags else f": >{name}.facts"
+        script = (f"{shlex.join(self._ocamlc(flags, False))} -c {file} >/dev/null 2>{name}.out; rc=$?; echo $rc >{name}.rc\n"
+                  f"if [ $rc = 0 ]; then {check}; else {tool} --once {shlex.quote(once)} >{name}.facts; fi\n")
+        return self._step(script, name)
+
+    def link(self, out: str, files: list[str]) -> Reply:
+        script = (f"{shlex.join(self._ocamlc('', True))} -o {out} {' '.join(files)} >/dev/null 2>{out}.out; "
+                  f"echo $? >{out}.rc\n")
+        return self._step(script, out)
+
+
+class Compilers:
+    """The compile slots (one per core), the tool binary, and the servers when they are used."""
+
+    def __init__(self, sandbox: Sandbox, root: Path, cores: int, kind: str):
+        if kind not in ("server", "ocamlc"):
+            raise ValueError(f"compiler {kind!r}: expected 'server' or 'ocamlc'")
+        self.sandbox, self.kind = sandbox, kind
+        self.slots = threading.BoundedSemaphore(cores)
+        # Built (or found in the cache) now: a missing piece of the toolchain is an error at
+        # start-up, never a silent switch to another path.
+        self.exe = build_server()
+        self.tool_in_box = SERVER_IN_BOX if sandbox.isolated else str(self.exe)
+        self._root = root
+        self._servers = ServerPool(sandbox, root, cores, self.exe) if kind == "server" else None
+
+    def close(self) -> None:
+        if self._servers:
+            self._servers.close()
+
+    def box_dir(self, workdir: Path) -> str:
+        return "/work" if self.sandbox.isolated else str(workdir)
+
+    @contextmanager
+    def steps(self, workdir: Path, budget: CompileBudget, requires: tuple[str, ...] = ()) -> Iterator[Steps]:
+        """Steps for one completion's job directory. A server's steps give the directory back
+        after them: the server goes on to other completions."""
+        if self._servers is None or requires:
+            yield OcamlcSteps(self, workdir, budget, tuple(requires))
+            return
+        try:
+            with self._servers.server() as server:
+                yield ServerSteps(server, workdir, budget)
+        finally:
+            self.sandbox.disown(workdir)
+
+    def compile_batch(self, workdir: Path, harness: str, n: int, requires: tuple[str, ...],
+                      limit: float) -> list[CompileError | None]:
+        """Compile p0.ml .. p{n-1}.ml (test programs, against `harness`.ml) in one sandbox call:
+        None for each that compiles, else its first error."""
+        steps = OcamlcSteps(self, workdir, CompileBudget(limit), requires)
+        comp = shlex.join(steps._ocamlc("", False))
+        facts = [self.tool_in_box, "--once", "\t".join([self.box_dir(workdir), "c", "-", "p$k.ml",
+                                                         *package_dirs(requires)])]
+        once = " ".join(shlex.quote(a) if "$k" not in a else f'"{a}"' for a in facts)
+        script = (f"{comp} -c {harness}.ml >h.out 2>&1 || exit 3\n"
+                  f"for k in $(seq 0 {n - 1}); do {comp} -c p$k.ml >e$k.txt 2>&1; rc=$?; echo $rc >r$k.txt; "
+                  f"[ $rc = 0 ] || {once} >f$k.txt; done\n")
+        res = self.run_script(script, workdir, limit)
+        if res.returncode == 3:  # the harness itself did not build: a toolchain or package problem
+            return [parse_compiler_error(_read(workdir / "h.out"))] * n
+        out: list[CompileError | None] = []
+        for k in range(n):
+            rc = _read(workdir / f"r{k}.txt").strip()
+            if rc == "0":
+                out.append(None)
+            elif rc:
+                rep = parse_reply(_read(workdir / f"f{k}.txt").encode()) or Reply(2, "")
+                out.append(error_of(Reply(int(rc), _read(workdir / f"e{k}.txt"), stage=rep.stage, unbound=rep.unbound)))
+            else:
+                out.append(CompileError("other", 0, "compiler timed out" if res.timed_out else "not compiled"))
+        return out
+
+    def run_script(self, script: str, workdir: Path, limit: float) -> RunResult:
+        """A shell script in the toolchain sandbox, under a compile slot, the tool beside it."""
+        with self.slots:
+            return self.sandbox.run(["sh", "-c", script], workdir, wall_s=limit, cpu_s=max(1, math.ceil(limit)),
+                                    ro_binds=((str(self.exe), SERVER_IN_BOX),))
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
