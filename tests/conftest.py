@@ -16,6 +16,8 @@ import pytest
 
 import preloaded
 from ocaml_grpo.problems import Problem
+from ocaml_grpo.grader import OcamlGrader
+from ocaml_sandbox import Sandbox
 from rewards import RewardConfig, RewardScorer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +63,16 @@ ADD = Problem(id="add", prompt=ADD_PROMPT, tests=ADD_TESTS)
 def scorer():
     """A real grader (bubblewrap, two workers) with the minimum-lines rule off."""
     s = RewardScorer(RewardConfig(min_lines=0, workers=2))
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def sandbox_scorer():
+    """The same grader with the library allowlist off: for the tests of the sandbox alone, which
+    must hold even for code the allowlist would stop (files, Sys.command, exit)."""
+    s = RewardScorer(RewardConfig(min_lines=0, workers=2),
+                     grader=OcamlGrader(Sandbox(), max_parallel_compiles=2, check_library=False))
     yield s
     s.close()
 

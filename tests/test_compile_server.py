@@ -61,8 +61,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("flags,args", [("d", ["-dparsetree", "-dtypedtree", "-dump-into-file", "-c"]),
-                                        ("i", ["-i"]), ("-", ["-c"])])
+@pytest.mark.parametrize("flags,args", [("a", ["-c"]), ("i", ["-i"]), ("-", ["-c"])])
 def test_outputs_are_ocamlc_s(server, tmp_path, flags, args):
     ref = tmp_path / "ref"
     ref.mkdir()
@@ -72,7 +71,7 @@ def test_outputs_are_ocamlc_s(server, tmp_path, flags, args):
         rc, err = ocamlc(WARN_OFF + args + [f], ref)
         rep = server.request(d, ["c", flags, f], 20)
         assert (rep.returncode == 0, rep.output) == (rc == 0, err), f
-        for ext in (".cmo", ".cmi", ".cmo.dump"):
+        for ext in (".cmo", ".cmi"):
             a, b = d / f.replace(".ml", ext), ref / f.replace(".ml", ext)
             assert a.exists() == b.exists() and (not a.exists() or a.read_bytes() == b.read_bytes()), f + ext
 
@@ -145,12 +144,66 @@ def test_a_crashed_server_is_replaced_and_the_request_retried(server, sandbox):
     assert server.starts == 2
 
 
-def test_servers_are_replaced_every_n_requests(server, monkeypatch):
-    monkeypatch.setattr(cs, "RESTART_EVERY", 3)
-    d = job(server, "j", {"ok.ml": "let x = 1\n"})
-    for _ in range(7):
-        assert server.request(d, ["c", "-", "ok.ml"], 20).returncode == 0
-    assert server.starts == 3
+# Requests that leave state behind in a compiler that serves requests one after another: a
+# warning turned into an error then a compile error (the error counter stayed set), a fatal
+# warning alone, a typed tree larger than the file-size limit, deep nesting, flags of every kind.
+HOSTILE = {
+    "warn_error_then_error.ml": "[@@@warning \"@a\"]\nlet f x = let y = 1 in x\nlet z : int = \"no\"\n",
+    "fatal_warning.ml": "[@@@warning \"@a\"]\nlet f x = let y = 1 in x\n",
+    "big_table.ml": "let table = [|" + ";".join(f"({i}, \"{'x' * 20}{i}\")" for i in range(4000)) + "|]\n",
+    "deep.ml": "let deep = " + "[" * 2000 + "]" * 2000 + "\n",
+    "defines.ml": "type t = A\nexception E\nmodule M = struct let v = 1 end\n",
+    "syntax.ml": "let f x = (x +\n",
+}
+HONEST = {
+    "ok.ml": "let add a b = a + b\nlet xs = List.map (fun x -> x * 2) [1; 2]\n",
+    "uses.ml": "let a = A\nlet b = M.v\n",
+    "unused.ml": "let f x = let y = 1 in x\n",
+    "type_error.ml": "let x = 1 +. 2.0\n",
+}
+
+
+def test_any_sequence_of_requests_gets_a_fresh_ocamlc_s_verdicts(server, tmp_path):
+    """Differential: shuffled hostile and honest requests through one server, each answered as a
+    new `ocamlc` answers it alone (exit status and message), whatever came before."""
+    import random
+    files = {**HOSTILE, **HONEST}
+    d = job(server, "j", files)
+    ref = {}
+    for f, text in files.items():
+        alone = tmp_path / f"ref_{f}"
+        alone.mkdir()
+        (alone / f).write_text(text)
+        ref[f] = ocamlc(WARN_OFF + ["-c", f], alone)
+    rng = random.Random(0)
+    order = [f for f in files for _ in range(3)]
+    rng.shuffle(order)
+    for f in order:
+        rep = server.request(d, ["c", "a", f], 30)
+        assert (rep.returncode, rep.output) == ref[f], f
+    assert server.starts == 1  # no request needed a restart
+
+
+def test_an_honest_grade_does_not_depend_on_its_group_mates():
+    """One completion cannot lower another's grade through the compile server (in GRPO that would
+    raise its own advantage): the honest answer's Grade is the same alone and after each of the
+    hostile requests on the same (single) server."""
+    s = RewardScorer(RewardConfig(min_lines=0, workers=1))
+    try:
+        honest = fenced("let add a b = a + b")
+        alone = asdict(s.grader.grade(*_graded(honest)))
+        for code in HOSTILE.values():
+            s.grader.grade(*_graded(fenced(code + "let add a b = a + b\n")))
+            assert asdict(s.grader.grade(*_graded(honest))) == alone, code[:40]
+        assert alone["tests_passed"] == alone["tests_total"] == 7
+    finally:
+        s.close()
+
+
+def _graded(completion: str) -> tuple:
+    solution, entries = assemble_solution(completion.split("```ocaml\n")[1].split("\n```")[0], ADD.prompt,
+                                          ADD.entry_point)
+    return solution, ADD.tests, [], entries
 
 
 @pytest.mark.parametrize("code", [BLOW_UP.replace("let bad : int =", "let add a b = a + b\nlet bad : int ="),

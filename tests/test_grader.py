@@ -12,7 +12,8 @@ from conftest import ADD, ADD_PROMPT, ADD_TESTS, ROOT, fenced, problem_set, read
 from ocaml_grpo import ocaml_source as src
 from ocaml_grpo.completions import assemble_solution, extract_code
 from ocaml_grpo.problems import Problem, load_problems
-from ocaml_sandbox import UID_POOL_BASE, UID_POOL_SIZE
+from ocaml_grpo.grader import OcamlGrader
+from ocaml_sandbox import UID_POOL_BASE, UID_POOL_SIZE, Sandbox
 from rewards import RewardConfig, RewardScorer, Weights
 
 def score(scorer, code, problem=ADD):
@@ -173,10 +174,10 @@ def test_attack_earns_no_test_credit(scorer, name):
 
 
 @pytest.mark.parametrize("code,name", [
-    ("let add a b = Obj.magic (a + b)", "Obj"),
-    ("let add a b = Stdlib__Obj.magic (a + b)", "Stdlib__Obj"),
-    ("let add a b = ignore (Marshal.to_string 1 []); a + b", "Marshal"),
-    ('let add a b = ignore (String.unsafe_get "ab" 0); a + b', "unsafe_get"),
+    ("let add a b = Obj.magic (a + b)", "Stdlib.Obj.magic"),
+    ("let add a b = Stdlib__Obj.magic (a + b)", "Stdlib.Obj.magic"),
+    ("let add a b = ignore (Marshal.to_string 1 []); a + b", "Stdlib.Marshal.to_string"),
+    ('let add a b = ignore (String.unsafe_get "ab" 0); a + b', "Stdlib.String.unsafe_get"),
     ('external plus : int -> int -> int = "%addint"\nlet add a b = plus a b', "external"),
 ])
 def test_memory_level_constructs_void_test_credit_even_when_right(scorer, code, name):
@@ -186,7 +187,7 @@ def test_memory_level_constructs_void_test_credit_even_when_right(scorer, code, 
     assert score(scorer, "let add a b = a + b (* Obj.magic in a comment is fine *)").tests_passed == 7
 
 
-def test_host_files_are_untouched_and_no_process_survives(scorer, tmp_path):
+def test_host_files_are_untouched_and_no_process_survives(sandbox_scorer, tmp_path):
     marker = Path("/tmp") / f"pwned_{os.getpid()}"
     home_marker = Path.home() / f"pwned_{os.getpid()}"
     repo_marker = ROOT / f"pwned_{os.getpid()}"
@@ -195,7 +196,7 @@ def test_host_files_are_untouched_and_no_process_survives(scorer, tmp_path):
     ["{marker}"; "{home_marker}"; "{repo_marker}"; "/etc/pwned"; "/usr/pwned"];
   ignore (Sys.command "touch {marker}_sh; (sleep 1000 &); nohup sleep 999 >/dev/null 2>&1 &");
   a + b"""
-    b = score(scorer, code)
+    b = score(sandbox_scorer, code)
     assert b.tests_passed == 7  # the program ran, the writes just went nowhere
     for p in (marker, home_marker, repo_marker, Path(f"{marker}_sh"), Path("/etc/pwned"), Path("/usr/pwned")):
         assert not p.exists(), p
@@ -204,13 +205,13 @@ def test_host_files_are_untouched_and_no_process_survives(scorer, tmp_path):
     assert "sleep 1000" not in ps and "sleep 999" not in ps
 
 
-def test_model_code_has_no_shell_and_no_room_to_fill_the_disk(scorer):
+def test_model_code_has_no_shell_and_no_room_to_fill_the_disk(sandbox_scorer):
     # With a shell a background child could read the parent's memory (same uid) or race the
     # harness; the run sandbox holds only the bytecode runtime.
-    no_shell = score(scorer, 'let add a b = if Sys.command "true" = 127 then a + b else 0')
+    no_shell = score(sandbox_scorer, 'let add a b = if Sys.command "true" = 127 then a + b else 0')
     assert no_shell.tests_passed == 7
     # /work is a small tmpfs: 100 MB cannot be written, so the host's disk is out of reach.
-    disk = score(scorer, """let add a b =
+    disk = score(sandbox_scorer, """let add a b =
   let wrote_all =
     try
       for i = 0 to 99 do
@@ -223,7 +224,7 @@ def test_model_code_has_no_shell_and_no_room_to_fill_the_disk(scorer):
   in
   if wrote_all then 0 else a + b""")
     assert disk.tests_passed == 7
-    assert list(scorer.grader.tmp_root.glob("job*")) == []
+    assert list(sandbox_scorer.grader.tmp_root.glob("job*")) == []
 
 
 def surviving_job_processes() -> list[str]:
@@ -256,7 +257,8 @@ def surviving_job_processes() -> list[str]:
 def test_infinite_loop_and_fork_bomb_finish_within_the_limit():
     os.environ["OCAML_WALL_LIMIT_S"] = "2"
     try:
-        s = RewardScorer(RewardConfig(min_lines=0, workers=2))
+        s = RewardScorer(RewardConfig(min_lines=0, workers=2),
+                         grader=OcamlGrader(Sandbox(), max_parallel_compiles=2, check_library=False))
     finally:
         del os.environ["OCAML_WALL_LIMIT_S"]
     try:
@@ -329,7 +331,7 @@ def test_uids_are_never_shared_between_processes():
 
 def test_explicit_no_isolation_mode_still_grades_and_says_so(monkeypatch):
     monkeypatch.setenv("OCAML_SANDBOX", "none")
-    s = RewardScorer(RewardConfig(min_lines=0, workers=1))
+    s = RewardScorer(RewardConfig(min_lines=0, workers=1), grader=OcamlGrader(Sandbox(), check_library=False))
     try:
         b = s.score_one(ADD, fenced("let add a b = a + b"))
         assert b.reward == 1.0 and b.isolated is False

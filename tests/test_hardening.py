@@ -10,7 +10,7 @@ import pytest
 from conftest import ADD, fenced
 from ocaml_grpo import ocaml_source as src
 from ocaml_grpo.problems import Problem
-from ocaml_grpo.grader import Grade, tally_run, typed_tree_forbidden
+from ocaml_grpo.grader import Grade, tally_run
 from rewards import Breakdown, RewardConfig, RewardScorer, Weights, score_grade
 
 # ---------------------------------------------------------------------------------------------
@@ -37,35 +37,6 @@ def test_hidden_memory_level_constructs_void_test_credit(scorer, name):
     b = scorer.score_one(ADD, fenced(HIDDEN[name]))
     assert b.compiled, b.first_error  # it is valid OCaml, and right
     assert b.forbidden and b.tests == 0.0 and b.tests_passed == 0, (b.forbidden, b.tests_passed)
-
-
-@pytest.mark.parametrize("code,expected", [
-    ("module O = Obj\nlet f x = O.repr x", "Obj"),
-    ("open Obj\nlet f x = repr x", "Obj"),
-    ("include Stdlib\nlet f x = Obj.repr x", "Obj"),
-    ("module S = Stdlib\nlet f s = S.Marshal.to_string s []", "Marshal"),
-    ("module B = Bytes\nlet f b = B.unsafe_get b 0", "unsafe_get"),
-    ("let f () = input_value stdin", "input_value"),
-    ('module type S = sig external f : int -> int = "%identity" end', "external"),
-    ('let f = let module M = struct external id : \'a -> \'a = "%identity" end in M.id', "external"),
-    ("let f x = CamlinternalLazy.force x", "CamlinternalLazy"),
-])
-def test_typed_tree_names_what_the_text_may_hide(tmp_path, code, expected):
-    (tmp_path / "s.ml").write_text(code + "\n")
-    subprocess.run(["ocamlc", "-w", "-a", "-alert", "-all", "-dtypedtree", "-dump-into-file", "-c", "s.ml"],
-                   cwd=tmp_path, check=True, capture_output=True)
-    assert typed_tree_forbidden((tmp_path / "s.cmo.dump").read_text()) == expected
-
-
-def test_typed_tree_allows_honest_code_that_mentions_the_names(tmp_path):
-    code = ('type json = Obj of (string * json) list | Str of string\n'
-            'let unsafe_note = "Obj.magic and Marshal in a string"\n'
-            'let f = function Obj _ -> {|external "%identity"|} | Str s -> s\n'
-            'module type S = sig val g : int -> int end\n'
-            'let l = lazy 1\nlet o = object method m = 1 end\n')
-    (tmp_path / "s.ml").write_text(code)
-    subprocess.run(["ocamlc", "-w", "-a", "-dtypedtree", "-dump-into-file", "-c", "s.ml"], cwd=tmp_path, check=True)
-    assert typed_tree_forbidden((tmp_path / "s.cmo.dump").read_text()) is None
 
 
 # Snippets where a naive lexer and OCaml's disagree. strip_comments must remove exactly the

@@ -1,0 +1,172 @@
+"""Reward integrity by design (issue #19): which library code a solution reaches is decided on
+the compiler's typed tree against an allowlist (deny by default, the solution's own names never
+matter), every compile request meets a fresh compiler, error classes come from the compiler's
+exceptions, lines are counted as OCaml's lexer counts them, and a blocked test program is stopped.
+Real compiler, real sandbox."""
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ADD, fenced
+from ocaml_grpo import ocaml_source as src
+from ocaml_grpo.compile_server import ALLOWLIST, build_server
+from ocaml_sandbox import Sandbox
+from rewards import RewardConfig, RewardScorer
+
+
+@pytest.fixture(scope="module")
+def tool() -> Path:
+    return build_server()
+
+
+def denied(tool: Path, tmp_path: Path, code: str) -> list[str]:
+    """The allowlist's verdict on ocamlc's own typed tree (-bin-annot), as the ocamlc path reads it."""
+    (tmp_path / "s.ml").write_text(code + "\n")
+    subprocess.run(["ocamlc", "-w", "-a", "-alert", "-all", "-bin-annot", "-c", "s.ml"], cwd=tmp_path, check=True,
+                   capture_output=True)
+    out = subprocess.run([str(tool), "--check-cmt", "s.cmt"], cwd=tmp_path, check=True, capture_output=True, text=True)
+    return out.stdout.split()
+
+
+# Each reaches library code off the list, by a route a name list would have to know about.
+ROUTES = {
+    "module O = Obj\nlet f x = O.repr x": "Stdlib.Obj.repr",
+    "open Obj\nlet f x = repr x": "Stdlib.Obj.repr",
+    "include Stdlib\nlet f x = x": "Stdlib",
+    "module S = Stdlib\nlet f s = S.Marshal.to_string s []": "Stdlib.Marshal.to_string",
+    "module B = Bytes\nlet f b = B.unsafe_get b 0": "Stdlib.Bytes.unsafe_get",
+    "let f () = input_value stdin": "Stdlib.input_value",
+    'module type S = sig external f : int -> int = "%identity" end': "external",
+    "let f = let module M = struct external id : 'a -> 'a = \"%identity\" end in M.id": "external",
+    "let f x = CamlinternalLazy.force x": "CamlinternalLazy.force",
+    # the runtime calls a registered name with a value of another type: a free cast
+    'let () = Callback.register "Printexc.handle_uncaught_exception" (fun x -> x)': "Stdlib.Callback.register",
+    'let () = Stdlib__Callback.register "x" 1': "Stdlib.Callback.register",
+    "let () = Printexc.set_uncaught_exception_handler (fun _ _ -> ())": "Stdlib.Printexc.set_uncaught_exception_handler",
+    "let () = at_exit ignore": "Stdlib.at_exit",
+    "let f () = exit 0": "Stdlib.exit",
+    'let f () = Sys.command "true"': "Stdlib.Sys.command",
+    "let f () = Gc.compact ()": "Stdlib.Gc.compact",
+    "let f e = Parsing.peek_val e 0": "Stdlib.Parsing.peek_val",
+    # whole modules: nested aliases, includes, first-class modules, a local functor's argument
+    "module N = struct module S = String end\nlet f s = N.S.unsafe_get s 0": "Stdlib.String",
+    "module M = struct include String end\nlet f s = M.unsafe_get s 0": "Stdlib.String",
+    "module type U = sig val unsafe_get : string -> int -> char end\nlet m = (module String : U)":
+        "Stdlib.String(as:U)",
+    "module F (X : sig val unsafe_get : string -> int -> char end) = struct let g = X.unsafe_get end\n"
+    "module G = F (String)": "Stdlib.String",
+    "module S : sig val unsafe_get : string -> int -> char end = String\nlet f s = S.unsafe_get s 0":
+        "Stdlib.String.unsafe_get",
+    "let f a = let open Array in unsafe_get a 0": "Stdlib.Array.unsafe_get",
+}
+
+
+@pytest.mark.parametrize("code", sorted(ROUTES))
+def test_every_route_off_the_list_is_named(tool, tmp_path, code):
+    assert denied(tool, tmp_path, code)[:1] == [ROUTES[code]]
+
+
+def test_the_solutions_own_names_never_matter(tool, tmp_path):
+    code = ('type json = Obj of (string * json) list | Str of string\n'
+            'let unsafe_total = 1\nlet input_value = 2\nmodule Marshal = struct let to_string x = x end\n'
+            'let f = function Obj _ -> Marshal.to_string "x" | Str s -> s\n'
+            'module S = String\nlet n = S.length "ab" + unsafe_total + input_value\n'
+            'module SM = Map.Make (String)\nmodule H = Hashtbl.Make (struct type t = int let equal = (=) let hash = Hashtbl.hash end)\n'
+            'module L = List\ninclude struct let g = L.map succ end\nlet l = lazy 1\nlet o = object method m = 1 end\n'
+            'let () = Printf.printf "%d" (String.length (Buffer.contents (Buffer.create 1)))\n')
+    assert denied(tool, tmp_path, code) == []
+
+
+CORRECT_WITH_LOCAL_NAMES = """type t = Obj | Leaf
+let unsafe_total = 0
+let input_value = 0
+module Marshal = struct let to_string x = x end
+let add a b = ignore (Obj, Leaf, Marshal.to_string ()); a + b + unsafe_total + input_value"""
+# A literal table whose typed tree printed as -dtypedtree text outgrew the 16 MB file limit.
+CORRECT_WITH_TABLE = ("let table = [|" + "; ".join(f"({i}, \"entry number {i}\")" for i in range(1200)) + "|]\n"
+                      "let add a b = a + b + (fst table.(0))")
+
+
+@pytest.mark.parametrize("code", [CORRECT_WITH_LOCAL_NAMES, CORRECT_WITH_TABLE])
+def test_honest_answers_get_full_credit(scorer, code):
+    b = scorer.score_one(ADD, fenced(code))
+    assert b.reward == 1.0 and b.forbidden is None, (b.forbidden, b.first_error)
+
+
+def test_a_denied_path_is_named_in_the_breakdown_and_earns_no_test_credit(scorer):
+    b = scorer.score_one(ADD, fenced('let add a b = Callback.register "x" 1; a + b'))
+    assert b.forbidden == "Stdlib.Callback.register" and b.tests == 0 and b.compiled
+
+
+def test_allowlist_names_exist_and_whole_modules_are_complete(tool):
+    """Every listed value is one the library has (no typo allows nothing by accident), and a
+    module marked usable whole (`*`) has every one of its values listed."""
+    listed, whole = set(), []
+    for line in ALLOWLIST.read_text().splitlines():
+        if line.startswith("#") or ":" not in line:
+            continue
+        head, names = line.split(":", 1)
+        module = head.split()[0]
+        if head.split()[1:] == ["*"]:
+            whole.append(module)
+        listed |= {f"{module}.{n}" for n in names.split() if not n.endswith(("()", "!"))}
+    incs = {"Stdlib": [], "Base": ["base"], "React": ["react"], "CalendarLib": ["calendar"]}
+    by_root: dict[str, set[str]] = {}
+    for root, pkgs in incs.items():
+        dirs = subprocess.run(["ocamlfind", "query", "-r", "-format", "%d", *pkgs], capture_output=True,
+                              text=True).stdout.split() if pkgs else []
+        modules = {m.rsplit(".", 1)[0] for m in listed if m.startswith(root + ".")}
+        modules |= {m for m in whole if m.startswith(root + ".")}
+        have = set()
+        for m in {m.split(".")[0] + "." + m.split(".")[1] if m.count(".") else m for m in modules}:
+            out = subprocess.run([str(tool), "--values", m, *dirs], capture_output=True, text=True)
+            have |= set(out.stdout.split("\n"))
+        by_root[root] = have
+    missing = [n for n in listed if n not in by_root[n.split(".")[0]]]
+    assert missing == [], missing[:10]
+    for m in whole:
+        values = {v for v in by_root[m.split(".")[0]] if v.startswith(m + ".") and not v.endswith("()")}
+        assert values <= listed, (m, sorted(values - listed)[:5])
+
+
+def test_lines_are_counted_as_ocamls_lexer_counts_them():
+    one_line = 'let add a b = ignore "\x0c\x0c\u2028\u2028\x0b\x0b\x1c\x1d"; a - b'
+    assert src.count_code_lines(one_line) == 1
+    assert src.count_code_lines("let a = 1\r\nlet b = 2\n\n  \t\nlet c = 3") == 3
+    s = RewardScorer(RewardConfig(min_lines=8, workers=1))
+    try:
+        assert s.score_one(ADD, fenced(one_line)).reward == 0.0
+    finally:
+        s.close()
+
+
+def test_a_lexer_error_is_a_syntax_error(scorer):
+    b = scorer.score_one(ADD, fenced("let add a b = a + b\nlet c = '\\q'"))
+    assert b.syntax_errors == 1 and b.type_check == 0.0
+
+
+def test_a_printed_error_message_is_not_an_error_class(scorer):
+    """[%%ocaml.error] prints any message: a fake syntax or unbound message earns nothing."""
+    fake = scorer.score_one(ADD, fenced('let add a b = a + b\n[%%ocaml.error "Syntax error"]'))
+    assert fake.syntax_errors == 0 and fake.error_kinds == ["type"]
+
+
+def test_a_blocked_program_is_stopped_within_seconds_and_has_no_terminal(sandbox_scorer, tmp_path):
+    # No devices but null, zero and the random ones: no terminal to block on.
+    tty = sandbox_scorer.score_one(ADD, fenced(
+        'let add a b = (try ignore (open_in "/dev/tty"); 0 with Sys_error _ -> a + b)'))
+    assert tty.tests_passed == 7
+    # And a process that blocks without using the CPU is stopped after the idle limit, not the
+    # wall guard (here: 60 s). The toolchain sandbox has a shell to block with.
+    sb = Sandbox()
+    if not sb.as_root:
+        pytest.skip("blocked processes are found by their job uid, which needs root")
+    t0 = time.monotonic()
+    res = sb.run(["sh", "-c", "sleep 30"], tmp_path, wall_s=60, cpu_s=5, idle_s=1.0)
+    assert res.timed_out and time.monotonic() - t0 < 3
+    busy = sb.run(["sh", "-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done"], tmp_path, wall_s=60, cpu_s=5,
+                  idle_s=1.0)
+    assert not busy.timed_out and busy.returncode == 0  # a busy program is never idle
