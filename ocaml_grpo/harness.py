@@ -21,8 +21,11 @@ let nonce, start =
   close_in ic;
   n, s
 let oc = fd_out (int_of_string Sys.argv.(1))
+(* Straight into the channel's buffer (outside the OCaml heap): no garbage string holding the
+   nonce is left for an uninitialised `Bytes.create` to find. *)
 let emit tag i =
-  output_string oc (nonce ^ " " ^ tag ^ " " ^ string_of_int i ^ "\n");
+  output_string oc nonce; output_char oc ' '; output_string oc tag; output_char oc ' ';
+  output_string oc (string_of_int i); output_char oc '\n';
   flush oc
 let check i f =
   if i >= start then begin
