@@ -67,7 +67,7 @@ def test_end_to_end_on_the_demo_model(tmp_path):
     assert list(report["rates"]) == ["has_end_marker", "compiled", "tests_compiled", "solved"] == list(RATES)
     assert report["n_problems"] == 3 and report["k"] == 2
     rows = [json.loads(l) for l in (tmp_path / "out" / "completions.jsonl").read_text().splitlines()]
-    assert len(rows) == 6 and all(0 <= x["reward"] <= 1 for x in rows)
+    assert len(rows) == 6 and all(0 <= x["graded_reward"] <= 1 and "reward" not in x for x in rows)
     md = (tmp_path / "out" / "report.md").read_text()
     assert "pass@1" in md and "| `tests_compiled` rate: the solution and the tests build one program |" in md
 
