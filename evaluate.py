@@ -1,5 +1,6 @@
 """Evaluate a model (optionally with a LoRA adapter) on OCaml problems with the training prompt
-and the training grader: the seed's base-model capability test, and a before/after check.
+and the training grader: whether a base model solves enough problems for GRPO to learn from, and
+a before/after check.
 
     python evaluate.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --n 10 --k 1
     python evaluate.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --adapter grpo_runs/final_adapter --n 50 --k 4
@@ -37,7 +38,7 @@ from rewards import Breakdown, RewardConfig, RewardScorer
 
 atexit.register(gc.freeze)  # skips ~1.7 s of collecting torch's and transformers' objects at exit (see train.py)
 
-CAPABILITY_THRESHOLD = 0.20  # the seed: under 20% solved -> the base model is not ready for GRPO
+CAPABILITY_THRESHOLD = 0.20  # the original training analysis: under 20% solved -> the base model is not ready for GRPO
 # Share of completions with each Breakdown flag set, and what the flag means.
 RATES = {
     "has_end_marker": "the END marker is in the completion",

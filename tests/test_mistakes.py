@@ -147,3 +147,17 @@ def open_lines(run: Path) -> list[str]:
     """The metric lines learning.log holds so far."""
     path = run / "learning.log"
     return [line for line in path.read_text().splitlines() if line.startswith("[Epoch")] if path.exists() else []
+
+
+def test_an_unreachable_hub_is_found_in_seconds_and_named(tmp_path, cache_home):
+    # No HF_HUB_OFFLINE: the libraries would retry the hub for 25-50 s. A closed port stands for
+    # a machine without network.
+    env = run_env(tmp_path, cache_home, BASE_MODEL_ID="someone/not-downloaded", HF_HOME=tmp_path / "hf",
+                  HF_ENDPOINT="http://127.0.0.1:9", **no_torch(tmp_path))
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        env.pop(name)
+    t0 = time.time()
+    res = subprocess.run([sys.executable, str(TRAIN)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert time.time() - t0 < 10
+    assert res.returncode != 0 and "hub cannot be reached" in res.stdout, res.stdout + res.stderr
+    assert "BASE_MODEL_ID=someone/not-downloaded" in res.stderr and "huggingface-cli download" in res.stderr
