@@ -28,9 +28,7 @@ ocaml_grpo/train_config.py (the trainer's) and rewards.py (the reward's); `--hel
 import atexit
 import gc
 import importlib.util
-import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -39,10 +37,9 @@ from dotenv import load_dotenv
 
 # None of these imports torch: --help, a config error or a missing toolchain answer in a second.
 import rewards
-from ocaml_grpo import dataset_audit
+from ocaml_grpo import dataset_audit, run_dir
 from ocaml_grpo.demo_model import DEMO_MODEL_DIR, ensure_demo_model
 from ocaml_grpo.generation_engines import engine_kwargs
-from ocaml_grpo import run_dir
 from ocaml_grpo.models import adapter_base, go_offline_unless_needed, load_model, load_tokenizer, lora_config, \
     merge_adapter, model_error
 from ocaml_grpo.problems import DatasetError, load_problems
@@ -307,7 +304,7 @@ try:
 finally:
     scorer.close()
 state = trainer.state
-if stop.requested:  # a checkpoint of this step was saved; the adapter is not final
+if stop.requested and state.global_step < state.max_steps:  # this step's checkpoint is saved; the adapter is not final
     if IS_MAIN:
         print(f"stopped by {stop.requested} at step {state.global_step}: checkpoint saved in "
               f"{out_dir / f'checkpoint-{state.global_step}'}; logs in {out_dir / 'learning.log'}.\n"

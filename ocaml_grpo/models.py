@@ -8,7 +8,6 @@ nothing (`train.py --help` and config errors answer in a second).
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 from pathlib import Path

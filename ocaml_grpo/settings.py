@@ -39,10 +39,8 @@ def resolve(settings: Sequence[Setting | tuple], environ: Mapping[str, str]) -> 
         raw = environ.get(name, "").strip() or default
         try:
             values[name] = parse(raw)
-        except ValueError as e:
-            # A parser may say what exactly is wrong (e.g. BASE_MODEL_ID: "no such directory").
-            why = str(e) if str(e) and not str(e).startswith(("invalid literal", "could not convert")) else ""
-            errors.append(f"{name}={raw!r} is invalid: {why or f'expected {parse.accepts}'} ({meaning})")
+        except ValueError:
+            errors.append(f"{name}={raw!r} is invalid: expected {parse.accepts} ({meaning})")
     return values, errors
 
 

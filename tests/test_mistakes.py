@@ -3,7 +3,6 @@ was, a finished run is not trained again, Ctrl-C saves a checkpoint that a re-ru
 with every step counted once, and a misnamed or missing setting is an error naming the variable
 before torch is imported. Real train.py runs (tiny model, real grader), as in test_train.py."""
 import hashlib
-import json
 import os
 import signal
 import subprocess
@@ -15,7 +14,7 @@ import pytest
 
 import analyze
 import preloaded
-from conftest import ROOT, TRAIN, checkpoints, log_lines, run_env, small_dataset, train
+from conftest import ROOT, TRAIN, checkpoints, run_env, small_dataset, train
 
 
 def snapshot(run: Path) -> dict[str, str]:
