@@ -142,6 +142,29 @@ def test_sigint_saves_the_current_step_and_a_rerun_counts_each_step_once(tmp_pat
     assert (run / "finished.json").exists()
 
 
+@pytest.mark.slow
+def test_a_second_sigint_stops_at_once(tmp_path, cache_home):
+    run = tmp_path / "run"
+    proc = preloaded.Command(TRAIN, [], tmp_path, run_env(tmp_path, cache_home, GRPO_MAX_STEPS=200, GRPO_SAVE_STEPS=50))
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and not open_lines(run):
+            assert proc.poll() is None, "training ended before it could be interrupted"
+            time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGINT)
+        time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGINT)
+        code = proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    res = proc.result()
+    assert code == 128 + signal.SIGINT and "SIGINT again: stopping now" in res.stderr, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr
+    lines = (run / "learning.log").read_text()
+    assert lines.endswith("\n")  # whole lines only
+
+
 def open_lines(run: Path) -> list[str]:
     """The metric lines learning.log holds so far."""
     path = run / "learning.log"
