@@ -31,7 +31,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from ocaml_grpo.demo_model import ensure_demo_model
-from ocaml_grpo.models import load_model, load_tokenizer, model_error
+from ocaml_grpo.models import go_offline_unless_needed, load_model, load_tokenizer, model_error
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo.prompting import chat_messages
 from rewards import Breakdown, RewardConfig, RewardScorer
@@ -185,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("several samples per problem need --temperature > 0")
 
     # Data and grader first: a bad path or a missing toolchain costs seconds, not a model load.
+    if note := go_offline_unless_needed([] if args.model == "demo" else [args.model], args.dataset, os.environ):
+        print(note)  # before the libraries are imported: they read HF_HUB_OFFLINE once
     try:
         problems = load_problems(args.dataset)
     except DatasetError as e:
