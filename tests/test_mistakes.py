@@ -52,6 +52,20 @@ def test_setting_errors_name_the_variable_before_torch_is_imported(tmp_path, cac
     assert not (tmp_path / "run").exists()
 
 
+def test_an_unreachable_hub_is_found_in_seconds_and_named(tmp_path, cache_home):
+    # No HF_HUB_OFFLINE: the libraries would retry the hub for 25-50 s. A closed port stands for
+    # a machine without network.
+    env = run_env(tmp_path, cache_home, BASE_MODEL_ID="someone/not-downloaded", HF_HOME=tmp_path / "hf",
+                  HF_ENDPOINT="http://127.0.0.1:9", **no_torch(tmp_path))
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        env.pop(name)
+    t0 = time.time()
+    res = subprocess.run([sys.executable, str(TRAIN)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert time.time() - t0 < 10
+    assert res.returncode != 0 and "hub cannot be reached" in res.stdout, res.stdout + res.stderr
+    assert "BASE_MODEL_ID=someone/not-downloaded" in res.stderr and "huggingface-cli download" in res.stderr
+
+
 def test_an_unwritable_output_dir_is_a_config_error(tmp_path, cache_home):
     (tmp_path / "afile").write_text("")
     env = run_env(tmp_path, cache_home, GRPO_OUTPUT_DIR=tmp_path / "afile" / "run", **no_torch(tmp_path))
@@ -111,23 +125,37 @@ def test_a_finished_run_run_again_trains_nothing(finished_run):
 
 # ----------------------------------------------------------------------------- Ctrl-C
 
-@pytest.mark.slow
-def test_sigint_saves_the_current_step_and_a_rerun_counts_each_step_once(tmp_path, cache_home):
-    run = tmp_path / "run"
-    env = run_env(tmp_path, cache_home, GRPO_MAX_STEPS=200, GRPO_SAVE_STEPS=50)
-    proc = preloaded.Command(TRAIN, [], tmp_path, env)
+def open_lines(run: Path) -> list[str]:
+    """The metric lines learning.log holds so far."""
+    path = run / "learning.log"
+    return [line for line in path.read_text().splitlines() if line.startswith("[Epoch")] if path.exists() else []
+
+
+def interrupt(tmp: Path, env: dict, after_lines: int, signals: int) -> subprocess.CompletedProcess:
+    """Start a long run, send SIGINT `signals` times once learning.log holds `after_lines` metric
+    lines, and return how the run ended (its exit status in `returncode`)."""
+    run = Path(env["GRPO_OUTPUT_DIR"])
+    proc = preloaded.Command(TRAIN, [], tmp, env)
     try:
         deadline = time.time() + 180
-        while time.time() < deadline and len(open_lines(run)) < 2:
+        while time.time() < deadline and len(open_lines(run)) < after_lines:
             assert proc.poll() is None, "training ended before it could be interrupted"
             time.sleep(0.2)
-        os.kill(proc.pid, signal.SIGINT)
-        code = proc.wait(120)
+        for _ in range(signals):
+            os.kill(proc.pid, signal.SIGINT)
+            time.sleep(0.1)  # two signals at once would reach the handler as one
+        proc.wait(120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    res = proc.result()
-    assert code == 128 + signal.SIGINT, res.stdout[-2000:] + res.stderr[-2000:]
+    return proc.result()
+
+
+@pytest.mark.slow
+def test_sigint_saves_the_current_step_and_a_rerun_counts_each_step_once(tmp_path, cache_home):
+    run = tmp_path / "run"
+    res = interrupt(tmp_path, run_env(tmp_path, cache_home, GRPO_MAX_STEPS=200, GRPO_SAVE_STEPS=50), 2, signals=1)
+    assert res.returncode == 128 + signal.SIGINT, res.stdout[-2000:] + res.stderr[-2000:]
     steps = len(open_lines(run))
     assert checkpoints(run) == [steps]  # the step in progress was finished and saved, none lost
     assert f"checkpoint saved in {run / f'checkpoint-{steps}'}" in res.stdout and "Resume with" in res.stdout
@@ -144,42 +172,7 @@ def test_sigint_saves_the_current_step_and_a_rerun_counts_each_step_once(tmp_pat
 
 @pytest.mark.slow
 def test_a_second_sigint_stops_at_once(tmp_path, cache_home):
-    run = tmp_path / "run"
-    proc = preloaded.Command(TRAIN, [], tmp_path, run_env(tmp_path, cache_home, GRPO_MAX_STEPS=200, GRPO_SAVE_STEPS=50))
-    try:
-        deadline = time.time() + 180
-        while time.time() < deadline and not open_lines(run):
-            assert proc.poll() is None, "training ended before it could be interrupted"
-            time.sleep(0.2)
-        os.kill(proc.pid, signal.SIGINT)
-        time.sleep(0.1)
-        os.kill(proc.pid, signal.SIGINT)
-        code = proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    res = proc.result()
-    assert code == 128 + signal.SIGINT and "SIGINT again: stopping now" in res.stderr, res.stderr[-2000:]
+    res = interrupt(tmp_path, run_env(tmp_path, cache_home, GRPO_MAX_STEPS=200, GRPO_SAVE_STEPS=50), 1, signals=2)
+    assert res.returncode == 128 + signal.SIGINT and "SIGINT again: stopping now" in res.stderr, res.stderr[-2000:]
     assert "Traceback" not in res.stderr
-    lines = (run / "learning.log").read_text()
-    assert lines.endswith("\n")  # whole lines only
-
-
-def open_lines(run: Path) -> list[str]:
-    """The metric lines learning.log holds so far."""
-    path = run / "learning.log"
-    return [line for line in path.read_text().splitlines() if line.startswith("[Epoch")] if path.exists() else []
-
-
-def test_an_unreachable_hub_is_found_in_seconds_and_named(tmp_path, cache_home):
-    # No HF_HUB_OFFLINE: the libraries would retry the hub for 25-50 s. A closed port stands for
-    # a machine without network.
-    env = run_env(tmp_path, cache_home, BASE_MODEL_ID="someone/not-downloaded", HF_HOME=tmp_path / "hf",
-                  HF_ENDPOINT="http://127.0.0.1:9", **no_torch(tmp_path))
-    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        env.pop(name)
-    t0 = time.time()
-    res = subprocess.run([sys.executable, str(TRAIN)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    assert time.time() - t0 < 10
-    assert res.returncode != 0 and "hub cannot be reached" in res.stdout, res.stdout + res.stderr
-    assert "BASE_MODEL_ID=someone/not-downloaded" in res.stderr and "huggingface-cli download" in res.stderr
+    assert (tmp_path / "run" / "learning.log").read_text().endswith("\n")  # whole lines only
