@@ -170,6 +170,7 @@ import torch  # noqa: E402
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
+from accelerate import PartialState  # noqa: E402
 from transformers import PrinterCallback  # noqa: E402
 
 from ocaml_grpo.callbacks import GracefulStop, LearningLog  # noqa: E402
@@ -217,19 +218,20 @@ if cfg["GRPO_INIT_ADAPTER"]:  # continue the SFT adapter instead of starting a f
     peft_config = None
     print(f"starting from the adapter {cfg['GRPO_INIT_ADAPTER']} (its LoRA settings apply, not LORA_*)")
 
-# ----------------------------------------------------------------------------- output directory
+# ----------------------------------------------------------------------------- output directory and reward
 # Every check has passed: only now is the output directory created, an earlier run's files moved
-# aside (a fresh run) and config.json written.
-if IS_MAIN:
-    if archive := run_dir.prepare(out_dir, cfg, resumed=resume_from is not None):
-        print(f"  the earlier run's logs and config moved to {archive}")
-    if cfg["AUDIT_DATASET"]:
-        dataset_audit.write_records(audit, out_dir)
+# aside (a fresh run) and config.json written, by rank 0 before any other process opens its
+# reward logs there (a fresh run would move them aside too).
+with PartialState(cpu=not on_gpu).main_process_first():  # cpu= as the trainer will: else a CPU launch looks single-process
+    if IS_MAIN:
+        if archive := run_dir.prepare(out_dir, cfg, resumed=resume_from is not None):
+            print(f"  the earlier run's logs and config moved to {archive}")
+        if cfg["AUDIT_DATASET"]:
+            dataset_audit.write_records(audit, out_dir)
+    reward_fn = rewards.make_syntax_aware_reward(out_dir, max_completion_tokens=cfg["GRPO_MAX_COMPLETION"],
+                                                 curriculum=cfg["REWARD_CURRICULUM"], scorer=scorer, rank=RANK)
 
 # ----------------------------------------------------------------------------- trainer
-reward_fn = rewards.make_syntax_aware_reward(out_dir, max_completion_tokens=cfg["GRPO_MAX_COMPLETION"],
-                                             curriculum=cfg["REWARD_CURRICULUM"], scorer=scorer,
-                                             rank=RANK)
 if os.environ.get("GRPO_TEST_NEGATE_REWARD") == "1":
     # Tests only (tests/test_learning.py): TRL optimises -reward, i.e. every advantage's sign is flipped, while
     # the reward logs keep the real reward. A trainer that learns must then get worse.
