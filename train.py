@@ -221,8 +221,9 @@ if cfg["GRPO_INIT_ADAPTER"]:  # continue the SFT adapter instead of starting a f
 # ----------------------------------------------------------------------------- output directory and reward
 # Every check has passed: only now is the output directory created, an earlier run's files moved
 # aside (a fresh run) and config.json written, by rank 0 before any other process opens its
-# reward logs there (a fresh run would move them aside too).
-with PartialState(cpu=not on_gpu).main_process_first():  # cpu= as the trainer will: else a CPU launch looks single-process
+# reward logs there (a fresh run would move them aside too). cpu= as the trainer will set it: without
+# it a CPU launch looks single-process and nobody waits.
+with PartialState(cpu=not on_gpu).main_process_first():
     if IS_MAIN:
         if archive := run_dir.prepare(out_dir, cfg, resumed=resume_from is not None):
             print(f"  the earlier run's logs and config moved to {archive}")
