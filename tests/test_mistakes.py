@@ -87,38 +87,28 @@ def test_merge_without_an_adapter_and_an_audit_piped_into_head(tmp_path, cache_h
 
 # ----------------------------------------------------------------------------- a finished run
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory, cache_home):
-    """A 2-step run that has finished: its directory and the environment it ran with."""
-    tmp = tmp_path_factory.mktemp("finished")
-    env = run_env(tmp, cache_home, GRPO_MAX_STEPS=2)
-    train(tmp, env)
-    return tmp, env
-
-
 @pytest.mark.slow
-def test_a_failed_start_leaves_the_previous_run_byte_identical(finished_run):
-    tmp, env = finished_run
+def test_a_finished_run_survives_failed_starts_and_is_not_trained_again(tmp_path, cache_home):
+    # One finished run for both checks: a training run costs more than either check.
+    env = run_env(tmp_path, cache_home, GRPO_MAX_STEPS=2)
+    train(tmp_path, env)
     run = Path(env["GRPO_OUTPUT_DIR"])
     before = snapshot(run)
     assert {"config.json", "learning.log", "final_adapter/adapter_config.json"} <= set(before)
-    one_problem = small_dataset(tmp / "one.jsonl", 1)  # fewer usable problems than GRPO_BATCH_SIZE: found after the audit
-    for overrides in ({"TRAINING_DATASET": tmp / "missing.jsonl", "GRPO_RESUME": "never"},  # a fresh run's
-                      {"TRAINING_DATASET": tmp / "missing.jsonl", "GRPO_MAX_STEPS": 4},     # a resumed run's
+
+    # A failed start leaves the previous run's files byte-identical.
+    one_problem = small_dataset(tmp_path / "one.jsonl", 1)  # fewer usable problems than GRPO_BATCH_SIZE: after the audit
+    for overrides in ({"TRAINING_DATASET": tmp_path / "missing.jsonl", "GRPO_RESUME": "never"},  # a fresh run's
+                      {"TRAINING_DATASET": tmp_path / "missing.jsonl", "GRPO_MAX_STEPS": 4},     # a resumed run's
                       {"TRAINING_DATASET": one_problem, "GRPO_RESUME": "never"},
-                      {"PATH": tmp / "no_bin", "GRPO_RESUME": "never"}):                   # no OCaml toolchain
-        res = preloaded.run(TRAIN, cwd=tmp, env={**env, **{k: str(v) for k, v in overrides.items()}}, timeout=120)
+                      {"PATH": tmp_path / "no_bin", "GRPO_RESUME": "never"}):                   # no OCaml toolchain
+        res = preloaded.run(TRAIN, cwd=tmp_path, env={**env, **{k: str(v) for k, v in overrides.items()}}, timeout=120)
         assert res.returncode != 0, overrides
         assert snapshot(run) == before, overrides
         assert not (run / "previous_runs").exists()
 
-
-@pytest.mark.slow
-def test_a_finished_run_run_again_trains_nothing(finished_run):
-    tmp, env = finished_run
-    run = Path(env["GRPO_OUTPUT_DIR"])
-    before = snapshot(run)
-    res = train(tmp, env)  # exit 0
+    # Run again as it was, it says it has finished, exits 0 and trains nothing.
+    res = train(tmp_path, env)
     assert "finished at step 2" in res.stdout and "Nothing to train" in res.stdout
     assert snapshot(run) == before  # final_adapter/, the logs and the checkpoints untouched
 
