@@ -42,7 +42,7 @@ def last_checkpoint(out_dir: Path) -> Path | None:
     # A checkpoint is complete once trainer_state.json is written (the trainer writes it last).
     done = [p for p in out_dir.glob("checkpoint-*") if re.fullmatch(r"checkpoint-\d+", p.name)
             and (p / "trainer_state.json").exists()]
-    return max(done, key=lambda p: int(p.name.split("-")[1])) if done else None
+    return max(done, key=checkpoint_step) if done else None
 
 
 def checkpoint_step(checkpoint: Path) -> int:
