@@ -120,12 +120,13 @@ if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and importli
 RANK = int(os.environ.get("RANK", "0"))
 IS_MAIN = RANK == 0
 out_dir = Path(cfg.get("GRPO_OUTPUT_DIR", "grpo_runs"))
+demo_model = demo and cfg.get("BASE_MODEL_ID") == str(DEMO_MODEL_DIR)
 if not errors:
     # A run that needs nothing from the hub says so to the libraries, which otherwise retry it for
     # 25-50 s on an offline machine; one that needs it and cannot reach it finds out in seconds.
     if note := go_offline_unless_needed([cfg["BASE_MODEL_ID"]], cfg["TRAINING_DATASET"], os.environ):
         print(note)
-    if not (demo and cfg["BASE_MODEL_ID"] == str(DEMO_MODEL_DIR)):  # the demo model is built on first use
+    if not demo_model:  # built on first use, below
         errors += [e for e in [model_error("BASE_MODEL_ID", cfg["BASE_MODEL_ID"], os.environ)] if e]
     errors += [e for e in [run_dir.write_error(out_dir)] if e]
 if errors:
@@ -175,7 +176,7 @@ from transformers import PrinterCallback  # noqa: E402
 
 from ocaml_grpo.callbacks import GracefulStop, LearningLog  # noqa: E402
 
-if demo and cfg["BASE_MODEL_ID"] == str(DEMO_MODEL_DIR):
+if demo_model:
     ensure_demo_model(DEMO_MODEL_DIR)
 tokenizer = load_tokenizer(cfg["BASE_MODEL_ID"])
 

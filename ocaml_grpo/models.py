@@ -44,6 +44,12 @@ def hub_reachable(environ: Mapping[str, str], timeout: float = 3.0) -> bool:
         return False
 
 
+def is_hub_model(model_id: str) -> bool:
+    """Whether from_pretrained would look `model_id` up on the hub: not a local path, shaped like a hub id."""
+    return (not Path(model_id).expanduser().exists() and not model_id.startswith(("/", ".", "~"))
+            and bool(HUB_ID_RE.fullmatch(model_id)))
+
+
 def go_offline_unless_needed(model_ids: list[str], dataset: str, environ: MutableMapping[str, str]) -> str | None:
     """Set HF_HUB_OFFLINE=1 (and HF_DATASETS_OFFLINE=1) in `environ` when the run needs nothing
     from the hub, or needs it and cannot reach it (then the note returned says so; the model and
@@ -51,7 +57,7 @@ def go_offline_unless_needed(model_ids: list[str], dataset: str, environ: Mutabl
     datasets or huggingface_hub are imported: they read these variables once, on import."""
     if hub_offline(environ):
         return None
-    needed = [m for m in model_ids if not Path(m).expanduser().exists()] + ([dataset] if is_hub_id(dataset) else [])
+    needed = [m for m in model_ids if is_hub_model(m)] + ([dataset] if is_hub_id(dataset) else [])
     if needed and hub_reachable(environ):
         return None
     environ["HF_HUB_OFFLINE"] = environ["HF_DATASETS_OFFLINE"] = "1"
@@ -68,7 +74,7 @@ def model_error(name: str, model_id: str, environ: Mapping[str, str]) -> str | N
             return (f"{name}={model_id} is not a model directory (no config.json in it): point it at a directory "
                     "written by save_pretrained (e.g. sft_runs/final_model), or at a hub id")
         return None
-    if model_id.startswith(("/", ".", "~")) or not HUB_ID_RE.fullmatch(model_id):
+    if not is_hub_model(model_id):
         return f"{name}={model_id}: no such directory"
     cached = any((hub_cache(environ) / f"models--{model_id.replace('/', '--')}" / "snapshots").glob("*/config.json"))
     if hub_offline(environ) and not cached:
