@@ -127,16 +127,26 @@ def read_jsonl(path: Path) -> tuple[list[dict], int]:
     return recs, bad
 
 
-def drop_superseded(items: list, position) -> list:
+def drop_superseded(items: list, position, session=lambda item: None) -> list:
     """A run killed and resumed from a checkpoint redoes the steps after it, so the logs hold
-    them twice; when the position (epoch, step) goes back, the later copy replaces the earlier."""
+    them twice; where a session starts (or the position goes back), its items replace the
+    earlier ones at the same or a later position (epoch, step). Items of the same session that
+    share a position (a step's completions) are kept together."""
     out: list = []
     for item in items:
         pos = position(item)
-        if out and pos < position(out[-1]):
+        if out and (pos < position(out[-1]) or (session(item) != session(out[-1]) and pos <= position(out[-1]))):
             out = [x for x in out if position(x) < pos]
         out.append(item)
     return out
+
+
+def latest_records(recs: list[dict]) -> list[dict]:
+    """The breakdown records, each step once: every process (rank) logs its own share, so each
+    rank's records are de-duplicated on their own."""
+    ranks = sorted({r.get("rank", 0) for r in recs}, key=str)
+    return [x for rank in ranks for x in drop_superseded([r for r in recs if r.get("rank", 0) == rank],
+                                                          lambda r: r.get("step") or 0, lambda r: r.get("session"))]
 
 
 def cfg_float(config: dict, key: str) -> float | None:
@@ -169,8 +179,11 @@ def summarize_breakdown(recs: list[dict]) -> BreakdownStats:
     share = lambda pred: sum(1 for r in recs if pred(r)) / n
     shares = {
         "END marker": share(lambda r: bool(r.get("has_end_marker"))),
+        # Of all completions, those compiled and found free of errors: one gated for too few lines
+        # (MIN_NON_EMPTY_LINES) or whose grading crashed was never compiled.
         "type-checks (0 type & 0 syntax errors)":
-            share(lambda r: r.get("type_errors", 1) == 0 and r.get("syntax_errors", 1) == 0),
+            share(lambda r: r.get("type_errors", 1) == 0 and r.get("syntax_errors", 1) == 0
+                  and not r.get("gated_min_lines") and r.get("reward") is not None),
         "compiles": share(lambda r: bool(r.get("compiled"))),
         PASS_ANY: share(passed_any),
         "passes all tests": share(passed_all),
@@ -225,7 +238,7 @@ def analyze(run_dir: str | Path, th: Thresholds = THRESHOLDS) -> Report:
     if not log_path.is_file():
         raise FileNotFoundError(f"learning log not found: {log_path}")
     header, lines, skipped = parse_learning_log(log_path)
-    lines = drop_superseded(lines, lambda l: l.epoch)
+    lines = drop_superseded(lines, lambda l: l.epoch, lambda l: l.session)
     config, config_source, audit, bd, bad = None, "config.json", None, None, 0
     try:
         config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
@@ -237,7 +250,7 @@ def analyze(run_dir: str | Path, th: Thresholds = THRESHOLDS) -> Report:
         config, config_source = defaults(SETTINGS), DEFAULTS_SOURCE
     if (p := run_dir / "reward_logs" / "syntax_aware_breakdown.jsonl").is_file():
         recs, bad = read_jsonl(p)
-        recs = drop_superseded(recs, lambda r: r.get("step") or 0)
+        recs = latest_records(recs)
         bd = summarize_breakdown(recs) if recs else None
     if (p := run_dir / "dataset_audit.jsonl").is_file():
         arecs, b = read_jsonl(p)
@@ -472,10 +485,19 @@ def render_markdown(r: Report, plots: list[Path] = ()) -> str:
     return "\n".join(md) + "\n"
 
 
+def display_path(run_dir: Path) -> str:
+    """The run directory as the user named it from here; a directory elsewhere (a temporary one,
+    say) by its own name, so a figure shared in a README carries no machine's path."""
+    try:
+        return str(run_dir.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return run_dir.name
+
+
 def write_report(r: Report) -> tuple[Path, list[Path]]:
     """Write RUN_DIR/analysis.md and RUN_DIR/plots/*.png; return their paths."""
     plots = make_plots(r.lines, r.breakdown.per_step if r.breakdown else {}, r.lr_schedule,
-                       f"{r.run_dir} — status {r.status.upper()}", r.run_dir / "plots")
+                       f"{display_path(r.run_dir)} — status {r.status.upper()}", r.run_dir / "plots")
     path, tmp = r.run_dir / "analysis.md", r.run_dir / "analysis.md.tmp"
     tmp.write_text(render_markdown(r, plots), encoding="utf-8")
     os.replace(tmp, path)

@@ -1,12 +1,17 @@
 """Evaluate a model (optionally with a LoRA adapter) on OCaml problems with the training prompt
-and the training grader: the seed's base-model capability test, and a before/after check.
+and the training grader: whether a base model solves enough problems for GRPO to learn from, and
+a before/after check.
 
     python evaluate.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --n 10 --k 1
     python evaluate.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --adapter grpo_runs/final_adapter --n 50 --k 4
     python evaluate.py --model demo --dataset ../shared/benchmarks/multipl_e_ml.jsonl --n 20   # offline
     python evaluate.py --model PATH --vllm       # generate with vLLM when it is installed
 
-Writes OUT/report.json, OUT/report.md and OUT/completions.jsonl (default OUT: eval_runs/<time>).
+Writes OUT/report.json, OUT/report.md and OUT/completions.jsonl (default OUT: eval_runs/<time>,
+created only once the completions are graded). Each completion carries two rewards:
+  graded_reward  the reward with the minimum-lines gate off: what pass@k and "solved" judge
+  train_reward   the reward training would give it, MIN_NON_EMPTY_LINES gate included (a correct
+                 answer shorter than the gate scores 0 here); mean_reward averages this one
 pass@k uses the unbiased estimator 1 - C(n-c, k) / C(n, k) over the n = --samples (default k)
 completions per problem. "Solved" means every test of the problem passed.
 """
@@ -17,6 +22,7 @@ import atexit
 import gc
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -25,14 +31,14 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from ocaml_grpo.demo_model import ensure_demo_model
-from ocaml_grpo.models import load_model, load_tokenizer
+from ocaml_grpo.models import go_offline_unless_needed, load_model, load_tokenizer, model_error
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo.prompting import chat_messages
 from rewards import Breakdown, RewardConfig, RewardScorer
 
 atexit.register(gc.freeze)  # skips ~1.7 s of collecting torch's and transformers' objects at exit (see train.py)
 
-CAPABILITY_THRESHOLD = 0.20  # the seed: under 20% solved -> the base model is not ready for GRPO
+CAPABILITY_THRESHOLD = 0.20  # the original training analysis: under 20% solved -> the base model is not ready for GRPO
 # Share of completions with each Breakdown flag set, and what the flag means.
 RATES = {
     "has_end_marker": "the END marker is in the completion",
@@ -127,8 +133,8 @@ def grade_completions(chosen: list[Problem], texts: list[list[str]], lens: list[
         return 0.0 if b.code_lines < min_lines else b.reward
 
     rows = [{"problem_id": p.id, "completion": text, "completion_tokens": ntok, "max_completion_tokens": max_new_tokens,
-             "solved": b.solved, "train_reward": train_reward(b),
-             **{key: v for key, v in asdict(b).items() if key != "problem_id"}}
+             "solved": b.solved, "graded_reward": b.reward, "train_reward": train_reward(b),
+             **{key: v for key, v in asdict(b).items() if key not in ("problem_id", "reward")}}
             for (p, text, ntok), b in zip(flat, graded)]
     per_problem: dict[str, list[Breakdown]] = defaultdict(list)
     for (p, _, _), b in zip(flat, graded):
@@ -179,10 +185,15 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("several samples per problem need --temperature > 0")
 
     # Data and grader first: a bad path or a missing toolchain costs seconds, not a model load.
+    if note := go_offline_unless_needed([] if args.model == "demo" else [args.model], args.dataset, os.environ):
+        print(note)  # before the libraries are imported: they read HF_HUB_OFFLINE once
     try:
         problems = load_problems(args.dataset)
     except DatasetError as e:
         print(f"dataset error: {e}", file=sys.stderr)
+        return 2
+    if args.model != "demo" and (error := model_error("--model", args.model, os.environ)):
+        print(f"error: {error}", file=sys.stderr)
         return 2
     rng = random.Random(args.seed)
     chosen: list[Problem] = rng.sample(problems, min(args.n, len(problems)))
@@ -193,8 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     model_id = args.model
     if model_id == "demo":
         model_id = str(ensure_demo_model())
-    out = Path(args.out or f"eval_runs/{time.strftime('%Y%m%d-%H%M%S')}")
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out or f"eval_runs/{time.strftime('%Y%m%d-%H%M%S')}")  # created once there is a report
 
     prompts = [chat_messages(p.prompt) for p in chosen]
     t0 = time.time()
@@ -208,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         core, rows = grade_completions(chosen, texts, lens, args.k, args.max_new_tokens, scorer, env_cfg.min_lines)
     finally:
         scorer.close()
+    out.mkdir(parents=True, exist_ok=True)
     with open(out / "completions.jsonl", "w") as f:
         f.write("".join(json.dumps(r) + "\n" for r in rows))
     report = {"model": args.model, "adapter": args.adapter, "dataset": args.dataset, "n_problems": len(chosen),
@@ -226,7 +237,7 @@ def render_markdown(r: dict) -> str:
              f"Dataset `{r['dataset']}`, {r['n_problems']} problems (seed {r['seed']}), "
              f"{r['samples_per_problem']} sample(s) each at temperature {r['temperature']}.", "",
              "| metric | value |", "|---|---:|",
-             f"| pass@1 | {r['pass@1']:.1%} |", f"| pass@{r['k']} | {r['pass@k']:.1%} |",
+             f"| pass@1 | {r['pass@1']:.1%} |"] + ([f"| pass@{r['k']} | {r['pass@k']:.1%} |"] if r["k"] > 1 else []) + [
              f"| mean training reward | {r['mean_reward']:.3f} |"]
     lines += [f"| `{name}` rate: {RATES[name]} | {v:.1%} |" for name, v in r["rates"].items()]
     lines += ["", "| difficulty | problems | pass@1 | mean reward |", "|---|---:|---:|---:|"]

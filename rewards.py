@@ -314,6 +314,9 @@ class JsonlWriter:
 class RewardLogger:
     def __init__(self, output_dir: str | Path, rank: int = 0):
         self.rank = rank
+        # Which training session wrote a record: a resumed run redoes the steps after its
+        # checkpoint, and analyze.py keeps only the later session's copy of them.
+        self.session = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         logs = Path(output_dir) / "reward_logs"
         self.completions = JsonlWriter(logs / "completions.jsonl")
         self.breakdown = JsonlWriter(logs / "syntax_aware_breakdown.jsonl")
@@ -323,9 +326,10 @@ class RewardLogger:
         toks = completion_tokens or [None] * len(breakdowns)
         self.completions.write_many([
             {"step": step, "epoch": epoch, "problem_id": b.problem_id, "completion": completion_text(c),
-             "reward": b.reward, "completion_tokens": t, "rank": self.rank}
+             "reward": b.reward, "completion_tokens": t, "rank": self.rank, "session": self.session}
             for b, c, t in zip(breakdowns, completions, toks)])
-        self.breakdown.write_many([{"step": step, "epoch": epoch, "rank": self.rank, **asdict(b)} for b in breakdowns])
+        self.breakdown.write_many([{"step": step, "epoch": epoch, "rank": self.rank, "session": self.session,
+                                    **asdict(b)} for b in breakdowns])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -446,6 +450,11 @@ def main(argv: list[str] | None = None) -> int:
     except (DatasetError, ToolchainError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (`... | head`): what it did not read is not an error. Point stdout
+        # at /dev/null so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -11,11 +11,16 @@
 
 Outputs (GRPO_OUTPUT_DIR, default grpo_runs/):
     config.json                              resolved config, keys = env var names
-    learning.log                             one metric line per log step + [Health]/[Stop] lines
+    learning.log                             one metric line per log step + [Health]/[Stop] lines (also on the console)
     reward_logs/completions.jsonl            every completion with its reward
     reward_logs/syntax_aware_breakdown.jsonl the reward split into structural/type/compile/tests
     checkpoint-*/                            every GRPO_SAVE_STEPS; GRPO_RESUME=auto picks up the last
     final_adapter/                           the LoRA adapter (+ tokenizer) at the end
+    finished.json                            where and why the run ended; the same command then trains nothing
+    previous_runs/<time>/                    an earlier run's logs and config.json, moved aside by a fresh run
+
+Ctrl-C (or SIGTERM) finishes the current step, saves a checkpoint and stops; run the same command
+to resume from it. A second Ctrl-C stops at once (the last checkpoint is kept).
 
 Config precedence: process environment > GRPO_DEMO defaults > ./.envrc > the defaults defined in
 ocaml_grpo/train_config.py (the trainer's) and rewards.py (the reward's); `--help` lists them.
@@ -23,9 +28,7 @@ ocaml_grpo/train_config.py (the trainer's) and rewards.py (the reward's); `--hel
 import atexit
 import gc
 import importlib.util
-import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -34,10 +37,11 @@ from dotenv import load_dotenv
 
 # None of these imports torch: --help, a config error or a missing toolchain answer in a second.
 import rewards
-from ocaml_grpo import dataset_audit
+from ocaml_grpo import dataset_audit, run_dir
 from ocaml_grpo.demo_model import DEMO_MODEL_DIR, ensure_demo_model
 from ocaml_grpo.generation_engines import engine_kwargs
-from ocaml_grpo.models import adapter_base, load_model, load_tokenizer, lora_config, merge_adapter
+from ocaml_grpo.models import adapter_base, go_offline_unless_needed, load_model, load_tokenizer, lora_config, \
+    merge_adapter, model_error
 from ocaml_grpo.problems import DatasetError, load_problems
 from ocaml_grpo.prompting import chat_messages, prompt_token_count
 from ocaml_grpo import sft as sft_command
@@ -80,6 +84,9 @@ if len(sys.argv) > 1 and sys.argv[1] == "merge":
     if len(sys.argv) != 4:
         sys.exit("usage: python train.py merge ADAPTER_DIR OUT_DIR")
     adapter_dir, out_dir = sys.argv[2], sys.argv[3]
+    if not (Path(adapter_dir) / "adapter_config.json").is_file():
+        sys.exit(f"merge: {adapter_dir} is not a LoRA adapter (no adapter_config.json there); "
+                 "e.g. python train.py merge grpo_runs/final_adapter merged_model")
     merge_adapter(adapter_dir, out_dir)
     base_id = adapter_base(adapter_dir)
     print(f"merged {adapter_dir} into {base_id} -> {out_dir}")
@@ -108,6 +115,20 @@ if cfg.get("GRPO_USE_VLLM") and cfg.get("GRPO_CONTINUOUS_BATCHING"):
 if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and importlib.util.find_spec("deepspeed") is None:
     errors.append("the accelerate config asks for DeepSpeed (configs/zero*.yaml) but it is not installed: "
                   "`pip install deepspeed`, or launch without --config_file configs/zero*.yaml")
+# Only rank 0 writes learning.log, config and checkpoints; each rank logs the completions it
+# scored. accelerate/torchrun set RANK for every process.
+RANK = int(os.environ.get("RANK", "0"))
+IS_MAIN = RANK == 0
+out_dir = Path(cfg.get("GRPO_OUTPUT_DIR", "grpo_runs"))
+demo_model = demo and cfg.get("BASE_MODEL_ID") == str(DEMO_MODEL_DIR)
+if not errors:
+    # A run that needs nothing from the hub says so to the libraries, which otherwise retry it for
+    # 25-50 s on an offline machine; one that needs it and cannot reach it finds out in seconds.
+    if note := go_offline_unless_needed([cfg["BASE_MODEL_ID"]], cfg["TRAINING_DATASET"], os.environ):
+        print(note)
+    if not demo_model:  # built on first use, below
+        errors += [e for e in [model_error("BASE_MODEL_ID", cfg["BASE_MODEL_ID"], os.environ)] if e]
+    errors += [e for e in [run_dir.write_error(out_dir)] if e]
 if errors:
     sys.exit("config error:\n  " + "\n  ".join(errors) + "\nSee python train.py --help")
 reward_config = rewards.RewardConfig.from_settings(cfg)
@@ -115,36 +136,23 @@ if cfg["GRPO_REPORT_TO"] != "none" and importlib.util.find_spec(cfg["GRPO_REPORT
     print(f"note: GRPO_REPORT_TO={cfg['GRPO_REPORT_TO']} but that package is not installed; reporting to learning.log only")
     cfg["GRPO_REPORT_TO"] = "none"
 
-# Only rank 0 writes learning.log, config and checkpoints; each rank logs the completions it
-# scored. accelerate/torchrun set RANK for every process.
-RANK = int(os.environ.get("RANK", "0"))
-IS_MAIN = RANK == 0
-out_dir = Path(cfg["GRPO_OUTPUT_DIR"])
 resume_from = None
 if cfg["GRPO_RESUME"] == "auto":
-    # A checkpoint is complete once trainer_state.json is written (the trainer writes it last).
-    done = [p for p in out_dir.glob("checkpoint-*") if re.fullmatch(r"checkpoint-\d+", p.name)
-            and (p / "trainer_state.json").exists()]
-    resume_from = str(max(done, key=lambda p: int(p.name.split("-")[1]))) if done else None
+    last = run_dir.last_checkpoint(out_dir)
+    resume_from = str(last) if last else None
+    if done := run_dir.finished(out_dir, last, cfg):
+        print(done)  # a finished run is left as it is: re-running the command is not a mistake
+        sys.exit(0)
 elif cfg["GRPO_RESUME"] != "never":
     resume_from = cfg["GRPO_RESUME"]
 width = max(len(k) for k in cfg)
 print("config:\n" + "\n".join(f"  {k.ljust(width)} = {v}" for k, v in cfg.items()))
 print(f"  resume from: {resume_from or '(fresh run)'}")
-if IS_MAIN:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    old_logs = [p for p in (out_dir / "learning.log", out_dir / "reward_logs") if p.exists()]
-    if resume_from is None and old_logs:
-        # A fresh run must not append to another run's logs; keep them, out of the way.
-        archive = out_dir / "previous_runs" / time.strftime("%Y%m%d-%H%M%S")
-        archive.mkdir(parents=True)
-        for p in old_logs:
-            p.rename(archive / p.name)
-        print(f"  earlier logs moved to {archive}")
-    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 # ----------------------------------------------------------------------------- toolchain and data
-# Build the grader before any model loads: a missing ocamlc/bwrap should cost seconds, not a GPU hour.
+# Every check comes before the output directory is touched (a failed start must not move or
+# overwrite the previous run's files), and before any model loads: a missing ocamlc/bwrap should
+# cost seconds, not a GPU hour.
 try:
     scorer = rewards.GuardedScorer(reward_config)  # a crash on one completion: reward None, not a dead run
 except ToolchainError as e:
@@ -163,9 +171,12 @@ import torch  # noqa: E402
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
-from ocaml_grpo.callbacks import LearningLog  # noqa: E402
+from accelerate import PartialState  # noqa: E402
+from transformers import PrinterCallback  # noqa: E402
 
-if demo and cfg["BASE_MODEL_ID"] == str(DEMO_MODEL_DIR):
+from ocaml_grpo.callbacks import GracefulStop, LearningLog  # noqa: E402
+
+if demo_model:
     ensure_demo_model(DEMO_MODEL_DIR)
 tokenizer = load_tokenizer(cfg["BASE_MODEL_ID"])
 
@@ -176,9 +187,9 @@ def prompt_tokens(problem) -> int:
 
 # TRL 1.16 has no max_prompt_length: prompts longer than GRPO_MAX_PROMPT are dropped here. The audit
 # also drops problems no answer could pass (tests that do not compile against a stub, missing
-# packages, duplicates) and records why in <output dir>/dataset_audit.jsonl.
+# packages, duplicates); why goes to <output dir>/dataset_audit.jsonl once the run starts.
 if cfg["AUDIT_DATASET"]:
-    audit = dataset_audit.audit_problems(problems, out_dir if IS_MAIN else None, prompt_tokens=prompt_tokens,
+    audit = dataset_audit.audit_problems(problems, None, prompt_tokens=prompt_tokens,
                                          max_prompt_tokens=cfg["GRPO_MAX_PROMPT"], grader=scorer.grader)
     kept = audit.kept
     too_long = sum(r.reason == "prompt_too_long" for r in audit.records)
@@ -208,10 +219,21 @@ if cfg["GRPO_INIT_ADAPTER"]:  # continue the SFT adapter instead of starting a f
     peft_config = None
     print(f"starting from the adapter {cfg['GRPO_INIT_ADAPTER']} (its LoRA settings apply, not LORA_*)")
 
+# ----------------------------------------------------------------------------- output directory and reward
+# Every check has passed: only now is the output directory created, an earlier run's files moved
+# aside (a fresh run) and config.json written, by rank 0 before any other process opens its
+# reward logs there (a fresh run would move them aside too). cpu= as the trainer will set it: without
+# it a CPU launch looks single-process and nobody waits.
+with PartialState(cpu=not on_gpu).main_process_first():
+    if IS_MAIN:
+        if archive := run_dir.prepare(out_dir, cfg, resumed=resume_from is not None):
+            print(f"  the earlier run's logs and config moved to {archive}")
+        if cfg["AUDIT_DATASET"]:
+            dataset_audit.write_records(audit, out_dir)
+    reward_fn = rewards.make_syntax_aware_reward(out_dir, max_completion_tokens=cfg["GRPO_MAX_COMPLETION"],
+                                                 curriculum=cfg["REWARD_CURRICULUM"], scorer=scorer, rank=RANK)
+
 # ----------------------------------------------------------------------------- trainer
-reward_fn = rewards.make_syntax_aware_reward(out_dir, max_completion_tokens=cfg["GRPO_MAX_COMPLETION"],
-                                             curriculum=cfg["REWARD_CURRICULUM"], scorer=scorer,
-                                             rank=RANK)
 if os.environ.get("GRPO_TEST_NEGATE_REWARD") == "1":
     # Tests only (tests/test_learning.py): TRL optimises -reward, i.e. every advantage's sign is flipped, while
     # the reward logs keep the real reward. A trainer that learns must then get worse.
@@ -252,6 +274,7 @@ args = GRPOConfig(
     activation_checkpointing=on_gpu,  # trades compute for memory; pointless for CPU-sized models
     remove_unused_columns=False,  # the reward needs id/problem/tests/requires/entry_point
     log_completions=False,  # completions go to reward_logs/completions.jsonl instead
+    disable_tqdm=True,  # the console shows learning.log's lines and a progress bar (LearningLog) instead
     **engine_kwargs("vllm" if cfg["GRPO_USE_VLLM"] else "paged" if cfg["GRPO_CONTINUOUS_BATCHING"] else "default",
                     sequences=cfg["GRPO_BATCH_SIZE"] * G * cfg["GRPO_GRAD_ACCUM_STEPS"],
                     max_prompt=cfg["GRPO_MAX_PROMPT"], max_completion=cfg["GRPO_MAX_COMPLETION"],
@@ -268,22 +291,37 @@ header = [f"{'resumed from ' + resume_from if resume_from else 'started'} {time.
               "GRPO_MAX_COMPLETION", "GRPO_NUM_EPOCHS", "GRPO_LEARNING_RATE", "GRPO_TEMPERATURE", "GRPO_BETA",
               "GRPO_LOSS_TYPE", "LORA_R", "LORA_ALPHA", "REWARD_CURRICULUM", "MIN_NON_EMPTY_LINES",
               "RUNAWAY_PENALTY_MULTIPLIER"))]
+stop = GracefulStop()
 callback = LearningLog(out_dir / "learning.log", header, resumed=resume_from is not None,
-                       auto_stop=cfg["GRPO_AUTO_STOP"], curriculum=cfg["REWARD_CURRICULUM"])
+                       auto_stop=cfg["GRPO_AUTO_STOP"], curriculum=cfg["REWARD_CURRICULUM"], echo=IS_MAIN, stop=stop)
 trainer = GRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=train_dataset,
-                      processing_class=tokenizer, peft_config=peft_config, callbacks=[callback])
+                      processing_class=tokenizer, peft_config=peft_config, callbacks=[callback, stop])
+trainer.remove_callback(PrinterCallback)  # its ~1,000-character metrics dict per step: LearningLog prints instead
 
 # ----------------------------------------------------------------------------- train
 if IS_MAIN:
     trainer.model.print_trainable_parameters()
 t0 = time.time()
+stop.install()
 try:
     trainer.train(resume_from_checkpoint=resume_from)
 finally:
     scorer.close()
+state = trainer.state
+if stop.requested and state.global_step < state.max_steps:  # this step's checkpoint is saved; the adapter is not final
+    if IS_MAIN:
+        print(f"stopped by {stop.requested} at step {state.global_step}: checkpoint saved in "
+              f"{out_dir / f'checkpoint-{state.global_step}'}; logs in {out_dir / 'learning.log'}.\n"
+              "Resume with the same command (GRPO_RESUME=auto, the default).")
+    sys.exit(128 + stop.signum)  # the shell's status for a command a signal ended
 final_dir = out_dir / "final_adapter"
 trainer.save_model(str(final_dir))  # PEFT model: saves the adapter only
 if IS_MAIN:
     tokenizer.save_pretrained(str(final_dir))
-    print(f"done in {time.time() - t0:.0f}s: adapter in {final_dir}; logs in {out_dir / 'learning.log'}")
+    why = ("the stop criteria" if callback.stopped_by_rule
+           else f"GRPO_MAX_STEPS={cfg['GRPO_MAX_STEPS']}" if cfg["GRPO_MAX_STEPS"] > 0
+           else f"GRPO_NUM_EPOCHS={cfg['GRPO_NUM_EPOCHS']}")
+    run_dir.mark_finished(out_dir, state.global_step, state.epoch or 0.0, why, cfg)
+    print(f"done in {time.time() - t0:.0f}s: finished at step {state.global_step} ({why}); adapter in {final_dir}; "
+          f"logs in {out_dir / 'learning.log'}")
     print(f"merge with: python train.py merge {final_dir} {out_dir / 'merged'}")

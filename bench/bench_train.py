@@ -116,7 +116,7 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
         if random_weights:
             # The demo tokenizer spends ~1.4x Qwen2.5's tokens on the same text (its 1,500-token vocabulary),
             # so few real prompts would fit the seed's budget: every templated prompt is cut to the budget
-            # instead. Real prompts are 606-791 Qwen2.5 tokens (README, "Prompt length"); content is noise
+            # instead. Real prompts are 606-791 Qwen2.5 tokens (bench/BENCHMARKS.md, "Prompt length"); content is noise
             # to random weights, token counts are what cost time.
             ids = prompt_ids(tokenizer, p.prompt)[:a.max_prompt]
             rows.append({"prompt": tokenizer.decode(ids), **p.to_row()})

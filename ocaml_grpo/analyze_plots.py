@@ -44,7 +44,9 @@ def make_plots(lines: list[LogLine], per_step: dict[int, dict[str, float]], lr_s
         e, m = pick("reward")
         s = [l.values.get("reward_std", 0.0) for l in lines if "reward" in l.values]
         ax.plot(e, m, "o-", ms=3, label="reward mean")
-        ax.fill_between(e, [a - b for a, b in zip(m, s)], [a + b for a, b in zip(m, s)], alpha=0.25, label="± std")
+        # The reward lies in [0, 1]: a band past either end would show rewards no completion can get.
+        ax.fill_between(e, [max(0.0, a - b) for a, b in zip(m, s)], [min(1.0, a + b) for a, b in zip(m, s)],
+                        alpha=0.25, label="± std (within [0, 1])")
         grid = [min(x) + (max(x) - min(x)) * i / 50 for i in range(51)]
         ax.plot(grid, [expected_reward(g, th) for g in grid], "g--", label="expected (trajectory)")
         ax.set(title="Reward (mean ± std)", ylabel="reward")
@@ -72,11 +74,15 @@ def make_plots(lines: list[LogLine], per_step: dict[int, dict[str, float]], lr_s
         written.append(out_dir / "training_curves.png")
     if per_step:
         fig, ax = plt.subplots(figsize=(10, 5))
+        # A record's step is the trainer's count before the step that scored it (0 for the first);
+        # learning.log numbers the same step 1, as its epoch does: plot it the log's way.
         steps = list(per_step)
+        xs = [s + 1 for s in steps]
         for comp in ("reward", "structural", "type_check", "compile", "tests"):
-            ax.plot(steps, [per_step[s][comp] for s in steps], "o-" if len(steps) < 50 else "-",
+            ax.plot(xs, [per_step[s][comp] for s in steps], "o-" if len(steps) < 50 else "-",
                     ms=3, lw=2.5 if comp == "reward" else 1.2, label=comp)
-        ax.set(title="Reward components per step (mean over scored completions)", xlabel="step",
+        ax.set(title="Reward components per step (mean over scored completions)",
+               xlabel="optimizer step (1 = the first, as in learning.log)",
                ylabel="weighted score")
         ax.grid(alpha=0.3)
         ax.legend()

@@ -8,6 +8,8 @@ The rules are health.py's, the ones analyze.py reports with.
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -20,14 +22,16 @@ from ocaml_grpo.learning_log import metric_line, parse_metric_line
 
 
 class LearningLog(TrainerCallback):
-    """Writes learning.log (the seed analysis's line format) and applies the health rules on every
-    log step: [Health] lines for findings, and at epoch >= stop_epoch the stop criteria, which save
-    and stop the run (auto_stop) or only warn."""
+    """Writes learning.log (the format of the hand-written training analysis this project grew out
+    of) and applies the health rules on every log step: [Health] lines for findings, and at
+    epoch >= stop_epoch the stop criteria, which save and stop the run (auto_stop) or only warn.
+    With `echo`, every line also goes to the console, each metric line followed by a progress bar;
+    they replace the trainer's metric dicts there."""
     REPEAT_EVERY = 10  # a persisting finding is written again every this many log steps, not every step
 
     def __init__(self, path: Path, header: list[str], resumed: bool, auto_stop: bool, curriculum: bool,
-                 th: Thresholds = THRESHOLDS):
-        self.path, self.header, self.resumed = path, header, resumed
+                 th: Thresholds = THRESHOLDS, echo: bool = False, stop: GracefulStop | None = None):
+        self.path, self.header, self.resumed, self.echo, self.stop = path, header, resumed, echo, stop
         self.auto_stop, self.curriculum, self.th = auto_stop, curriculum, th
         self.phase: str | None = None
         self.fd: int | None = None
@@ -35,17 +39,32 @@ class LearningLog(TrainerCallback):
         self.passes: list[float] = []  # per log step: share of completions passing >= 1 test
         self.last_warned: dict[str, int] = {}
         self.n_logs = 0
+        self.stopped_by_rule = False
+        self.t0, self.first_step = time.monotonic(), 0
 
-    def write(self, line: str) -> None:
+    def write(self, line: str, echo: bool = True) -> None:
         if self.fd is not None:
             os.write(self.fd, (line + "\n").encode())  # one write per whole line: a kill never tears one
+            if self.echo and echo:
+                print(line, flush=True)
+
+    def progress(self, state) -> str:
+        """`[#####...............]  step 5/20  25%  1.9 s/step  ETA 0:28`, the rate measured over
+        this session's steps (a resumed session did not train the earlier ones)."""
+        done, total = state.global_step, max(1, state.max_steps)
+        rate = (time.monotonic() - self.t0) / max(1, done - self.first_step)
+        eta = int(rate * max(0, total - done))
+        eta_text = f"{eta // 3600}:{eta // 60 % 60:02d}:{eta % 60:02d}" if eta >= 3600 else f"{eta // 60}:{eta % 60:02d}"
+        bar = ("#" * round(20 * done / total)).ljust(20, ".")
+        return f"  [{bar}]  step {done}/{total}  {done / total:.0%}  {rate:.1f} s/step  ETA {eta_text}"
 
     def on_train_begin(self, args, state, control, **kw):
         if state.is_world_process_zero:
             flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if self.resumed else os.O_TRUNC)
             self.fd = os.open(self.path, flags, 0o644)
             for h in self.header:
-                self.write("# " + h)
+                self.write("# " + h, echo=False)  # the console has shown the config already
+        self.t0, self.first_step = time.monotonic(), state.global_step
         for old in state.log_history:  # resumed: the rules cover the whole run, not just this session
             self._remember(old.get("epoch", 0.0), old)
 
@@ -77,6 +96,8 @@ class LearningLog(TrainerCallback):
         if line is None:
             return control
         self.write(line)
+        if self.echo and self.fd is not None:
+            print(self.progress(state), flush=True)
         self.n_logs += 1
         if self.curriculum:
             phase, w = rewards.curriculum_phase(epoch)
@@ -99,13 +120,44 @@ class LearningLog(TrainerCallback):
                            "(GRPO_AUTO_STOP=0 to only warn)")
                 control.should_save = True
                 control.should_training_stop = True
+                self.stopped_by_rule = True
             else:
                 self.warn("stop", f"stop criteria met ({verdict.reasons}) but GRPO_AUTO_STOP=0: continuing")
         return control
 
     def on_train_end(self, args, state, control, **kw):
-        self.write(f"# finished at step {state.global_step}, epoch {state.epoch or 0:.2f}, "
+        ended = f"stopped by {self.stop.requested}" if self.stop and self.stop.requested else "finished"
+        self.write(f"# {ended} at step {state.global_step}, epoch {state.epoch or 0:.2f}, "
                    f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+class GracefulStop(TrainerCallback):
+    """Ctrl-C (SIGINT) or SIGTERM: the first finishes the current step, saves a checkpoint and
+    ends training normally (logs flushed, the grader closed); a second stops the process at once.
+    Every log line is written whole, so even then nothing written is torn."""
+
+    def __init__(self):
+        self.requested: str | None = None  # the signal's name once one has arrived
+        self.signum = 0
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.requested:
+            print(f"\n{name} again: stopping now, without saving (the last checkpoint is kept)", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        self.requested, self.signum = name, signum
+        print(f"\n{name}: finishing the current step, then saving a checkpoint and stopping "
+              f"({name} again to stop at once)", file=sys.stderr, flush=True)
+
+    def on_step_end(self, args, state, control, **kw):
+        if self.requested:
+            control.should_save = True
+            control.should_training_stop = True
+        return control

@@ -11,7 +11,8 @@ instead; its record keeps the reason in `note`.
 
     python rewards.py audit DATASET [--json] [--workers N] [--output-dir DIR]
 
-Compile results are cached by content hash in $AUDIT_CACHE_DIR (default ~/.cache/ocaml-grpo),
+Compile results are cached by content hash in $AUDIT_CACHE_DIR (default the project's cache
+directory, $XDG_CACHE_HOME/ocaml-grpo),
 so a set is audited once and later runs start instantly.
 """
 from __future__ import annotations
@@ -29,11 +30,11 @@ from typing import Callable
 from ocaml_grpo import ocaml_source as src
 from ocaml_grpo.completions import assemble_solution, invalid_entry_point_note
 from ocaml_grpo.problems import Problem, load_problems
-from ocaml_grpo.settings import Setting, Text, default_workers, resolve
+from ocaml_grpo.settings import Auto, Setting, Text, cache_dir, default_workers, resolve
 from ocaml_grpo.grader import OcamlGrader
 from ocaml_sandbox import Sandbox
 
-AUDIT_SETTINGS = [Setting("AUDIT_CACHE_DIR", "~/.cache/ocaml-grpo", Text,
+AUDIT_SETTINGS = [Setting("AUDIT_CACHE_DIR", "auto", Auto(Text, lambda: str(cache_dir()), "$XDG_CACHE_HOME/ocaml-grpo"),
                           "where audit results are cached by content hash")]
 AUDIT_VERSION = "2"  # bump when the grader's notion of "compiles" or the stub assembly changes
 CHUNK = 16  # problems per sandbox call
@@ -169,10 +170,7 @@ def audit_problems(problems: list[Problem], output_dir: str | Path | None = None
     ordered = [records[i] for i in range(len(problems))]
     result = AuditResult([p for p, r in zip(problems, ordered) if r.ok], ordered)
     if output_dir is not None:
-        out = Path(output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        with open(out / "dataset_audit.jsonl", "w") as f:
-            f.write("".join(json.dumps(asdict(r)) + "\n" for r in ordered))
+        write_records(result, output_dir)
     if verbose:
         print(summary(result))
         for r in ordered:
@@ -181,6 +179,14 @@ def audit_problems(problems: list[Problem], output_dir: str | Path | None = None
             elif r.note:
                 print(f"  kept {r.id}: {r.note}")
     return result
+
+
+def write_records(result: AuditResult, output_dir: str | Path) -> None:
+    """OUTPUT_DIR/dataset_audit.jsonl: one verdict per problem, in the set's order."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "dataset_audit.jsonl", "w") as f:
+        f.write("".join(json.dumps(asdict(r)) + "\n" for r in result.records))
 
 
 def summary(result: AuditResult) -> str:

@@ -1,5 +1,6 @@
 """The learning.log format, written by the trainer (callbacks.LearningLog) and read by analyze.py:
-`#` header lines, one metric line per log step in the seed's format
+`#` header lines, one metric line per log step in the format of the hand-written training analysis
+this project grew out of
 
     [Epoch 0.28]  loss=-0.0469  grad=0.0838  lr=3.58e-06  reward=0.102±0.077  syntax_rew=0.102±0.078  entropy=0.155  frac_zero_std=0.00
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ocaml_grpo.health import Point
@@ -45,7 +46,7 @@ class LogLine:
     raw: str
     values: dict[str, float]            # reward=0.1±0.07 -> values["reward"], values["reward_std"]
     text: dict[str, str] = field(default_factory=dict)   # non-numeric extra fields, kept as-is
-
+    session: int = 0                    # training sessions (a start or a resume) before this line
     @property
     def point(self) -> Point:
         def logged(key: str) -> float | None:
@@ -63,16 +64,17 @@ def parse_learning_log(path: Path) -> tuple[list[str], list[LogLine], int]:
     raw_lines = Path(path).read_text(encoding="utf-8", errors="replace").split("\n")
     # The trainer writes whole lines; text after the last "\n" is a line still being written.
     skipped = 1 if raw_lines[-1].strip() else 0
-    header, out = [], []
+    header, out, session = [], [], 0
     for raw in raw_lines[:-1]:
         raw = raw.rstrip("\r")
         if raw.startswith("#"):
             header.append(raw)
+            session += raw.startswith(("# started", "# resumed"))
             continue
         if not METRIC_RE.match(raw.strip()):  # [Health], [Stop], blank and other lines are not metrics
             continue
         try:
-            out.append(parse_metric_line(raw))
+            out.append(replace(parse_metric_line(raw), session=session))
         except ValueError:
             skipped += 1
     return header, out, skipped

@@ -8,8 +8,81 @@ nothing (`train.py --help` and config errors answer in a second).
 from __future__ import annotations
 
 import json
+import re
+import socket
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, MutableMapping
+from urllib.parse import urlparse
+
+from ocaml_grpo.problems import is_hub_id
+
+# A hub id: `name` or `owner/name`. Anything else that is not an existing directory is a path
+# that does not exist.
+HUB_ID_RE = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+def hub_cache(environ: Mapping[str, str]) -> Path:
+    """Where huggingface_hub keeps downloaded models (its own rule, without importing it)."""
+    if environ.get("HF_HUB_CACHE"):
+        return Path(environ["HF_HUB_CACHE"]).expanduser()
+    home = environ.get("HF_HOME") or Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface"
+    return Path(home).expanduser() / "hub"
+
+
+def hub_offline(environ: Mapping[str, str]) -> bool:
+    return environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+
+
+def hub_reachable(environ: Mapping[str, str], timeout: float = 3.0) -> bool:
+    """One TCP connection to the hub: an offline machine answers in seconds here, where the
+    libraries' own retries take 25-50 s before they give up."""
+    url = urlparse(environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def is_hub_model(model_id: str) -> bool:
+    """Whether from_pretrained would look `model_id` up on the hub: not a local path, shaped like a hub id."""
+    return (not Path(model_id).expanduser().exists() and not model_id.startswith(("/", ".", "~"))
+            and bool(HUB_ID_RE.fullmatch(model_id)))
+
+
+def go_offline_unless_needed(model_ids: list[str], dataset: str, environ: MutableMapping[str, str]) -> str | None:
+    """Set HF_HUB_OFFLINE=1 (and HF_DATASETS_OFFLINE=1) in `environ` when the run needs nothing
+    from the hub, or needs it and cannot reach it (then the note returned says so; the model and
+    dataset checks report what is missing from the cache). Must run before transformers,
+    datasets or huggingface_hub are imported: they read these variables once, on import."""
+    if hub_offline(environ):
+        return None
+    needed = [m for m in model_ids if is_hub_model(m)] + ([dataset] if is_hub_id(dataset) else [])
+    if needed and hub_reachable(environ):
+        return None
+    environ["HF_HUB_OFFLINE"] = environ["HF_DATASETS_OFFLINE"] = "1"
+    return (f"note: the Hugging Face hub cannot be reached; working offline (HF_HUB_OFFLINE=1) with the cached "
+            f"copies of {', '.join(needed)}") if needed else None
+
+
+def model_error(name: str, model_id: str, environ: Mapping[str, str]) -> str | None:
+    """Why `model_id` (the value of the variable `name`) cannot be loaded, found without loading
+    it: a local directory must hold a saved model, and a hub id needs the hub or its cached copy."""
+    path = Path(model_id).expanduser()
+    if path.exists():
+        if not path.is_dir() or not (path / "config.json").is_file():
+            return (f"{name}={model_id} is not a model directory (no config.json in it): point it at a directory "
+                    "written by save_pretrained (e.g. sft_runs/final_model), or at a hub id")
+        return None
+    if not is_hub_model(model_id):
+        return f"{name}={model_id}: no such directory"
+    cached = any((hub_cache(environ) / f"models--{model_id.replace('/', '--')}" / "snapshots").glob("*/config.json"))
+    if hub_offline(environ) and not cached:
+        return (f"{name}={model_id} is neither a local directory nor a hub model in the local cache "
+                f"({hub_cache(environ)}), and the hub is offline (HF_HUB_OFFLINE=1): download it once where the "
+                f"hub can be reached (`huggingface-cli download {model_id}`), or point {name} at a local model "
+                "directory")
+    return None
 
 
 def load_tokenizer(path: str | Path, padding_side: str | None = None):

@@ -98,11 +98,16 @@ def read_rows(path: str | Path) -> list[dict]:
     raise DatasetError(f"{path}: unsupported file type (use {', '.join(LOCAL_SUFFIXES)})")
 
 
+def is_hub_id(spec: str) -> bool:
+    """Whether load_problems reads `spec` from the Hugging Face hub."""
+    return not (spec in ("bundled", "", None) or Path(spec).suffix.lower() in LOCAL_SUFFIXES or Path(spec).exists())
+
+
 def load_problems(spec: str, split: str = "train") -> list[Problem]:
     """`spec`: a local file, `bundled`, or a hub dataset id."""
     if spec in ("bundled", "", None):
         return rows_to_problems(read_rows(BUNDLED), str(BUNDLED))
-    if Path(spec).suffix.lower() in LOCAL_SUFFIXES or Path(spec).exists():
+    if not is_hub_id(spec):
         return rows_to_problems(read_rows(spec), spec)
     return rows_to_problems(_load_hub_rows(spec, split), f"{spec} (hub, split {split})")
 

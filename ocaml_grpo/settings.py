@@ -48,17 +48,43 @@ def resolve(settings: Sequence[Setting | tuple], environ: Mapping[str, str]) -> 
 PROJECT_PREFIXES = ("GRPO_", "LORA_", "REWARD_", "SFT_")
 
 
+def edit_distance(a: str, b: str) -> int:
+    """Insertions, deletions, substitutions and swaps of neighbours that turn a into b."""
+    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
+    return d[-1][-1]
+
+
+def near_miss(name: str, known: Sequence[str]) -> str | None:
+    """The project variable `name` is a typo of, when it is one or two keystrokes from it. The
+    environment holds many names that are not ours (PATH, HF_HOME, ...): a name must be at least
+    8 characters long and its closest variable unique for it to count as a typo."""
+    if len(name) < 8:
+        return None
+    scored = sorted((edit_distance(name, k), k) for k in known)
+    best = [k for dist, k in scored if dist == scored[0][0]]
+    return best[0] if scored and scored[0][0] <= 2 and len(best) == 1 else None
+
+
 def unknown_variables(environ: Mapping[str, str], known: Sequence[str], retired: Mapping[str, str] = {},
                       prefixes: tuple[str, ...] = PROJECT_PREFIXES) -> list[str]:
-    """One message per variable that looks like one of ours but is not: a misspelt name would
-    otherwise be ignored and the run would silently use the default."""
+    """One message per variable that looks like one of ours but is not (named with a project
+    prefix, or a near miss of any variable: TRAINING_DATASE, OCAML_CPU_LIMT_S): a misspelt name
+    would otherwise be ignored and the run would silently use the default."""
     errors = []
-    for name in sorted(n for n in environ if n.startswith(prefixes) and n not in known):
+    for name in sorted(n for n in environ if n not in known):
         if name in retired:
             errors.append(f"{name} is no longer read: {retired[name]}")
             continue
-        close = difflib.get_close_matches(name, known, n=1)
-        errors.append(f"{name} is not a variable of this project" + (f": did you mean {close[0]}?" if close else ""))
+        close = near_miss(name, known)
+        if close is None and not name.startswith(prefixes):
+            continue
+        close = close or next(iter(difflib.get_close_matches(name, known, n=1)), None)
+        errors.append(f"{name} is not a variable of this project" + (f": did you mean {close}?" if close else ""))
     return errors
 
 

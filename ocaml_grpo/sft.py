@@ -31,7 +31,7 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 
-from ocaml_grpo.models import load_model, load_tokenizer, lora_config
+from ocaml_grpo.models import go_offline_unless_needed, load_model, load_tokenizer, lora_config, model_error
 from ocaml_grpo.problems import DatasetError, load_problems
 from ocaml_grpo.prompting import answer_text, chat_messages, prompt_token_count
 from ocaml_grpo.settings import describe, resolve, unknown_variables
@@ -83,6 +83,8 @@ def main(argv: list[str]) -> int:
     if errors:
         print("config error:\n  " + "\n  ".join(errors) + "\nSee python train.py sft --help", file=sys.stderr)
         return 2
+    if note := go_offline_unless_needed([cfg["BASE_MODEL_ID"]], cfg["TRAINING_DATASET"], os.environ):
+        print(note)  # before the libraries are imported: they read HF_HUB_OFFLINE once
     try:
         problems = load_problems(cfg["TRAINING_DATASET"])
     except DatasetError as e:
@@ -92,6 +94,9 @@ def main(argv: list[str]) -> int:
     if not with_solution:
         print(f"dataset error: {cfg['TRAINING_DATASET']} has no `solution` column with reference solutions; "
               "SFT needs them (the bundled set has them: TRAINING_DATASET=bundled)", file=sys.stderr)
+        return 2
+    if error := model_error("BASE_MODEL_ID", cfg["BASE_MODEL_ID"], os.environ):
+        print(f"config error:\n  {error}\nSee python train.py sft --help", file=sys.stderr)
         return 2
     try:
         train, held = split_problems(with_solution, cfg["SFT_HOLDOUT"], cfg["GRPO_SEED"])
@@ -147,6 +152,9 @@ def run(cfg: dict, train: list, held: list, skipped_no_solution: int) -> int:
     on_gpu = torch.cuda.is_available()
     model = load_model(cfg["BASE_MODEL_ID"])
     peft_config = lora_config(cfg) if cfg["SFT_LORA"] else None
+    # The held-out evaluation logs before training begins, when TensorBoard's writer would still
+    # default to ./runs/ in the working directory: keep its events in the output directory.
+    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(out / "tensorboard"))
     args = SFTConfig(
         output_dir=str(out / "trainer"),
         num_train_epochs=cfg["SFT_EPOCHS"], max_steps=cfg["SFT_MAX_STEPS"],

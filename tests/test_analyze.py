@@ -270,3 +270,46 @@ def test_without_config_json_the_exports_start_from_the_trainers_defaults(tmp_pa
     r = analyze.analyze(tmp_path)
     assert r.config_source == analyze.DEFAULTS_SOURCE and r.config["GRPO_TEMPERATURE"] == 0.9
     assert r.config["MIN_NON_EMPTY_LINES"] == 8  # the reward's defaults too, from their one definition
+
+
+def metric(epoch: float, loss: float = 0.01) -> str:
+    return (f"[Epoch {epoch:.2f}]  loss={loss:.4f}  grad=0.0300  lr=1.00e-05  reward=0.100±0.050  "
+            f"syntax_rew=0.100±0.050  entropy=0.150  frac_zero_std=0.10")
+
+
+def test_a_resume_at_the_last_logged_step_is_counted_once(tmp_path):
+    # The first session logged steps 1-3 (records of steps 0-2: a record's step is the trainer's
+    # count before the step); resumed from checkpoint-2, the second redoes step 3 and goes on.
+    run = tmp_path / "run"
+    (run / "reward_logs").mkdir(parents=True)
+    log = ["# started", metric(0.1), metric(0.2), metric(0.3, loss=0.5), "# resumed from run/checkpoint-2",
+           metric(0.3, loss=0.7), metric(0.4)]
+    (run / "learning.log").write_text("\n".join(log) + "\n")
+    recs = []
+    for session, steps in (("first", (0, 1, 2)), ("second", (2, 3))):
+        for step in steps:
+            for rank in (0, 1):  # two processes, each logging its own share, interleaved
+                recs += [{**rec(step, f"p{step}", 0.5), "rank": rank, "session": f"{session}-{rank}"}] * 2
+    (run / "reward_logs" / "syntax_aware_breakdown.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    r = analyze.analyze(run)
+    assert [(l.epoch, l.values["loss"]) for l in r.lines] == [(0.1, 0.01), (0.2, 0.01), (0.3, 0.7), (0.4, 0.01)]
+    assert r.breakdown.n == 4 * 2 * 2 and r.breakdown.groups == 4  # 4 steps x 2 ranks x 2 completions
+
+
+def test_type_checks_share_counts_only_completions_that_were_compiled():
+    gated = {**rec(1, "p", 0.0, compiled=False), "type_errors": 0, "syntax_errors": 0, "gated_min_lines": True}
+    crashed = {**rec(1, "p", None), "reward": None}
+    bd = analyze.summarize_breakdown([rec(1, "p", 0.35), gated, crashed, rec(1, "p", 0.0, compiled=False)])
+    assert bd.shares["type-checks (0 type & 0 syntax errors)"] == pytest.approx(0.25)
+
+
+def test_the_reward_band_stays_within_0_and_1(tmp_path, monkeypatch):
+    from ocaml_grpo import analyze_plots
+    from ocaml_grpo.learning_log import parse_metric_line
+    bands = []
+    monkeypatch.setattr(analyze_plots, "_save", lambda fig, path: bands.append(fig.axes[0].collections[0]))
+    lines = [parse_metric_line(metric(e).replace("reward=0.100±0.050", f"reward={m}±0.300"))
+             for e, m in ((0.1, "0.050"), (0.2, "0.950"))]
+    analyze_plots.make_plots(lines, {}, "linear", "run", tmp_path)
+    ys = [y for path in bands[0].get_paths() for _, y in path.vertices]
+    assert min(ys) == 0.0 and max(ys) == 1.0

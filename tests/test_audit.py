@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from conftest import BROKEN, GRADED, ROOT, read_rows
-from ocaml_grpo.dataset_audit import audit_problems
+from ocaml_grpo.dataset_audit import AuditCache, audit_problems
 from ocaml_grpo.problems import Problem, load_problems
 
 
@@ -104,3 +104,9 @@ def test_broken_published_rows_are_excluded_and_nothing_else(tmp_path, benchmark
 @pytest.mark.parametrize("name", ["ocamlorg_exercises.jsonl", "exercism_ocaml.jsonl"])
 def test_external_sets_whose_solutions_pass_lose_nothing(tmp_path, benchmarks, name):
     assert excluded(audit_problems(load_problems(str(benchmarks / name)), cache_dir=tmp_path, verbose=False)) == {}
+
+
+def test_the_audit_cache_follows_xdg_cache_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("AUDIT_CACHE_DIR", raising=False)
+    assert AuditCache().path == tmp_path / "ocaml-grpo" / "audit_cache.jsonl"

@@ -8,7 +8,7 @@ import pytest
 
 import preloaded
 from conftest import GRADED, ROOT
-from evaluate import RATES, grade_completions, pass_at_k, verdict
+from evaluate import RATES, grade_completions, pass_at_k, render_markdown, verdict
 from ocaml_grpo import ocaml_source as src
 from ocaml_grpo.problems import load_problems
 from rewards import RewardConfig, RewardScorer
@@ -67,7 +67,7 @@ def test_end_to_end_on_the_demo_model(tmp_path):
     assert list(report["rates"]) == ["has_end_marker", "compiled", "tests_compiled", "solved"] == list(RATES)
     assert report["n_problems"] == 3 and report["k"] == 2
     rows = [json.loads(l) for l in (tmp_path / "out" / "completions.jsonl").read_text().splitlines()]
-    assert len(rows) == 6 and all(0 <= x["reward"] <= 1 for x in rows)
+    assert len(rows) == 6 and all(0 <= x["graded_reward"] <= 1 and "reward" not in x for x in rows)
     md = (tmp_path / "out" / "report.md").read_text()
     assert "pass@1" in md and "| `tests_compiled` rate: the solution and the tests build one program |" in md
 
@@ -79,3 +79,14 @@ def test_bad_arguments_fail_before_any_model_loads(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--model", "demo", "--dataset", str(tmp_path / "x.jsonl")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "x.jsonl: no such file" in r.stderr
+
+
+def test_k_1_reports_pass_at_1_once_and_a_failed_run_leaves_no_report_dir(tmp_path):
+    report = {"model": "m", "adapter": None, "dataset": "d", "n_problems": 1, "seed": 0, "samples_per_problem": 1,
+              "temperature": 0.0, "pass@1": 0.5, "pass@k": 0.5, "k": 1, "mean_reward": 0.1, "rates": {},
+              "per_difficulty": {}, "verdict": "v"}
+    assert [line for line in render_markdown(report).splitlines() if line.startswith("| pass@")] == ["| pass@1 | 50.0% |"]
+    r = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--model", str(tmp_path / "no_model"),
+                        "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--model=" in r.stderr and "no such directory" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()

@@ -108,9 +108,11 @@ def test_lora_sft_then_grpo_continues_the_adapter(tmp_path, cache_home):
     model = cache_home / "ocaml-grpo" / "demo-qwen2-tiny"
     if not (model / "config.json").exists():
         build_demo_model(model)
-    res = preloaded.run(TRAIN, ["sft"], cwd=tmp_path, env=sft_env(tmp_path, cache_home), timeout=240)
+    res = preloaded.run(TRAIN, ["sft"], cwd=tmp_path, env=sft_env(tmp_path, cache_home, GRPO_REPORT_TO="tensorboard"),
+                        timeout=240)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     sft = tmp_path / "sft"
+    assert not (tmp_path / "runs").exists() and any((sft / "tensorboard").iterdir())  # events kept in SFT_OUTPUT_DIR
     split = json.loads((sft / "split.json").read_text())
     assert len(split["heldout"]) == 2 and len(split["train"]) == 4 and not set(split["train"]) & set(split["heldout"])
     train_ids = [r["id"] for r in read_jsonl(sft / "train_problems.jsonl")]

@@ -102,6 +102,8 @@ def test_train_logs_checkpoints_resume_and_merge(tmp_path, cache_home):
     [archive] = (run / "previous_runs").iterdir()
     assert len(read_jsonl(archive / "reward_logs" / "completions.jsonl")) == 6 * 2 * 2
     assert len(check_log_wellformed(log_lines(archive))) == 6
+    assert json.loads((archive / "config.json").read_text())["GRPO_MAX_STEPS"] == 6  # its config stays with it
+    assert json.loads((run / "config.json").read_text())["GRPO_MAX_STEPS"] == 2
     assert len(check_log_wellformed(log_lines(run))) == 2
     assert len(read_jsonl(run / "reward_logs" / "completions.jsonl")) == 2 * 2 * 2
 
