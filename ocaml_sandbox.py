@@ -22,9 +22,9 @@ import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from ocaml_grpo.settings import Auto, Choice, Float, Int, Setting, Text, resolve
 
@@ -55,15 +55,29 @@ class Limits:
     output_bytes: int = 65536
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Limits":
-        v = sandbox_settings(environ)
+    def from_settings(cls, v: Mapping[str, Any]) -> "Limits":
+        """From values resolved over SANDBOX_SETTINGS."""
         return cls(cpu_s=v["OCAML_CPU_LIMIT_S"], wall_s=v["OCAML_WALL_LIMIT_S"] or cls.WALL_FACTOR * v["OCAML_CPU_LIMIT_S"],
                    compile_s=v["OCAML_COMPILE_LIMIT_S"], memory_mb=v["OCAML_MEMORY_MB"], file_mb=v["OCAML_FILE_MB"],
                    max_procs=v["OCAML_MAX_PROCS"], max_files=v["OCAML_MAX_FILES"], output_bytes=v["OCAML_OUTPUT_BYTES"])
 
 
+@dataclass(frozen=True)
+class SandboxConfig:
+    """The sandbox's settings, resolved once by the command that runs (`sandbox_config`)."""
+    mode: str = "bwrap"
+    limits: Limits = field(default_factory=Limits)
+    compiler: str = "server"  # how the grader compiles: ocaml_grpo/compilers.py
+    tmpdir: str | None = field(default_factory=lambda: memory_tmpdir())  # the grader's job directories (None: system temp)
+
+    @classmethod
+    def from_settings(cls, v: Mapping[str, Any]) -> "SandboxConfig":
+        """From values resolved over SANDBOX_SETTINGS (with the other settings of a command)."""
+        return cls(v["OCAML_SANDBOX"], Limits.from_settings(v), v["OCAML_COMPILER"], v["OCAML_SANDBOX_TMPDIR"])
+
+
 SANDBOX_SETTINGS = [
-    Setting("OCAML_SANDBOX", "bwrap", Choice("bwrap", "none"),
+    Setting("OCAML_SANDBOX", SandboxConfig.mode, Choice("bwrap", "none"),
             "bwrap: every compile and run isolated; none: model code runs on this host UNISOLATED"),
     Setting("OCAML_CPU_LIMIT_S", str(Limits.cpu_s), Int(1),
             "CPU seconds for a completion's test runs (restarts share them; a run that used them timed out)"),
@@ -76,7 +90,7 @@ SANDBOX_SETTINGS = [
     Setting("OCAML_MAX_PROCS", str(Limits.max_procs), Int(1), "processes per job (counted per job uid)"),
     Setting("OCAML_MAX_FILES", str(Limits.max_files), Int(8), "open files per process"),
     Setting("OCAML_OUTPUT_BYTES", str(Limits.output_bytes), Int(1), "stdout/stderr bytes kept per call"),
-    Setting("OCAML_COMPILER", "server", Choice("server", "ocamlc"),
+    Setting("OCAML_COMPILER", SandboxConfig.compiler, Choice("server", "ocamlc"),
             "server: the grader compiles with a persistent compiler-libs process (same outputs as ocamlc); "
             "ocamlc: one ocamlc process per step (problems that `require` packages always use ocamlfind ocamlc)"),
     Setting("OCAML_SANDBOX_TMPDIR", "auto", Auto(Text, lambda: memory_tmpdir(), "/dev/shm when it has 1 GiB free "
@@ -97,12 +111,13 @@ def memory_tmpdir(path: str = "/dev/shm", min_free: int = 1 << 30) -> str | None
     return path if usable and st.f_bavail * st.f_frsize >= min_free else None
 
 
-def sandbox_settings(environ: Mapping[str, str] | None = None) -> dict:
-    """The sandbox's settings, validated; a bad value is a ValueError naming the variable."""
-    values, errors = resolve(SANDBOX_SETTINGS, os.environ if environ is None else environ)
+def sandbox_config(environ: Mapping[str, str]) -> SandboxConfig:
+    """The sandbox's settings from an environment, validated; a bad value is a ValueError naming
+    the variable. For commands that resolve these settings alone."""
+    values, errors = resolve(SANDBOX_SETTINGS, environ)
     if errors:
         raise ValueError("; ".join(errors))
-    return values
+    return SandboxConfig.from_settings(values)
 
 
 class ToolchainError(RuntimeError):
@@ -165,9 +180,9 @@ class UidPool:
 
 
 class Sandbox:
-    def __init__(self, limits: Limits | None = None, mode: str | None = None):
-        self.limits = limits or Limits.from_env()
-        self.mode = mode or sandbox_settings()["OCAML_SANDBOX"]
+    def __init__(self, config: SandboxConfig | None = None):
+        self.config = config or SandboxConfig()
+        self.limits, self.mode = self.config.limits, self.config.mode
         if self.mode not in ("bwrap", "none"):
             raise ValueError(f"Sandbox mode {self.mode!r}: expected 'bwrap' or 'none'")
         self.isolated = self.mode == "bwrap"

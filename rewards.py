@@ -35,7 +35,7 @@ from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo.prompting import END_MARKER
 from ocaml_grpo.settings import Auto, Float, Int, Setting, default_workers, resolve
 from ocaml_grpo.grader import Grade, OcamlGrader
-from ocaml_sandbox import Sandbox, ToolchainError
+from ocaml_sandbox import SANDBOX_SETTINGS, Sandbox, SandboxConfig, ToolchainError
 
 # What the reward function reports through TRL's log_metric (averaged over the processes and the
 # reward calls of a log step); the trainer's learning log reads the last two for its health rules.
@@ -83,19 +83,22 @@ class RewardConfig:
     runaway_multiplier: float = 0.3
     min_lines: int = 8
     workers: int = field(default_factory=default_workers)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)  # where and how the grader compiles and runs
 
     @classmethod
     def from_settings(cls, values: Mapping[str, Any]) -> "RewardConfig":
-        """From values already validated by settings.resolve over REWARD_SETTINGS (train.py
-        resolves them together with its own and passes its config here)."""
+        """From values already validated by settings.resolve over REWARD_SETTINGS and
+        SANDBOX_SETTINGS (train.py resolves them together with its own and passes its config here)."""
         return cls(Weights(values["REWARD_WEIGHT_STRUCTURAL"], values["REWARD_WEIGHT_TYPE_CHECK"],
                            values["REWARD_WEIGHT_COMPILE"], values["REWARD_WEIGHT_TESTS"]),
-                   values["RUNAWAY_PENALTY_MULTIPLIER"], values["MIN_NON_EMPTY_LINES"], values["REWARD_WORKERS"])
+                   values["RUNAWAY_PENALTY_MULTIPLIER"], values["MIN_NON_EMPTY_LINES"], values["REWARD_WORKERS"],
+                   SandboxConfig.from_settings(values))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "RewardConfig":
-        """For the commands that read only the reward's settings (rewards.py, evaluate.py, bench)."""
-        values, errors = resolve(REWARD_SETTINGS, os.environ if environ is None else environ)
+        """For the commands that read only the reward's and the sandbox's settings (rewards.py,
+        evaluate.py, bench): the one place these are read from an environment."""
+        values, errors = resolve(REWARD_SETTINGS + SANDBOX_SETTINGS, os.environ if environ is None else environ)
         if errors:
             raise ValueError("; ".join(errors))
         return cls.from_settings(values)
@@ -181,7 +184,7 @@ class RewardScorer:
     def __init__(self, config: RewardConfig | None = None, grader: OcamlGrader | None = None,
                  cache_size: int = 50_000):
         self.config = config or RewardConfig.from_env()
-        self.grader = grader or OcamlGrader(Sandbox(), max_parallel_compiles=self.config.workers)
+        self.grader = grader or OcamlGrader(Sandbox(self.config.sandbox), max_parallel_compiles=self.config.workers)
         # Runs mostly wait on subprocesses; more threads than cores lets infinite loops time
         # out side by side while compiles stay bounded by the grader's compile slots.
         self.pool = ThreadPoolExecutor(max_workers=max(32, 8 * self.config.workers), thread_name_prefix="reward")
@@ -445,7 +448,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "audit":
-            return dataset_audit.cli(args)
+            values, errors = resolve(dataset_audit.AUDIT_SETTINGS + SANDBOX_SETTINGS, os.environ)
+            if errors:
+                raise ValueError("; ".join(errors))
+            return dataset_audit.cli(args, values["AUDIT_CACHE_DIR"], SandboxConfig.from_settings(values))
         return cmd_score(args)
     except (DatasetError, ToolchainError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

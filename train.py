@@ -189,7 +189,7 @@ def prompt_tokens(problem) -> int:
 # also drops problems no answer could pass (tests that do not compile against a stub, missing
 # packages, duplicates); why goes to <output dir>/dataset_audit.jsonl once the run starts.
 if cfg["AUDIT_DATASET"]:
-    audit = dataset_audit.audit_problems(problems, None, prompt_tokens=prompt_tokens,
+    audit = dataset_audit.audit_problems(problems, None, cache_dir=cfg["AUDIT_CACHE_DIR"], prompt_tokens=prompt_tokens,
                                          max_prompt_tokens=cfg["GRPO_MAX_PROMPT"], grader=scorer.grader)
     kept = audit.kept
     too_long = sum(r.reason == "prompt_too_long" for r in audit.records)

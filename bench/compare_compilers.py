@@ -10,6 +10,7 @@ exercises, when BENCHMARKS_DIR has them) and its mixed corpus (its infinite loop
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -18,7 +19,7 @@ from bench.bench_rewards import build_corpus, default_exercises, no_loop_corpus,
 from ocaml_grpo.completions import assemble_solution, extract_code
 from ocaml_grpo.grader import OcamlGrader
 from ocaml_grpo.problems import Problem, load_problems
-from ocaml_sandbox import Sandbox
+from ocaml_sandbox import Sandbox, sandbox_config
 
 
 def main() -> int:
@@ -38,7 +39,7 @@ def main() -> int:
         jobs += [(p, c, f"no-loop {k}") for p, c, k in no_loop_corpus(exercises)]
     jobs += [(p, c, f"mixed {k}") for p, c, k in build_corpus(runnable, 48, 4)
              if args.loops or k != "infinite_loop"]
-    sandbox = Sandbox()
+    sandbox = Sandbox(sandbox_config(os.environ))
     graders = {name: OcamlGrader(sandbox, compiler=name) for name in ("server", "ocamlc")}
     differ = 0
     try:

@@ -32,7 +32,7 @@ from ocaml_grpo.completions import assemble_solution, invalid_entry_point_note
 from ocaml_grpo.problems import Problem, load_problems
 from ocaml_grpo.settings import Auto, Setting, Text, cache_dir, default_workers, resolve
 from ocaml_grpo.grader import OcamlGrader
-from ocaml_sandbox import Sandbox
+from ocaml_sandbox import Sandbox, SandboxConfig
 
 AUDIT_SETTINGS = [Setting("AUDIT_CACHE_DIR", "auto", Auto(Text, lambda: str(cache_dir()), "$XDG_CACHE_HOME/ocaml-grpo"),
                           "where audit results are cached by content hash")]
@@ -73,8 +73,8 @@ def _cache_key(p: Problem) -> str:
 
 
 class AuditCache:
-    def __init__(self, directory: str | Path | None = None):
-        directory = Path(directory or resolve(AUDIT_SETTINGS, os.environ)[0]["AUDIT_CACHE_DIR"]).expanduser()
+    def __init__(self, directory: str | Path):
+        directory = Path(directory).expanduser()
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / "audit_cache.jsonl"
         self.entries: dict[str, dict] = {}
@@ -108,10 +108,12 @@ def _classify(err, p: Problem) -> tuple[str, str]:
     return f"tests_{err.kind}_error", msg
 
 
-def audit_problems(problems: list[Problem], output_dir: str | Path | None = None,
+def audit_problems(problems: list[Problem], output_dir: str | Path | None = None, *, cache_dir: str | Path,
                    prompt_tokens: Callable[[Problem], int] | None = None, max_prompt_tokens: int | None = None,
-                   workers: int | None = None, cache_dir: str | Path | None = None,
-                   grader: OcamlGrader | None = None, verbose: bool = True) -> AuditResult:
+                   workers: int | None = None, grader: OcamlGrader | None = None, verbose: bool = True,
+                   sandbox: SandboxConfig | None = None) -> AuditResult:
+    """cache_dir: AUDIT_CACHE_DIR as the command resolved it; sandbox: the sandbox's settings for
+    a grader of the audit's own (when `grader` is None)."""
     workers = workers or default_workers()
     records: dict[int, AuditRecord] = {}
     seen: set[str] = set()
@@ -144,7 +146,7 @@ def audit_problems(problems: list[Problem], output_dir: str | Path | None = None
 
     if to_compile:
         own_grader = grader is None
-        grader = grader or OcamlGrader(Sandbox(), max_parallel_compiles=workers)
+        grader = grader or OcamlGrader(Sandbox(sandbox), max_parallel_compiles=workers)
         by_requires: dict[tuple, list] = collections.defaultdict(list)
         for item in to_compile:
             by_requires[tuple(sorted(item[1].requires))].append(item)
@@ -196,10 +198,11 @@ def summary(result: AuditResult) -> str:
     return f"dataset audit: {kept} kept, {len(result.records) - kept} excluded ({parts})"
 
 
-def cli(args) -> int:
+def cli(args, cache_dir: str, sandbox: SandboxConfig) -> int:
+    """`rewards.py audit`, with the settings its command resolved."""
     problems = load_problems(args.dataset)
     result = audit_problems(problems, output_dir=args.output_dir, workers=args.workers or None,
-                            verbose=not args.json)
+                            verbose=not args.json, cache_dir=cache_dir, sandbox=sandbox)
     if args.json:
         for r in result.records:
             print(json.dumps({"id": r.id, "ok": r.ok, "reason": r.reason or None, "error": r.error or None,

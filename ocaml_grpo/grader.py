@@ -28,7 +28,7 @@ from ocaml_grpo import ocaml_source as src
 from ocaml_grpo.compiler_output import TIMED_OUT, CompileError, error_of
 from ocaml_grpo.compilers import WARNINGS_OFF, CompileBudget, Compilers, Steps
 from ocaml_grpo.harness import HARNESS_ML, plan_of, render_tests, tally_run
-from ocaml_sandbox import Sandbox, ToolchainError, sandbox_settings
+from ocaml_sandbox import Sandbox, ToolchainError
 
 # Only a trigger for a second, `-i`, type check that decides (the message itself is text a
 # solution can print with [%%ocaml.error "..."]).
@@ -68,13 +68,13 @@ class OcamlGrader:
         self.sandbox = sandbox or Sandbox()
         # False only in the sandbox's own tests: code the allowlist stops must still be contained.
         self._check_flag = "a" if check_library else ""
-        self.compiler = compiler or sandbox_settings()["OCAML_COMPILER"]
+        self.compiler = compiler or self.sandbox.config.compiler
         cores = max_parallel_compiles or os.cpu_count() or 1
         # Test runs are CPU-bound: bounded by the cores, so a test run gets a core to itself and
         # a correct but slow answer never loses its verdict to neighbours that loop (a loop is
         # stopped by its CPU limit, not by the wall clock). Compiles are bounded the same way.
         self._run_slots = threading.BoundedSemaphore(cores)
-        self.tmp_root = Path(tempfile.mkdtemp(prefix="ocaml-grader-", dir=tmp_root or sandbox_settings()["OCAML_SANDBOX_TMPDIR"]))
+        self.tmp_root = Path(tempfile.mkdtemp(prefix="ocaml-grader-", dir=tmp_root or self.sandbox.config.tmpdir))
         os.chmod(self.tmp_root, 0o755)
         weakref.finalize(self, shutil.rmtree, self.tmp_root, True)  # also when close() is never called
         # The harness is compiled once (this is also the toolchain probe) under a random unit

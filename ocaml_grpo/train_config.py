@@ -65,7 +65,7 @@ DEMO_DEFAULTS = {  # GRPO_DEMO=1 replaces defaults and .envrc values, never the 
     "GRPO_REPORT_TO": "none", "LORA_R": "8", "LORA_ALPHA": "16",
 }
 
-SETTINGS = CONFIG + rewards.REWARD_SETTINGS + SANDBOX_SETTINGS
+SETTINGS = CONFIG + rewards.REWARD_SETTINGS + SANDBOX_SETTINGS + AUDIT_SETTINGS
 
 SFT_CONFIG = [
     Setting("SFT_OUTPUT_DIR", "sft_runs", Text, "where the SFT model/adapter, the split and the log go"),

@@ -1,13 +1,15 @@
 """The dataset audit against real OCaml: the project's own broken and sound rows, then the
 external benchmark sets when they are present."""
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 from conftest import BROKEN, GRADED, ROOT, read_rows
-from ocaml_grpo.dataset_audit import AuditCache, audit_problems
+from ocaml_grpo.dataset_audit import AUDIT_SETTINGS, AuditCache, audit_problems
+from ocaml_grpo.settings import resolve
 from ocaml_grpo.problems import Problem, load_problems
 
 
@@ -109,4 +111,5 @@ def test_external_sets_whose_solutions_pass_lose_nothing(tmp_path, benchmarks, n
 def test_the_audit_cache_follows_xdg_cache_home(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("AUDIT_CACHE_DIR", raising=False)
-    assert AuditCache().path == tmp_path / "ocaml-grpo" / "audit_cache.jsonl"
+    directory = resolve(AUDIT_SETTINGS, os.environ)[0]["AUDIT_CACHE_DIR"]
+    assert AuditCache(directory).path == tmp_path / "ocaml-grpo" / "audit_cache.jsonl"

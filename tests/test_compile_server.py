@@ -209,8 +209,8 @@ def _graded(completion: str) -> tuple:
 @pytest.mark.parametrize("code", [BLOW_UP.replace("let bad : int =", "let add a b = a + b\nlet bad : int ="),
                                   "let add a b = a + b\nlet deep = " + "[" * 3000 + "]" * 3000 + "\n"])
 def test_a_pathological_completion_costs_at_most_one_compile_limit(monkeypatch, code):
-    monkeypatch.setenv("OCAML_COMPILE_LIMIT_S", "2")
-    s = RewardScorer(RewardConfig(min_lines=0, workers=2))
+    s = RewardScorer(RewardConfig.from_env({"OCAML_COMPILE_LIMIT_S": "2", "MIN_NON_EMPTY_LINES": "0",
+                                            "REWARD_WORKERS": "2"}))
     try:
         assert s.grader.compiler == "server"
         t0 = time.monotonic()

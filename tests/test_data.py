@@ -33,8 +33,8 @@ def test_schema_size_and_mix(problems):
 
 def test_every_solution_scores_one_and_every_stub_gets_no_test_credit(problems, monkeypatch):
     # correctness, not speed: a generous budget so a loaded machine cannot time a solution out
-    monkeypatch.setenv("OCAML_WALL_LIMIT_S", "30")
-    scorer = RewardScorer(RewardConfig(min_lines=0, workers=2))
+    scorer = RewardScorer(RewardConfig.from_env({"OCAML_WALL_LIMIT_S": "30", "MIN_NON_EMPTY_LINES": "0",
+                                                 "REWARD_WORKERS": "2"}))
     try:
         sols = scorer.score_batch(problems, [f"```ocaml\n{p.solution}\n```\n(* END *)" for p in problems])
         assert [(b.problem_id, b.reward, b.first_error) for b in sols if b.reward != 1.0] == []

@@ -255,12 +255,8 @@ def surviving_job_processes() -> list[str]:
 
 
 def test_infinite_loop_and_fork_bomb_finish_within_the_limit():
-    os.environ["OCAML_WALL_LIMIT_S"] = "2"
-    try:
-        s = RewardScorer(RewardConfig(min_lines=0, workers=2),
-                         grader=OcamlGrader(Sandbox(), max_parallel_compiles=2, check_library=False))
-    finally:
-        del os.environ["OCAML_WALL_LIMIT_S"]
+    config = RewardConfig.from_env({"OCAML_WALL_LIMIT_S": "2", "MIN_NON_EMPTY_LINES": "0", "REWARD_WORKERS": "2"})
+    s = RewardScorer(config, grader=OcamlGrader(Sandbox(config.sandbox), max_parallel_compiles=2, check_library=False))
     try:
         t0 = time.monotonic()
         loop = s.score_one(ADD, fenced("let add a b = if a = 2 then (while true do () done; 0) else a + b"))
@@ -330,8 +326,8 @@ def test_uids_are_never_shared_between_processes():
 
 
 def test_explicit_no_isolation_mode_still_grades_and_says_so(monkeypatch):
-    monkeypatch.setenv("OCAML_SANDBOX", "none")
-    s = RewardScorer(RewardConfig(min_lines=0, workers=1), grader=OcamlGrader(Sandbox(), check_library=False))
+    config = RewardConfig.from_env({"OCAML_SANDBOX": "none", "MIN_NON_EMPTY_LINES": "0", "REWARD_WORKERS": "1"})
+    s = RewardScorer(config, grader=OcamlGrader(Sandbox(config.sandbox), check_library=False))
     try:
         b = s.score_one(ADD, fenced("let add a b = a + b"))
         assert b.reward == 1.0 and b.isolated is False
@@ -340,9 +336,8 @@ def test_explicit_no_isolation_mode_still_grades_and_says_so(monkeypatch):
         assert "isolation OFF" in s.grader.sandbox.describe()
     finally:
         s.close()
-    monkeypatch.setenv("OCAML_SANDBOX", "docker")
     with pytest.raises(ValueError, match="OCAML_SANDBOX"):
-        RewardScorer(RewardConfig(min_lines=0, workers=1))
+        RewardConfig.from_env({"OCAML_SANDBOX": "docker"})
 
 
 @pytest.mark.parametrize("name", ["bundled", "problems_graded.jsonl", "multipl_e_ml.jsonl", "ocamler_eval_sample.csv"])

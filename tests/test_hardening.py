@@ -151,8 +151,8 @@ def test_phrases_are_the_compilers_so_layout_cannot_merge_errors(scorer, layout)
 # 5. A compile-time blow-up costs one compile limit.
 
 def test_compile_blow_up_costs_at_most_one_compile_limit(monkeypatch):
-    monkeypatch.setenv("OCAML_COMPILE_LIMIT_S", "2")
-    s = RewardScorer(RewardConfig(min_lines=0, workers=2))
+    s = RewardScorer(RewardConfig.from_env({"OCAML_COMPILE_LIMIT_S": "2", "MIN_NON_EMPTY_LINES": "0",
+                                            "REWARD_WORKERS": "2"}))
     try:
         # Printing the type of x30 in the error message is exponential: every type check of a
         # file that still holds the last phrase times out. The compiler names no line then, so
@@ -181,8 +181,8 @@ SLOW_LOOP = "let slow_sum n = let s = ref 0 in while true do incr s done; !s"
 
 @pytest.mark.slow
 def test_a_slow_correct_answer_passes_beside_busy_loops(monkeypatch):
-    monkeypatch.setenv("OCAML_CPU_LIMIT_S", "3")
-    s = RewardScorer(RewardConfig(min_lines=0, workers=2))
+    s = RewardScorer(RewardConfig.from_env({"OCAML_CPU_LIMIT_S": "3", "MIN_NON_EMPTY_LINES": "0",
+                                            "REWARD_WORKERS": "2"}))
     try:
         alone = s.score_one(SLOW, fenced(SLOW_RIGHT))
         assert alone.reward == 1.0, alone  # ~1.6 s of CPU: inside the 3 s limit

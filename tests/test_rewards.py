@@ -14,18 +14,19 @@ from ocaml_grpo.problems import Problem
 from ocaml_grpo.settings import defaults, resolve
 from ocaml_grpo.train_config import CONFIG, DEMO_DEFAULTS, SETTINGS
 from ocaml_grpo.grader import OcamlGrader
-from ocaml_sandbox import Sandbox
+from ocaml_sandbox import SANDBOX_SETTINGS, Sandbox, SandboxConfig
 
 ADD_PROMPT = "(** Add two integers. *)\nlet add (a : int) (b : int) : int ="
 ADD_TESTS = "let () =\n  assert (add 1 2 = 3);\n  assert (add 0 0 = 0)\n;;"
 
 
 def test_defaults_live_in_the_dataclasses():
-    values = defaults(rewards.REWARD_SETTINGS)
+    values = defaults(rewards.REWARD_SETTINGS + SANDBOX_SETTINGS)
     config = rewards.RewardConfig.from_settings(values)
     plain = rewards.RewardConfig()
     assert (config.weights, config.runaway_multiplier, config.min_lines) == \
         (plain.weights, plain.runaway_multiplier, plain.min_lines) == (rewards.Weights(), 0.3, 8)
+    assert config.sandbox == plain.sandbox == SandboxConfig()
     assert values["MIN_NON_EMPTY_LINES"] == 8
     # the trainer resolves the reward's settings with its own: each name defined once
     names = [s[0] for s in SETTINGS]
@@ -34,11 +35,13 @@ def test_defaults_live_in_the_dataclasses():
 
 
 def test_reward_config_is_built_from_validated_values():
-    values, errors = resolve(rewards.REWARD_SETTINGS, {"MIN_NON_EMPTY_LINES": "3", "REWARD_WEIGHT_TESTS": "0.5",
-                                                        "REWARD_WORKERS": "2"})
+    values, errors = resolve(rewards.REWARD_SETTINGS + SANDBOX_SETTINGS,
+                             {"MIN_NON_EMPTY_LINES": "3", "REWARD_WEIGHT_TESTS": "0.5", "REWARD_WORKERS": "2",
+                              "OCAML_CPU_LIMIT_S": "7", "OCAML_COMPILER": "ocamlc"})
     assert errors == []
     config = rewards.RewardConfig.from_settings(values)
     assert (config.min_lines, config.weights.tests, config.workers) == (3, 0.5, 2)
+    assert (config.sandbox.limits.cpu_s, config.sandbox.limits.wall_s, config.sandbox.compiler) == (7, 70, "ocamlc")
     _, errors = resolve(rewards.REWARD_SETTINGS, {"MIN_NON_EMPTY_LINES": "-1", "REWARD_WORKERS": "0",
                                                   "REWARD_WEIGHT_COMPILE": "-0.1"})
     assert [e.split("=")[0] for e in errors] == ["MIN_NON_EMPTY_LINES", "REWARD_WEIGHT_COMPILE", "REWARD_WORKERS"]
