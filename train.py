@@ -293,7 +293,8 @@ header = [f"{'resumed from ' + resume_from if resume_from else 'started'} {time.
               "RUNAWAY_PENALTY_MULTIPLIER"))]
 stop = GracefulStop()
 callback = LearningLog(out_dir / "learning.log", header, resumed=resume_from is not None,
-                       auto_stop=cfg["GRPO_AUTO_STOP"], curriculum=cfg["REWARD_CURRICULUM"], echo=IS_MAIN, stop=stop)
+                       auto_stop=cfg["GRPO_AUTO_STOP"], echo=IS_MAIN, stop=stop,
+                       curriculum=reward_config.weights if cfg["REWARD_CURRICULUM"] else None)
 trainer = GRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=train_dataset,
                       processing_class=tokenizer, peft_config=peft_config, callbacks=[callback, stop])
 trainer.remove_callback(PrinterCallback)  # its ~1,000-character metrics dict per step: LearningLog prints instead

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-import rewards
 from ocaml_grpo import health
 from ocaml_grpo.health import THRESHOLDS, Point, Thresholds
 from ocaml_grpo.learning_log import metric_line, parse_metric_line
+from ocaml_grpo.reward_config import METRIC_CRASHED, METRIC_PASSED_ANY, Weights, curriculum_phase
 
 
 class LearningLog(TrainerCallback):
@@ -29,7 +29,7 @@ class LearningLog(TrainerCallback):
     they replace the trainer's metric dicts there."""
     REPEAT_EVERY = 10  # a persisting finding is written again every this many log steps, not every step
 
-    def __init__(self, path: Path, header: list[str], resumed: bool, auto_stop: bool, curriculum: bool,
+    def __init__(self, path: Path, header: list[str], resumed: bool, auto_stop: bool, curriculum: Weights | None,
                  th: Thresholds = THRESHOLDS, echo: bool = False, stop: GracefulStop | None = None):
         self.path, self.header, self.resumed, self.echo, self.stop = path, header, resumed, echo, stop
         self.auto_stop, self.curriculum, self.th = auto_stop, curriculum, th
@@ -75,8 +75,8 @@ class LearningLog(TrainerCallback):
             return None  # the end-of-training summary, or an eval log
         line = metric_line(epoch, logs)
         self.history.append(parse_metric_line(line).point)
-        if logs.get(rewards.METRIC_PASSED_ANY) is not None:
-            self.passes.append(logs[rewards.METRIC_PASSED_ANY])
+        if logs.get(METRIC_PASSED_ANY) is not None:
+            self.passes.append(logs[METRIC_PASSED_ANY])
         return line
 
     def passes_share(self) -> float | None:
@@ -99,14 +99,14 @@ class LearningLog(TrainerCallback):
         if self.echo and self.fd is not None:
             print(self.progress(state), flush=True)
         self.n_logs += 1
-        if self.curriculum:
-            phase, w = rewards.curriculum_phase(epoch)
+        if self.curriculum is not None:
+            phase, w = curriculum_phase(epoch, self.curriculum)
             if phase != self.phase:
                 self.phase = phase
                 self.write(f"[Curriculum] phase {phase} from epoch {epoch:.2f}: structural {w.structural:.2f}  "
                            f"type {w.type_check:.2f}  compile {w.compile:.2f}  tests {w.tests:.2f}")
-        if logs.get(rewards.METRIC_CRASHED):  # averaged over every process: a crash on any rank shows
-            self.write(f"[Health] grading crashed on {logs[rewards.METRIC_CRASHED]:.1%} of the completions scored "
+        if logs.get(METRIC_CRASHED):  # averaged over every process: a crash on any rank shows
+            self.write(f"[Health] grading crashed on {logs[METRIC_CRASHED]:.1%} of the completions scored "
                        "since the last log (reward None: left out of the group baseline; see first_error in the "
                        "breakdown log and stderr)")
         for f in health.findings(self.history, self.th):

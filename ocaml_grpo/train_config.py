@@ -1,11 +1,12 @@
 """The trainer's settings (train.py, and `train.py sft`'s): every variable they read, with its
-default, parser and meaning. The reward's own settings (weights, MIN_NON_EMPTY_LINES, ...) are defined next to the
-reward in rewards.py; SETTINGS is both, as train.py resolves them and writes them to config.json.
+default, parser and meaning. The reward's own settings (weights, MIN_NON_EMPTY_LINES, ...) are defined in
+ocaml_grpo/reward_config.py, the sandbox's in ocaml_sandbox.py, the audit's in dataset_audit.py; SETTINGS
+is all of them, as train.py resolves them and writes them to config.json.
 analyze.py falls back to these defaults for a run directory without config.json.
 """
 from __future__ import annotations
 
-import rewards
+from ocaml_grpo.reward_config import REWARD_SETTINGS
 from ocaml_sandbox import SANDBOX_SETTINGS
 from ocaml_grpo.dataset_audit import AUDIT_SETTINGS
 from ocaml_grpo.settings import AdapterDir, Choice, Flag, Float, Holdout, Int, ModuleList, Resume, Setting, Text
@@ -65,7 +66,7 @@ DEMO_DEFAULTS = {  # GRPO_DEMO=1 replaces defaults and .envrc values, never the 
     "GRPO_REPORT_TO": "none", "LORA_R": "8", "LORA_ALPHA": "16",
 }
 
-SETTINGS = CONFIG + rewards.REWARD_SETTINGS + SANDBOX_SETTINGS + AUDIT_SETTINGS
+SETTINGS = CONFIG + REWARD_SETTINGS + SANDBOX_SETTINGS + AUDIT_SETTINGS
 
 SFT_CONFIG = [
     Setting("SFT_OUTPUT_DIR", "sft_runs", Text, "where the SFT model/adapter, the split and the log go"),

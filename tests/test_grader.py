@@ -14,7 +14,7 @@ from ocaml_grpo.completions import assemble_solution, extract_code
 from ocaml_grpo.problems import Problem, load_problems
 from ocaml_grpo.grader import OcamlGrader
 from ocaml_sandbox import UID_POOL_BASE, UID_POOL_SIZE, Sandbox
-from rewards import RewardConfig, RewardScorer, Weights
+from rewards import RewardConfig, RewardScorer, Weights, curriculum_phase
 
 def score(scorer, code, problem=ADD):
     return scorer.score_one(problem, fenced(code))
@@ -302,16 +302,16 @@ def test_cli_score_prints_one_line_per_completion_in_order(tmp_path):
         assert {"problem_id", "reward", "tests_passed", "tests_total", "type_errors", "compiled", "timed_out"} <= set(o)
 
 
-def test_weights_from_env_and_curriculum(monkeypatch):
-    from rewards import curriculum_phase
-    monkeypatch.setenv("REWARD_WEIGHT_TESTS", "0.5")
-    assert Weights.from_env().tests == 0.5
-    monkeypatch.setenv("REWARD_WEIGHT_TESTS", "abc")
+def test_weights_from_settings_and_a_curriculum_that_ends_on_them():
+    config = RewardConfig.from_env({"REWARD_WEIGHT_TESTS": "0.5"})
+    assert config.weights.tests == 0.5
     with pytest.raises(ValueError, match="REWARD_WEIGHT_TESTS"):
-        Weights.from_env()
+        RewardConfig.from_env({"REWARD_WEIGHT_TESTS": "abc"})
     assert curriculum_phase(0.2)[1].type_check == 0.40
     assert curriculum_phase(0.7)[1].tests == 0.50
     assert curriculum_phase(1.3)[1].tests == 0.65
+    # REWARD_CURRICULUM=1 with REWARD_WEIGHT_*: its last phase is the configured weights
+    assert curriculum_phase(1.3, config.weights) == ("correctness", config.weights)
 
 
 def test_uids_are_never_shared_between_processes():
