@@ -37,9 +37,11 @@ import rewards
 from ocaml_grpo import dataset_audit
 from ocaml_grpo.demo_model import DEMO_MODEL_DIR, ensure_demo_model
 from ocaml_grpo.generation_engines import engine_kwargs
+from ocaml_grpo.group_stats import TRACKING_FILE, ProblemTracker
 from ocaml_grpo.models import adapter_base, load_model, load_tokenizer, lora_config, merge_adapter
 from ocaml_grpo.problems import DatasetError, load_problems
 from ocaml_grpo.prompting import chat_messages, prompt_token_count
+from ocaml_grpo.selection import apply_selection
 from ocaml_grpo import sft as sft_command
 from ocaml_grpo.settings import describe, resolve, unknown_variables
 from ocaml_grpo.train_config import CONFIG, DEMO_DEFAULTS, RETIRED, SETTINGS, SFT_CONFIG, VARIABLES
@@ -161,9 +163,10 @@ import warnings  # noqa: E402
 import torch  # noqa: E402
 # TRL 1.16 calls a transformers API deprecated in 5.x once per step; the warning says nothing actionable.
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+from trl import GRPOConfig  # noqa: E402
 
 from ocaml_grpo.callbacks import LearningLog  # noqa: E402
+from ocaml_grpo.tracking import TrackedGRPOTrainer, shared_update  # noqa: E402
 
 if demo and cfg["BASE_MODEL_ID"] == str(DEMO_MODEL_DIR):
     ensure_demo_model(DEMO_MODEL_DIR)
@@ -187,6 +190,21 @@ else:
     kept = [p for p in problems if prompt_tokens(p) <= cfg["GRPO_MAX_PROMPT"]]
     too_long = len(problems) - len(kept)
 print(f"prompts: dropped {too_long} longer than GRPO_MAX_PROMPT={cfg['GRPO_MAX_PROMPT']} tokens")
+# ----------------------------------------------------------------------------- learnable problems (issue 21)
+# GRPO_PROBLEM_STATS keeps the problems a probe found learnable (ocaml_grpo/selection.py); the tracker
+# then draws those whose last group taught nothing less often (ocaml_grpo/group_stats.py, tracking.py).
+try:
+    kept = apply_selection(kept, cfg, out_dir if IS_MAIN else None)
+except ValueError as e:
+    sys.exit(f"selection error: {e}")
+tracker = None
+if cfg["GRPO_TRACK_PROBLEMS"]:
+    tracker = ProblemTracker(cfg["GRPO_TRACK_WEIGHT"])
+    tracking_file = out_dir / "reward_logs" / TRACKING_FILE
+    if resume_from:
+        print(f"problem tracking: {tracker.load(tracking_file)} groups replayed from {tracking_file}")
+    if IS_MAIN:
+        tracker.open(tracking_file)
 if len(kept) < cfg["GRPO_BATCH_SIZE"]:
     sys.exit(f"dataset error: only {len(kept)} usable problems, fewer than GRPO_BATCH_SIZE={cfg['GRPO_BATCH_SIZE']}")
 from datasets import Dataset  # noqa: E402
@@ -211,7 +229,8 @@ if cfg["GRPO_INIT_ADAPTER"]:  # continue the SFT adapter instead of starting a f
 # ----------------------------------------------------------------------------- trainer
 reward_fn = rewards.make_syntax_aware_reward(out_dir, max_completion_tokens=cfg["GRPO_MAX_COMPLETION"],
                                              curriculum=cfg["REWARD_CURRICULUM"], scorer=scorer,
-                                             rank=RANK)
+                                             rank=RANK, group_size=cfg["GRPO_NUM_GENERATIONS"],
+                                             on_groups=shared_update(tracker) if tracker else None)
 if os.environ.get("GRPO_TEST_NEGATE_REWARD") == "1":
     # Tests only (tests/test_learning.py): TRL optimises -reward, i.e. every advantage's sign is flipped, while
     # the reward logs keep the real reward. A trainer that learns must then get worse.
@@ -238,6 +257,7 @@ args = GRPOConfig(
     max_grad_norm=cfg["GRPO_MAX_GRAD_NORM"],
     beta=cfg["GRPO_BETA"],
     loss_type=cfg["GRPO_LOSS_TYPE"],
+    scale_rewards=cfg["GRPO_SCALE_REWARDS"],
     importance_sampling_level="sequence" if cfg["GRPO_LOSS_TYPE"] == "luspo" else "token",  # luspo is sequence-level
     top_entropy_quantile=cfg["GRPO_TOP_ENTROPY_QUANTILE"],
     mask_truncated_completions=cfg["GRPO_MASK_TRUNCATED"],
@@ -267,11 +287,11 @@ header = [f"{'resumed from ' + resume_from if resume_from else 'started'} {time.
               "GRPO_BATCH_SIZE", "GRPO_GRAD_ACCUM_STEPS", "GRPO_NUM_GENERATIONS", "GRPO_MAX_PROMPT",
               "GRPO_MAX_COMPLETION", "GRPO_NUM_EPOCHS", "GRPO_LEARNING_RATE", "GRPO_TEMPERATURE", "GRPO_BETA",
               "GRPO_LOSS_TYPE", "LORA_R", "LORA_ALPHA", "REWARD_CURRICULUM", "MIN_NON_EMPTY_LINES",
-              "RUNAWAY_PENALTY_MULTIPLIER"))]
+              "RUNAWAY_PENALTY_MULTIPLIER", "GRPO_SCALE_REWARDS", "GRPO_TRACK_PROBLEMS", "GRPO_PROBLEM_STATS"))]
 callback = LearningLog(out_dir / "learning.log", header, resumed=resume_from is not None,
                        auto_stop=cfg["GRPO_AUTO_STOP"], curriculum=cfg["REWARD_CURRICULUM"])
-trainer = GRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=train_dataset,
-                      processing_class=tokenizer, peft_config=peft_config, callbacks=[callback])
+trainer = TrackedGRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=train_dataset,
+                             processing_class=tokenizer, peft_config=peft_config, callbacks=[callback], tracker=tracker)
 
 # ----------------------------------------------------------------------------- train
 if IS_MAIN:
@@ -281,6 +301,9 @@ try:
     trainer.train(resume_from_checkpoint=resume_from)
 finally:
     scorer.close()
+    if tracker:
+        tracker.close()
+        print("problem states at the end: " + "  ".join(f"{k}={n}" for k, n in tracker.counts(train_dataset["id"]).items()))
 final_dir = out_dir / "final_adapter"
 trainer.save_model(str(final_dir))  # PEFT model: saves the adapter only
 if IS_MAIN:

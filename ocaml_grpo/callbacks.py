@@ -16,7 +16,7 @@ from transformers import TrainerCallback
 import rewards
 from ocaml_grpo import health
 from ocaml_grpo.health import THRESHOLDS, Point, Thresholds
-from ocaml_grpo.learning_log import metric_line, parse_metric_line
+from ocaml_grpo.learning_log import groups_line, metric_line, parse_metric_line
 
 
 class LearningLog(TrainerCallback):
@@ -77,6 +77,8 @@ class LearningLog(TrainerCallback):
         if line is None:
             return control
         self.write(line)
+        if kinds := groups_line(epoch, logs):
+            self.write(kinds)
         self.n_logs += 1
         if self.curriculum:
             phase, w = rewards.curriculum_phase(epoch)

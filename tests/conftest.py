@@ -136,7 +136,7 @@ def log_lines(run: Path) -> list[str]:
 def check_log_wellformed(lines: list[str]) -> list[str]:
     """Every line is a header, a health/stop line, or an exact metric line; returns the metric lines."""
     for line in lines:
-        assert line.startswith(("# ", "[Health] ", "[Stop] ", "[Curriculum] ")) or METRIC_RE.match(line), repr(line)
+        assert line.startswith(("# ", "[Health] ", "[Stop] ", "[Curriculum] ", "[Groups] ")) or METRIC_RE.match(line), repr(line)
     return [line for line in lines if line.startswith("[Epoch")]
 
 
