@@ -5,6 +5,7 @@ and the training grader: the seed's base-model capability test, and a before/aft
     python evaluate.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --adapter grpo_runs/final_adapter --n 50 --k 4
     python evaluate.py --model demo --dataset ../shared/benchmarks/multipl_e_ml.jsonl --n 20   # offline
     python evaluate.py --model PATH --vllm       # generate with vLLM when it is installed
+    python evaluate.py --probe stats.jsonl       # per-problem statistics for GRPO_PROBLEM_STATS (--probe --help)
 
 Writes OUT/report.json, OUT/report.md and OUT/completions.jsonl (default OUT: eval_runs/<time>).
 pass@k uses the unbiased estimator 1 - C(n-c, k) / C(n, k) over the n = --samples (default k)
@@ -61,9 +62,9 @@ def verdict(pass1: float) -> str:
 
 def generate_hf(model_id: str, adapter: str | None, prompts: list[list[dict]], samples: int, max_new_tokens: int,
                 temperature: float, batch_size: int, seed: int, top_k: int | None = None,
-                progress: bool = True) -> tuple[list[list[str]], list[list[int]]]:
+                progress: bool = True, on_batch=None) -> tuple[list[list[str]], list[list[int]]]:
     """`samples` completions per prompt (top_k=0 samples as TRL's GRPO does; None keeps the
-    model's generation config)."""
+    model's generation config). `on_batch(start, texts, lens)` sees each batch as it is done."""
     import torch
 
     torch.manual_seed(seed)
@@ -95,6 +96,8 @@ def generate_hf(model_id: str, adapter: str | None, prompts: list[list[dict]], s
             lens.append([int((g != tokenizer.pad_token_id).sum()) for g in group])
         if progress:
             print(f"generated {min(start + batch_size, len(texts))}/{len(texts)} problems", flush=True)
+        if on_batch is not None:
+            on_batch(start, outs[start:], lens[start:])
     return outs, lens
 
 
@@ -154,6 +157,10 @@ def grade_completions(chosen: list[Problem], texts: list[list[str]], lens: list[
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--probe" or a.startswith("--probe=") for a in argv):  # the probe for selection: ocaml_grpo/probe.py
+        from ocaml_grpo import probe
+        return probe.main(argv)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="hub id or local dir; `demo` = the tiny offline demo model")
     ap.add_argument("--adapter", default=None, help="a LoRA adapter dir (e.g. grpo_runs/final_adapter)")
