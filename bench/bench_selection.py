@@ -6,7 +6,8 @@
 1. The learner model (ocaml_grpo/demo_model.py) gets a two-stage SFT (`python train.py sft`, full
    fine-tune) so the problem set holds a mix: stage 1 on MASTERED until it is memorised, stage 2
    on MASTERED + PARTIAL stopped at partial memorisation; NEVER_SEEN is never trained on.
-2. uniform: `python train.py` on all the problems, TRL's uniform order (GRPO_TRACK_PROBLEMS=0).
+2. uniform: `python train.py` on all the problems, TRL's uniform order (GRPO_TRACK_PROBLEMS=0);
+   tracked: the same with the problem tracker on and no stats file (the default);
 3. selected: `python evaluate.py --probe` (k = the group size), then `python train.py` with
    GRPO_PROBLEM_STATS on that file and the tracker on, for fewer steps: the probe's completions
    are counted, so both runs generate the same number of completions.
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from transformers.utils import logging as hf_logging
     out = Path(args.out).resolve()
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -86,9 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         return {**env, **extra}
 
     per_step = BATCH * group
-    runs = {"uniform": {"steps": args.steps, "probe": 0}, "selected": {}}
+    runs = {"uniform": {"steps": args.steps, "probe": 0}, "tracked": {"steps": args.steps, "probe": 0}, "selected": {}}
     demo.run_stage("GRPO, uniform sampling", [str(demo.TRAIN)], grpo_env("uniform", args.steps, GRPO_TRACK_PROBLEMS="0"),
                    out, out / "uniform.out", echo)
+    demo.run_stage("GRPO, tracking only (the default)", [str(demo.TRAIN)],
+                   grpo_env("tracked", args.steps, GRPO_TRACK_PROBLEMS="1"), out, out / "tracked.out", echo)
 
     stats = out / "probe.jsonl"
     probe_env = {**grpo_env("selected", 0), "GRPO_NUM_GENERATIONS": str(group)}
@@ -105,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\n== before/after on the learnable problems, sampled as GRPO samples (same seed), training grader")
     learnable = {"learnable": [p for p in load_problems(str(problems)) if p.id in PARTIAL]}
+    hf_logging.disable_progress_bar()
     models = {"SFT": str(sft2 / "final_model"), **{name: demo.merge_adapter(out / name) for name in runs}}
     table = demo.compare(models, learnable, RECIPE)
     results = {}
@@ -123,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         r = results[name]
         print(f"| {name} | {r['grpo_steps']} | {r['completions']} | {r['frac_zero_std']:.3f} | {r['reward_before']:.3f} "
               f"| {r['reward_after']:.3f} | {r['gain']:+.3f} |")
-    ratio = results["selected"]["gain"] / results["uniform"]["gain"] if results["uniform"]["gain"] > 0 else float("inf")
-    print(f"\nselection kept {kept}; gain ratio selected/uniform {ratio:.2f}; {results['seconds']} s")
+    gains = results["selected"]["gain"], results["uniform"]["gain"]
+    ratio = f"{gains[0] / gains[1]:.2f}" if gains[1] > 0 else "n/a (the uniform run gained nothing)"
+    print(f"\nselection kept {kept}; gain ratio selected/uniform {ratio}; {results['seconds']} s")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0

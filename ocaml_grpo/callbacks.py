@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from pathlib import Path
 
 from transformers import TrainerCallback
 
 import rewards
 from ocaml_grpo import health
+from ocaml_grpo.group_report import TITLES
+from ocaml_grpo.group_stats import METRIC_GROUP, ZERO_VARIANCE
 from ocaml_grpo.health import THRESHOLDS, Point, Thresholds
 from ocaml_grpo.learning_log import groups_line, metric_line, parse_metric_line
 
@@ -35,6 +38,7 @@ class LearningLog(TrainerCallback):
         self.passes: list[float] = []  # per log step: share of completions passing >= 1 test
         self.last_warned: dict[str, int] = {}
         self.n_logs = 0
+        self.zero_kinds: Counter = Counter()  # the zero-variance groups' kinds so far (shares summed over log steps)
 
     def write(self, line: str) -> None:
         if self.fd is not None:
@@ -79,6 +83,7 @@ class LearningLog(TrainerCallback):
         self.write(line)
         if kinds := groups_line(epoch, logs):
             self.write(kinds)
+            self.zero_kinds.update({k: logs[METRIC_GROUP[k]] for k in ZERO_VARIANCE})
         self.n_logs += 1
         if self.curriculum:
             phase, w = rewards.curriculum_phase(epoch)
@@ -92,7 +97,10 @@ class LearningLog(TrainerCallback):
                        "breakdown log and stderr)")
         for f in health.findings(self.history, self.th):
             if f.severity != "info":
-                self.warn(f.key, f"{f.severity.upper()} {f.title}: {f.detail}")
+                # identical rewards have three causes with three remedies (group_report.py): name the commonest
+                title = TITLES[max(self.zero_kinds, key=self.zero_kinds.get) if +self.zero_kinds else None] \
+                    if f.key == "zero_std" else f.title
+                self.warn(f.key, f"{f.severity.upper()} {title}: {f.detail}")
 
         verdict = health.stop_verdict(self.history, self.passes_share(), self.th)
         if verdict.stop and not control.should_training_stop:

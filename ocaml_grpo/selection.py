@@ -37,7 +37,7 @@ SELECTION_SETTINGS = [
             "identical rewards: too_hard when none passed a test, identical otherwise); 0 keeps them"),
     Setting("GRPO_SELECT_MAX_SOLVED", "0.9", Float(0, 1, lo_open=True),
             "with GRPO_PROBLEM_STATS: drop a problem whose share of probe completions passing every test is at least "
-            "this (too_easy: most of its groups would all pass); 1 keeps them"),
+            "this (too_easy: most of its groups would all pass); 1 drops only the problems every completion solved"),
 ]
 
 
