@@ -25,6 +25,7 @@ from collections import defaultdict
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from ocaml_grpo import probe
 from ocaml_grpo.demo_model import ensure_demo_model
 from ocaml_grpo.models import load_model, load_tokenizer
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
@@ -159,8 +160,7 @@ def grade_completions(chosen: list[Problem], texts: list[list[str]], lens: list[
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(a == "--probe" or a.startswith("--probe=") for a in argv):  # the probe for selection: ocaml_grpo/probe.py
-        from ocaml_grpo import probe
-        return probe.main(argv)
+        return probe.main(argv, generate_hf, generate_vllm)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="hub id or local dir; `demo` = the tiny offline demo model")
     ap.add_argument("--adapter", default=None, help="a LoRA adapter dir (e.g. grpo_runs/final_adapter)")

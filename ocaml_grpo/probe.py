@@ -58,7 +58,8 @@ def grade(problems: list[Problem], texts: list[list[str]], lens: list[list[int]]
     return [problem_stats(p, graded[i * k:(i + 1) * k], sampling) for i, p in enumerate(problems)]
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], generate_hf, generate_vllm) -> int:
+    """evaluate.py's `--probe` mode; the generators are evaluate.py's (passed in: evaluate.py is the command)."""
     ap = argparse.ArgumentParser(prog="evaluate.py --probe", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 2)[2])
     ap.add_argument("--probe", required=True, metavar="FILE", help="the per-problem statistics (JSONL), appended")
@@ -110,7 +111,6 @@ def main(argv: list[str]) -> int:
         print(f"probed {len(seen) + written}/{len(problems)} problems ({rate:.1f} s each, "
               f"about {rate * (len(todo) - written) / 60:.1f} min left)", flush=True)
 
-    from evaluate import generate_hf, generate_vllm  # the evaluation's generators (the model loads here)
     prompts = [chat_messages(p.prompt) for p in todo]
     model, adapter = cfg["BASE_MODEL_ID"], cfg["GRPO_INIT_ADAPTER"] or None
     try:

@@ -5,12 +5,14 @@ model) for selection from a stats file and for the tracker's records across a re
 """
 import asyncio
 import json
+import os
 from collections import Counter
 from dataclasses import asdict, replace
 
 import pytest
 
-from conftest import ADD, fenced, log_lines, run_env, train
+import preloaded
+from conftest import ADD, ROOT, fenced, log_lines, run_env, small_dataset, train
 from ocaml_grpo import group_stats
 from ocaml_grpo.group_stats import METRIC_FRAC_ZERO_STD, METRIC_GROUP, ProblemTracker, group_stat
 from ocaml_grpo.learning_log import groups_line, metric_line
@@ -41,6 +43,34 @@ def test_probe_statistics_on_hand_made_completions(scorer):
     assert s.solved == 0.5 and s.passed_any == 0.75
     assert (stats[1].kind, stats[1].reward_mean, stats[1].reward_std, stats[1].solved) == ("too_easy", 1.0, 0.0, 1.0)
     assert (stats[2].kind, stats[2].reward_mean, stats[2].reward_std, stats[2].passed_any) == ("too_hard", 0.0, 0.0, 0.0)
+
+
+def test_probe_command_appends_resumes_and_refuses_other_settings(tmp_path, cache_home):
+    """`evaluate.py --probe` with the tiny model: one line per problem after each batch, a rerun
+    samples only what is missing, a file probed at another temperature is refused by name."""
+    from ocaml_grpo.demo_model import build_demo_model, is_built
+    model = cache_home / "ocaml-grpo" / "demo-qwen2-tiny"
+    if not is_built(model):
+        build_demo_model(model)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GRPO_", "REWARD_", "LORA_"))}
+    env.update(HF_HUB_OFFLINE="1", XDG_CACHE_HOME=str(cache_home), BASE_MODEL_ID=str(model), GRPO_TEMPERATURE="1.0",
+               TRAINING_DATASET=str(small_dataset(tmp_path / "p.jsonl", 3)), GRPO_MAX_COMPLETION="16",
+               MIN_NON_EMPTY_LINES="0", REWARD_WORKERS="2")
+    out = tmp_path / "stats.jsonl"
+    probe = lambda env: preloaded.run(ROOT / "evaluate.py", ["--probe", out, "--k", "2", "--batch-size", "2"],  # noqa: E731
+                                      cwd=tmp_path, env=env, timeout=300)
+    r = probe(env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "probed 2/3 problems" in r.stdout and "probed 3/3 problems" in r.stdout
+    stats = read_stats(out)
+    assert [s.k for s in stats] == [2, 2, 2] and stats[0].sampling["model"] == str(model)
+    assert stats[0].sampling["temperature"] == 1.0 and stats[0].sampling["max_completion"] == 16
+    out.write_text("".join(out.read_text().splitlines(keepends=True)[:2]))  # interrupted after the first batch
+    r = probe(env)
+    assert r.returncode == 0 and "2 already in" in r.stdout and "1 to sample" in r.stdout
+    assert sorted(s.id for s in read_stats(out)) == sorted(s.id for s in stats)
+    r = probe({**env, "GRPO_TEMPERATURE": "0.7"})
+    assert r.returncode == 2 and "temperature: the file has 1.0, this run has 0.7" in r.stderr
 
 
 def stats_row(pid, mean, std, solved, passed_any, kind, sampling=SAMPLING):
