@@ -1,7 +1,7 @@
 """Uniform sampling against learnable-problem selection, side by side, on CPU with the demo's learner.
 
     python -m bench.bench_selection --json OUT.json              # ~4 min on 2 cores
-    python -m bench.bench_selection --seed 1 --out bench_runs/sel-1 --json sel-1.json
+    python -m bench.bench_selection --seed 1 --out grpo_runs/sel-1 --json sel-1.json
 
 1. The learner model (ocaml_grpo/demo_model.py) gets a two-stage SFT (`python train.py sft`, full
    fine-tune) so the problem set holds a mix: stage 1 on MASTERED until it is memorised, stage 2
@@ -41,6 +41,7 @@ NEVER_SEEN = ("p021_sum_abs", "p072_bst_inorder", "p008_digit_sum", "p010_factor
 RECIPE = replace(demo.RECIPE, train_ids=MASTERED + PARTIAL + NEVER_SEEN, heldout_ids=(), eval_samples=48, heldout_samples=48)
 BATCH = 2  # prompts per step: GRPO sees 2 of the 8 problems per step, as it sees a few of thousands
 STEPS = 20  # the uniform run's; the selected run's are fewer by the probe's completions
+MARK = ".bench_selection"
 
 
 def write_problems(path: Path, ids: tuple) -> Path:
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--json", default=None, help="write the results here")
-    ap.add_argument("--out", default="bench_runs/selection", help="working directory (started over)")
+    ap.add_argument("--out", default="grpo_runs/bench-selection", help="working directory (a rerun starts it over)")
     ap.add_argument("--seed", default=RECIPE.seed, help="GRPO_SEED of both runs (the SFT stages keep 42)")
     ap.add_argument("--steps", type=int, default=STEPS, help="the uniform run's GRPO steps")
     args = ap.parse_args(argv)
@@ -65,8 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from transformers.utils import logging as hf_logging
     out = Path(args.out).resolve()
+    if out.is_dir() and any(out.iterdir()) and not (out / MARK).exists():
+        sys.exit(f"{out} holds files this benchmark did not write; give another --out")
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
+    (out / MARK).touch()  # a rerun may start this directory over
     t0 = time.time()
     group = int(RECIPE.generations)
     model = ensure_learner_model()

@@ -62,6 +62,7 @@ class LearningLog(TrainerCallback):
         self.history.append(parse_metric_line(line).point)
         if logs.get(rewards.METRIC_PASSED_ANY) is not None:
             self.passes.append(logs[rewards.METRIC_PASSED_ANY])
+        self.zero_kinds.update({k: logs[METRIC_GROUP[k]] for k in ZERO_VARIANCE if METRIC_GROUP[k] in logs})
         return line
 
     def passes_share(self) -> float | None:
@@ -83,7 +84,6 @@ class LearningLog(TrainerCallback):
         self.write(line)
         if kinds := groups_line(epoch, logs):
             self.write(kinds)
-            self.zero_kinds.update({k: logs[METRIC_GROUP[k]] for k in ZERO_VARIANCE})
         self.n_logs += 1
         if self.curriculum:
             phase, w = rewards.curriculum_phase(epoch)

@@ -8,9 +8,10 @@ whose rewards were all equal (the reward function's own count, group_stats.py), 
 GRPO_SCALE_REWARDS is; TRL's `frac_reward_zero_std` is the fallback (batch-wide under "batch").
 A [Groups] line follows each metric line with the share of groups of each kind:
 
-    [Groups] epoch 0.28  too_easy=0.00  too_hard=0.25  identical=0.00  mixed=0.75 The live monitor judges the line it has just written,
-parsed back the way analyze.py parses it, so the rules see the same (rounded) numbers live and
-afterwards.
+    [Groups] epoch 0.28  too_easy=0.00  too_hard=0.25  identical=0.00  mixed=0.75
+
+The live monitor judges the line it has just written, parsed back the way analyze.py parses it,
+so the rules see the same (rounded) numbers live and afterwards.
 """
 from __future__ import annotations
 
@@ -40,7 +41,13 @@ def metric_line(epoch: float, logs: dict) -> str:
             f"reward={_fmt(logs.get('reward'), '.3f')}±{_fmt(logs.get('reward_std'), '.3f')}  "
             f"syntax_rew={_fmt(logs.get('rewards/syntax_aware_reward/mean'), '.3f')}"
             f"±{_fmt(logs.get('rewards/syntax_aware_reward/std'), '.3f')}  "
-            f"entropy={_fmt(logs.get('entropy'), '.3f')}  frac_zero_std={_fmt(logs.get(METRIC_FRAC_ZERO_STD, logs.get('frac_reward_zero_std')), '.2f')}")
+            f"entropy={_fmt(logs.get('entropy'), '.3f')}  frac_zero_std={_fmt(frac_zero_std(logs), '.2f')}")
+
+
+def frac_zero_std(logs: dict) -> float | None:
+    """The per-group share with identical rewards: the reward function's own, else TRL's (per group
+    only under scale_rewards="group" or "none")."""
+    return logs.get(METRIC_FRAC_ZERO_STD, logs.get("frac_reward_zero_std"))
 
 
 def groups_line(epoch: float, logs: dict) -> str | None:
