@@ -199,7 +199,7 @@ except ValueError as e:
     sys.exit(f"selection error: {e}")
 tracker = None
 if cfg["GRPO_TRACK_PROBLEMS"]:
-    tracker = ProblemTracker(cfg["GRPO_TRACK_WEIGHT"])
+    tracker = ProblemTracker(cfg["GRPO_TRACK_WEIGHT"], cfg["GRPO_LEARNABLE_MIN_STD"], cfg["GRPO_LEARNABLE_MAX_SOLVED"])
     tracking_file = out_dir / "reward_logs" / TRACKING_FILE
     if resume_from:
         print(f"problem tracking: {tracker.load(tracking_file)} groups replayed from {tracking_file}")

@@ -12,7 +12,11 @@ selection.py, and the remedies in analyze.py):
     mixed      the rewards differ: the group teaches
 
 Rewards are partial credit, so "learnable" means "the rewards differ", not "some pass, some fail"
-(a group where none passes but some compile is mixed, and teaches).
+(a group where none passes but some compile is mixed, and teaches). How much they must differ is
+a setting (GRPO_LEARNABLE_MIN_STD, `learnable`): GRPO divides each advantage by the group's std,
+so a group whose rewards differ by a stray END marker (std 0.01) pushes as hard as one where half
+the answers pass, and teaches only noise. The logs count the kinds exactly (std 0, as TRL's
+frac_reward_zero_std does); the selection and the tracker judge with the threshold.
 
 Pure Python, no torch: the reward function, the trainer's sampler, the probe and analyze.py share it.
 """
@@ -60,6 +64,17 @@ def group_kind(rewards: Sequence[float], solved: Sequence[bool], passed_any: Seq
     return "identical"
 
 
+def learnable(reward_std: float, solved: float, passed_any: float, min_std: float, max_solved: float) -> str:
+    """'mixed' when a problem's rewards (a probe's k samples, or its last group) differ enough to
+    teach, else the reason they do not: too_easy (solved share >= max_solved), too_hard (std
+    below min_std, no test passed), identical (std below min_std otherwise)."""
+    if solved >= max_solved:
+        return "too_easy"
+    if reward_std < max(min_std, 1e-9):
+        return "too_hard" if passed_any == 0 else "identical"
+    return "mixed"
+
+
 def group_stat(problem_id: str, rewards: Sequence[float | None], solved: Sequence[bool],
                passed_any: Sequence[bool]) -> GroupStat:
     scored = [i for i, r in enumerate(rewards) if r is not None]
@@ -79,7 +94,7 @@ def kind_shares(groups: Sequence[GroupStat]) -> dict[str, float]:
 
 @dataclass
 class ProblemRecord:
-    state: str = UNSEEN                 # the kind of its last group
+    state: str = UNSEEN                 # `learnable`'s verdict on its last group
     groups: int = 0
     zero_variance: int = 0              # groups with identical rewards
     last_step: int = -1
@@ -89,15 +104,16 @@ class ProblemRecord:
 @dataclass
 class ProblemTracker:
     """Each problem's record, from the groups graded so far. The trainer's sampler asks it how
-    likely a problem is to be trained on when its turn comes (`keep_probability`): 1 for a
-    problem not seen yet or whose last group taught, `low_weight` for one whose last group had
-    identical rewards. Such a problem is not dropped: it is skipped more often, comes back in
-    later epochs, and one mixed group restores it (a too-hard problem may become learnable).
+    likely a problem is to be drawn (`keep_probability`): 1 for a problem not seen yet or whose
+    last group taught (`learnable` with min_std and max_solved), `low_weight` for one whose last
+    group did not. Such a problem is not dropped: it is drawn less often, and one group that
+    teaches restores it (a too-hard problem may become learnable as the policy improves).
 
     Every group is appended to `path` (one JSON line each, whole-line writes), and a resumed
     run replays that file: the records survive a crash and a resume."""
-    low_weight: float = 0.25
-    path: Path | None = None
+    low_weight: float = 0.2
+    min_std: float = 0.0
+    max_solved: float = 1.0
     records: dict[str, ProblemRecord] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -113,7 +129,7 @@ class ProblemTracker:
                     event = json.loads(line)
                 except json.JSONDecodeError:
                     continue
-                self._apply(int(event["step"]), event_stat(event))
+                self._apply(int(event["step"]), event_stat(event), event.get("state"))
                 n += 1
         return n
 
@@ -129,17 +145,18 @@ class ProblemTracker:
             os.close(self._fd)
             self._fd = None
 
-    def _apply(self, step: int, g: GroupStat) -> None:
+    def _apply(self, step: int, g: GroupStat, state: str | None = None) -> str:
+        """Record a group; `state`: the verdict a replayed line carries (judged with that run's settings)."""
         r = self.records.setdefault(g.problem_id, ProblemRecord())
-        r.state, r.groups, r.last_step, r.reward_mean = g.kind, r.groups + 1, step, g.reward_mean
+        r.state = state or learnable(g.reward_std, g.solved, g.passed_any, self.min_std, self.max_solved)
+        r.groups, r.last_step, r.reward_mean = r.groups + 1, step, g.reward_mean
         r.zero_variance += g.kind != "mixed"
+        return r.state
 
     def update(self, step: int, groups: Iterable[GroupStat]) -> None:
-        groups = list(groups)
-        for g in groups:
-            self._apply(step, g)
-        if self._fd is not None and groups:
-            os.write(self._fd, "".join(json.dumps({"step": step, **asdict(g)}) + "\n" for g in groups).encode())
+        lines = [json.dumps({"step": step, **asdict(g), "state": self._apply(step, g)}) + "\n" for g in groups]
+        if self._fd is not None and lines:
+            os.write(self._fd, "".join(lines).encode())
 
     def state(self, problem_id: str) -> str:
         r = self.records.get(problem_id)
@@ -158,11 +175,12 @@ def states_over_time(events: Sequence[dict], problem_ids: Iterable[str] = ()) ->
     order; `problem_ids` adds problems never drawn (they stay unseen)."""
     tracker, out = ProblemTracker(), []
     known = set(problem_ids) | {str(e["problem_id"]) for e in events}
-    by_step: dict[int, list[GroupStat]] = {}
+    by_step: dict[int, list[dict]] = {}
     for e in events:
-        by_step.setdefault(int(e["step"]), []).append(event_stat(e))
+        by_step.setdefault(int(e["step"]), []).append(e)
     for step in sorted(by_step):
-        tracker.update(step, by_step[step])
+        for e in by_step[step]:
+            tracker._apply(step, event_stat(e), e.get("state"))
         out.append((step, tracker.counts(known)))
     return out
 

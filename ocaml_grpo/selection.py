@@ -1,9 +1,10 @@
 """Learnable-problem selection: keep the problems whose GRPO groups will have reward variance,
 judged from a probe's statistics (`python evaluate.py --probe`, ocaml_grpo/probe.py).
 
-A problem is kept when its probe rewards differ (std >= GRPO_SELECT_MIN_STD) and it is not
-nearly always solved (share solving every test < GRPO_SELECT_MAX_SOLVED). A dropped problem gets
-the reason its groups would waste (group_stats.py's words): too_easy, too_hard, identical.
+A problem is kept when its probe rewards differ (std >= GRPO_LEARNABLE_MIN_STD) and it is not
+nearly always solved (share solving every test < GRPO_LEARNABLE_MAX_SOLVED): group_stats.learnable,
+the rule the online tracker applies to each problem's last group. A dropped problem gets the
+reason its groups would waste (group_stats.py's words): too_easy, too_hard, identical.
 Problems the stats file does not cover are kept (the online tracker judges them). The choices go
 to <output dir>/problem_selection.jsonl, one line per problem, like dataset_audit.jsonl.
 
@@ -17,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ocaml_grpo.group_stats import learnable
 from ocaml_grpo.settings import Float, Setting
 
 SELECTION_FILE = "problem_selection.jsonl"
@@ -31,13 +33,14 @@ StatsFile.accepts = "empty, or an existing JSONL file written by `python evaluat
 SELECTION_SETTINGS = [
     Setting("GRPO_PROBLEM_STATS", "", StatsFile,
             "the probe's per-problem statistics (python evaluate.py --probe FILE): train only on the problems whose "
-            "groups will have reward variance (GRPO_SELECT_*); empty: every problem"),
-    Setting("GRPO_SELECT_MIN_STD", "0.05", Float(0),
-            "with GRPO_PROBLEM_STATS: drop a problem whose probe rewards' std is below this (its groups would get "
-            "identical rewards: too_hard when none passed a test, identical otherwise); 0 keeps them"),
-    Setting("GRPO_SELECT_MAX_SOLVED", "0.9", Float(0, 1, lo_open=True),
-            "with GRPO_PROBLEM_STATS: drop a problem whose share of probe completions passing every test is at least "
-            "this (too_easy: most of its groups would all pass); 1 drops only the problems every completion solved"),
+            "groups will have reward variance (GRPO_LEARNABLE_*); empty: every problem"),
+    Setting("GRPO_LEARNABLE_MIN_STD", "0.05", Float(0),
+            "a problem teaches when its rewards' std is at least this: below it, the selection drops it (its probe "
+            "samples) and the tracker draws it less (its last group); too_hard when none passed a test, identical "
+            "otherwise. GRPO divides advantages by the group std, so smaller differences teach noise; 0: any difference"),
+    Setting("GRPO_LEARNABLE_MAX_SOLVED", "0.9", Float(0, 1, lo_open=True),
+            "a problem is too_easy when at least this share of its completions pass every test (most of its groups "
+            "would all pass): the selection drops it, the tracker draws it less; 1: only when every one passed"),
 ]
 
 
@@ -77,11 +80,8 @@ def read_stats(path: str | Path) -> list[ProblemStats]:
 
 def judge(s: ProblemStats, min_std: float, max_solved: float) -> str | None:
     """The reason to drop a problem, or None to keep it."""
-    if s.solved >= max_solved:
-        return "too_easy"
-    if s.reward_std < min_std:
-        return "too_hard" if s.passed_any == 0 else "identical"
-    return None
+    verdict = learnable(s.reward_std, s.solved, s.passed_any, min_std, max_solved)
+    return None if verdict == "mixed" else verdict
 
 
 def select(problem_ids: Sequence[str], stats: Sequence[ProblemStats], min_std: float,
@@ -155,12 +155,12 @@ def apply_selection(problems: list, cfg: Mapping[str, Any], out_dir: Path | None
     for diff in sampling_differences(stats, sampling_settings(cfg)):
         print(f"warning: GRPO_PROBLEM_STATS={path} was probed with other settings than this run's ({diff}); "
               "its statistics describe another policy: probe again with this run's settings")
-    choices = select([p.id for p in problems], stats, cfg["GRPO_SELECT_MIN_STD"], cfg["GRPO_SELECT_MAX_SOLVED"])
+    choices = select([p.id for p in problems], stats, cfg["GRPO_LEARNABLE_MIN_STD"], cfg["GRPO_LEARNABLE_MAX_SOLVED"])
     if out_dir is not None:
         write_choices(out_dir, choices)
     print(f"selection (GRPO_PROBLEM_STATS={path}): {summary(choices)}")
     keep = {c.id for c in choices if c.ok}
     if not keep:
         raise ValueError(f"GRPO_PROBLEM_STATS={path} leaves no problem to train on ({summary(choices)}); "
-                         "lower GRPO_SELECT_MIN_STD or raise GRPO_SELECT_MAX_SOLVED")
+                         "lower GRPO_LEARNABLE_MIN_STD or raise GRPO_LEARNABLE_MAX_SOLVED")
     return [p for p in problems if p.id in keep]

@@ -136,6 +136,11 @@ def test_tracker_records_survive_a_torn_line_and_a_replay(tmp_path):
     again = ProblemTracker()
     assert again.load(path) == 2
     assert (again.state("a"), again.state("b"), again.state("c")) == ("too_easy", "mixed", "unseen")
+    # a stray END marker's 0.05 makes the rewards differ, not teach: with the default threshold it is too hard
+    noise = group_stat("d", [0.0, 0.05, 0.0, 0.0], [False] * 4, [False] * 4)
+    judged = ProblemTracker(min_std=0.05, max_solved=0.9)
+    judged.update(0, [noise])
+    assert noise.kind == "mixed" and judged.state("d") == "too_hard" and judged.keep_probability("d") == 0.2
     again.open(path)   # the torn line is closed, later lines stay whole
     again.update(5, [group_stat("a", [0.0, 1.0], [False, True], [False, True])])
     again.close()
