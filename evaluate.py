@@ -64,8 +64,8 @@ def verdict(pass1: float) -> str:
 def generate_hf(model_id: str, adapter: str | None, prompts: list[list[dict]], samples: int, max_new_tokens: int,
                 temperature: float, batch_size: int, seed: int, top_k: int | None = None,
                 progress: bool = True, on_batch=None) -> tuple[list[list[str]], list[list[int]]]:
-    """`samples` completions per prompt (top_k=0 samples as TRL's GRPO does; None keeps the
-    model's generation config). `on_batch(start, texts, lens)` sees each batch as it is done."""
+    """`samples` completions per prompt (top_k=0 samples as TRL's GRPO does, repetition penalty
+    off; None keeps the model's generation config). `on_batch(start, texts, lens)` sees each batch as it is done."""
     import torch
 
     torch.manual_seed(seed)
@@ -88,7 +88,8 @@ def generate_hf(model_id: str, adapter: str | None, prompts: list[list[dict]], s
         with torch.no_grad():
             gen = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=do_sample,
                                  temperature=temperature if do_sample else None, top_p=1.0 if do_sample else None,
-                                 **({"top_k": top_k} if do_sample and top_k is not None else {}),
+                                 # TRL also sets repetition_penalty 1 (Qwen2.5's generation config has 1.05)
+                                 **({"top_k": top_k, "repetition_penalty": 1.0} if do_sample and top_k is not None else {}),
                                  num_return_sequences=samples, pad_token_id=tokenizer.pad_token_id)
         new = gen[:, batch["input_ids"].shape[1]:]
         for i in range(0, new.shape[0], samples):
