@@ -93,28 +93,19 @@ def kind_shares(groups: Sequence[GroupStat]) -> dict[str, float]:
 # ----------------------------------------------------------------------------- the tracker
 
 @dataclass
-class ProblemRecord:
-    state: str = UNSEEN                 # `learnable`'s verdict on its last group
-    groups: int = 0
-    zero_variance: int = 0              # groups with identical rewards
-    last_step: int = -1
-    reward_mean: float | None = None    # of its last group
-
-
-@dataclass
 class ProblemTracker:
-    """Each problem's record, from the groups graded so far. The trainer's sampler asks it how
+    """Each problem's state (`learnable`'s verdict on its last group). The trainer's sampler asks it how
     likely a problem is to be drawn (`keep_probability`): 1 for a problem not seen yet or whose
     last group taught (`learnable` with min_std and max_solved), `low_weight` for one whose last
     group did not. Such a problem is not dropped: it is drawn less often, and one group that
     teaches restores it (a too-hard problem may become learnable as the policy improves).
 
-    Every group is appended to `path` (one JSON line each, whole-line writes), and a resumed
-    run replays that file: the records survive a crash and a resume."""
+    Every group is appended to the file given to `open` (one JSON line each, whole-line writes),
+    and a resumed run replays that file (`load`): the states survive a crash and a resume."""
     low_weight: float = 0.2
     min_std: float = 0.0
     max_solved: float = 1.0
-    records: dict[str, ProblemRecord] = field(default_factory=dict)
+    states: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         self._fd: int | None = None
@@ -129,12 +120,12 @@ class ProblemTracker:
                     event = json.loads(line)
                 except json.JSONDecodeError:
                     continue
-                self._apply(int(event["step"]), event_stat(event), event.get("state"))
+                self.record(event_stat(event), event.get("state"))
                 n += 1
         return n
 
     def open(self, path: Path) -> None:
-        """Append every later group to `path` (rank 0 only; the other ranks keep records in memory)."""
+        """Append every later group to `path` (rank 0 only; the other ranks keep their states in memory)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         if path.stat().st_size and not path.read_bytes().endswith(b"\n"):
@@ -145,22 +136,19 @@ class ProblemTracker:
             os.close(self._fd)
             self._fd = None
 
-    def _apply(self, step: int, g: GroupStat, state: str | None = None) -> str:
-        """Record a group; `state`: the verdict a replayed line carries (judged with that run's settings)."""
-        r = self.records.setdefault(g.problem_id, ProblemRecord())
-        r.state = state or learnable(g.reward_std, g.solved, g.passed_any, self.min_std, self.max_solved)
-        r.groups, r.last_step, r.reward_mean = r.groups + 1, step, g.reward_mean
-        r.zero_variance += g.kind != "mixed"
-        return r.state
+    def record(self, g: GroupStat, state: str | None = None) -> str:
+        """Judge a group (`state`: the verdict a replayed line carries, judged with that run's settings)."""
+        self.states[g.problem_id] = state or learnable(g.reward_std, g.solved, g.passed_any, self.min_std,
+                                                       self.max_solved)
+        return self.states[g.problem_id]
 
     def update(self, step: int, groups: Iterable[GroupStat]) -> None:
-        lines = [json.dumps({"step": step, **asdict(g), "state": self._apply(step, g)}) + "\n" for g in groups]
+        lines = [json.dumps({"step": step, **asdict(g), "state": self.record(g)}) + "\n" for g in groups]
         if self._fd is not None and lines:
             os.write(self._fd, "".join(lines).encode())
 
     def state(self, problem_id: str) -> str:
-        r = self.records.get(problem_id)
-        return r.state if r else UNSEEN
+        return self.states.get(problem_id, UNSEEN)
 
     def keep_probability(self, problem_id: str) -> float:
         return self.low_weight if self.state(problem_id) in ZERO_VARIANCE else 1.0
@@ -180,7 +168,7 @@ def states_over_time(events: Sequence[dict], problem_ids: Iterable[str] = ()) ->
         by_step.setdefault(int(e["step"]), []).append(e)
     for step in sorted(by_step):
         for e in by_step[step]:
-            tracker._apply(step, event_stat(e), e.get("state"))
+            tracker.record(event_stat(e), e.get("state"))
         out.append((step, tracker.counts(known)))
     return out
 
