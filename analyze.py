@@ -76,9 +76,6 @@ class BreakdownStats:
     problems: int
     shares: dict[str, float]            # share of completions with END marker, compiling, ...
     component_means: dict[str, float]
-    zero_var_groups: int                # groups whose completions all got the same reward
-    zero_var_all_zero: int              # ... of which every completion scored 0
-    zero_var_unsolved: int              # ... of which the problem never passed any test
     top_errors: list[tuple[str, int]]
     error_kinds: dict[str, int]
     never_solved: list[str]             # no completion passed all tests
@@ -188,16 +185,11 @@ def summarize_breakdown(recs: list[dict]) -> BreakdownStats:
         by_problem[str(r.get("problem_id"))].append(r)
         by_step[r.get("step")].append(r)
     never_any = sorted(p for p, rs in by_problem.items() if not any(map(passed_any, rs)))
-    unsolved = set(never_any)
-    # Identical rewards in a group mean zero advantage: the group contributes no gradient.
-    zero = [(k, v) for k, v in groups.items() if len(v) > 1 and max(v) - min(v) < 1e-9]
     errors = Counter(normalize_error(r["first_error"]) for r in recs if r.get("first_error"))
     cmean = lambda rs, c: statistics.fmean(float(r.get(c) or 0.0) for r in rs)
     return BreakdownStats(
         n=n, groups=len(groups), problems=len(by_problem), shares=shares,
         component_means={c: cmean(recs, c) for c in comps},
-        zero_var_groups=len(zero), zero_var_all_zero=sum(1 for _, v in zero if max(v) == 0.0),
-        zero_var_unsolved=sum(1 for (_, p), _ in zero if p in unsolved),
         top_errors=errors.most_common(8),
         error_kinds=dict(Counter(k for r in recs for k in (r.get("error_kinds") or [])).most_common()),
         never_solved=sorted(p for p, rs in by_problem.items() if not any(map(passed_all, rs))),
