@@ -14,8 +14,12 @@
 4. The SFT model and each run's model are sampled as GRPO samples on the learnable problems
    (PARTIAL; same sampling seed for the three) and graded by the training grader (demo.compare).
 
-Reported per run: mean frac_zero_std over its learning.log lines, the learnable problems' mean
-reward before (SFT model) and after, and the completions generated (probe included).
+Reported per run: mean frac_zero_std over its learning.log lines (groups with identical rewards),
+the share of its groups that teach nothing by the selection's and tracker's rule
+(group_stats.learnable at the default thresholds: std < 0.05 or 90% solved; a never-seen
+problem's group whose rewards differ by a stray END marker counts here, not in frac_zero_std),
+the learnable problems' mean reward before (SFT model) and after, and the completions generated
+(probe included).
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from pathlib import Path
 
 from ocaml_grpo import demo
 from ocaml_grpo.demo_model import ensure_learner_model
+from ocaml_grpo.group_stats import group_stat, learnable
 from ocaml_grpo.learning_log import parse_learning_log, series
 from ocaml_grpo.problems import BUNDLED, load_problems, read_rows
 from ocaml_grpo.selection import read_stats
@@ -52,6 +57,20 @@ def write_problems(path: Path, ids: tuple) -> Path:
 
 def mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
+
+
+def not_learnable(run: Path, min_std: float = 0.05, max_solved: float = 0.9) -> float:
+    """Share of a run's groups (breakdown log) that `learnable` says teach nothing."""
+    groups: dict[tuple, list[dict]] = {}
+    for line in (run / "reward_logs" / "syntax_aware_breakdown.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        groups.setdefault((r["step"], r["problem_id"]), []).append(r)
+    verdicts = []
+    for (_, pid), rs in groups.items():
+        g = group_stat(pid, [r["reward"] for r in rs], [r["tests_total"] > 0 and r["tests_passed"] == r["tests_total"]
+                                                        for r in rs], [r["tests_passed"] > 0 for r in rs])
+        verdicts.append(learnable(g.reward_std, g.solved, g.passed_any, min_std, max_solved) != "mixed")
+    return mean(verdicts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,19 +138,21 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for name, run in runs.items():
         zs = series(parse_learning_log(out / name / "learning.log")[1], "frac_zero_std")
-        results[name] = {"frac_zero_std": mean(zs), "reward_before": table["SFT"]["learnable"]["mean_reward"],
+        results[name] = {"frac_zero_std": mean(zs), "not_learnable": not_learnable(out / name),
+                         "reward_before": table["SFT"]["learnable"]["mean_reward"],
                          "reward_after": table[name]["learnable"]["mean_reward"],
                          "completions": run["probe"] + run["steps"] * per_step, "grpo_steps": run["steps"],
                          "probe_completions": run["probe"], "frac_zero_std_per_step": zs}
         results[name]["gain"] = results[name]["reward_after"] - results[name]["reward_before"]
     results["problems"] = {"mastered": MASTERED, "partial": PARTIAL, "never_seen": NEVER_SEEN, "kept": kept}
     results["seconds"] = round(time.time() - t0)
-    print("\n| run | GRPO steps | completions | mean frac_zero_std | learnable reward before | after | gain |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("\n| run | GRPO steps | completions | mean frac_zero_std | groups teaching nothing | learnable reward before "
+          "| after | gain |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name in runs:
         r = results[name]
-        print(f"| {name} | {r['grpo_steps']} | {r['completions']} | {r['frac_zero_std']:.3f} | {r['reward_before']:.3f} "
-              f"| {r['reward_after']:.3f} | {r['gain']:+.3f} |")
+        print(f"| {name} | {r['grpo_steps']} | {r['completions']} | {r['frac_zero_std']:.3f} | {r['not_learnable']:.2f} "
+              f"| {r['reward_before']:.3f} | {r['reward_after']:.3f} | {r['gain']:+.3f} |")
     gains = results["selected"]["gain"], results["uniform"]["gain"]
     ratio = f"{gains[0] / gains[1]:.2f}" if gains[1] > 0 else "n/a (the uniform run gained nothing)"
     print(f"\nselection kept {kept}; gain ratio selected/uniform {ratio}; {results['seconds']} s")
