@@ -1,20 +1,20 @@
-"""Online difficulty tracking in the trainer: a GRPOTrainer whose sampler skips, more often than
-not, the problems whose last group had identical rewards (group_stats.ProblemTracker decides).
+"""Online difficulty tracking in the trainer: a GRPOTrainer whose sampler draws the problems whose
+last group taught nothing less often (group_stats.ProblemTracker decides, by group_stats.learnable).
 
 TRL 1.16 draws prompts with its RepeatSampler: each epoch a permutation of the problems, cut into
 generation batches of distinct prompts, each prompt repeated num_generations times. The
 TrackedSampler keeps that layout and the number of batches per epoch, but draws each generation
 batch when the DataLoader asks for it, by weight: 1 for a problem not seen yet or whose last group
-taught, GRPO_TRACK_WEIGHT for one whose last group had identical rewards. Draws are with
-replacement across batches, so a problem that teaches comes back within the epoch and one that
-does not comes back rarely (one mixed group restores it). With equal weights (a fresh run, or
-every problem in every batch as in the demo) a batch is a uniform draw from the same seeded
-generator as RepeatSampler's. Accelerate prefetches one batch, so a group's verdict reaches the
-draw after the next.
+taught, GRPO_TRACK_WEIGHT for one whose last group did not (too easy, too hard, identical). Draws
+are with replacement across batches, so a problem that teaches comes back within the epoch and one
+that does not comes back rarely (one group that teaches restores it). With equal weights (a fresh
+run, or every group teaching) a batch is a uniform draw from the same seeded generator as
+RepeatSampler's. Accelerate prefetches one batch, so a group's verdict reaches the draw after the
+next.
 
 Every process must draw the same prompts: the groups each process graded are gathered
 (accelerate's gather_object, called by every process in the reward function) so every tracker
-holds the same records. In-batch replacement of zero-variance groups (DAPO's dynamic sampling)
+holds the same states. In-batch replacement of zero-variance groups (DAPO's dynamic sampling)
 would need TRL's generation loop rewritten; skipping at draw time costs no extra generation.
 """
 from __future__ import annotations

@@ -59,10 +59,10 @@ CONFIG = [
     ("GRPO_CONTINUOUS_BATCHING", "0", Flag, "1: transformers' paged continuous-batching generation (no vLLM needed)"),
     ("AUDIT_DATASET", "1", Flag, "1: drop problems whose tests cannot compile (cached); 0: only the prompt-length filter"),
     ("GRPO_DEMO", "0", Flag, "1: offline CPU demo (tiny model, bundled problems, ~20 steps)"),
-    ("GRPO_TRACK_PROBLEMS", "1", Flag, "1: remember each problem's last group and draw the problems whose last group "
-                                       "had identical rewards less often (GRPO_TRACK_WEIGHT); 0: TRL's uniform order"),
+    ("GRPO_TRACK_PROBLEMS", "1", Flag, "1: judge each problem by its last group (GRPO_LEARNABLE_*) and draw the ones "
+                                       "whose last group taught nothing less often (GRPO_TRACK_WEIGHT); 0: TRL's order"),
     ("GRPO_TRACK_WEIGHT", "0.2", Float(0, 1), "with GRPO_TRACK_PROBLEMS=1: the draw weight of a problem whose last "
-                                              "group had identical rewards, against 1 for the others (0: never again)"),
+                                              "group taught nothing, against 1 for the others (0: never again)"),
     *SELECTION_SETTINGS,
     ("GRPO_INIT_ADAPTER", "", AdapterDir, "a LoRA adapter to continue (python train.py sft with SFT_LORA=1); "
                                           "its own LoRA settings replace LORA_*"),
