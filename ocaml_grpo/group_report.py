@@ -110,8 +110,8 @@ def render(g: GroupReport) -> list[str]:
                "dropped: " + (", ".join(f"{r} {n}" for r, n in s["dropped"].items()) or "none") + "."]
     if g.states:
         rows = g.states if len(g.states) <= 8 else [g.states[round(i * (len(g.states) - 1) / 7)] for i in range(8)]
-        md += ["", f"Problem states over time (the tracker's `reward_logs/{TRACKING_FILE}`; a problem's state is the "
-               "kind of its last group):", "", "| step | " + " | ".join(STATES) + " |",
+        md += ["", f"Problem states over time (the tracker's `reward_logs/{TRACKING_FILE}`; a problem's state is "
+               "the learnable rule's verdict on its last group, GRPO_LEARNABLE_*):", "", "| step | " + " | ".join(STATES) + " |",
                "|---:|" + "---:|" * len(STATES)]
         md += [f"| {step} | " + " | ".join(str(c[s]) for s in STATES) + " |" for step, c in rows]
     return md + [""]
