@@ -14,7 +14,7 @@ The model and settings come from the environment and .envrc, as train.py reads t
 and the run it prepares cannot disagree silently (train.py warns when they do).
 
 Resumable: problems already in FILE are skipped; FILE is appended after every batch of problems,
-so an interrupted probe loses at most one batch. A FILE written with other settings is an error
+so an interrupted probe loses at most one batch (an unfinished last line is cut and sampled again). A FILE written with other settings is an error
 naming the difference (probe into another file). With --vllm the whole remainder is generated
 in one call and written at the end.
 """
@@ -90,6 +90,9 @@ def main(argv: list[str], generate_hf, generate_vllm) -> int:
         print(f"error: {out} holds a probe with other settings ({'; '.join(diffs)}); probe into another file",
               file=sys.stderr)
         return 2
+    if out.is_file():  # a probe killed mid-write: cut its unfinished line before appending
+        data = out.read_bytes()
+        os.truncate(out, data.rfind(b"\n") + 1)
     seen = {s.id for s in done}
     todo = [p for p in problems if p.id not in seen]
     print(f"probe: {len(problems)} problems in {cfg['TRAINING_DATASET']}, {len(seen)} already in {out}, "

@@ -66,9 +66,10 @@ class Choice:
 
 
 def read_stats(path: str | Path) -> list[ProblemStats]:
-    """ValueError naming the file and the line when a line is not a probe record."""
+    """ValueError naming the file and the line when a line is not a probe record. Text after the
+    last newline is a line a killed probe did not finish: skipped (the probe samples it again)."""
     out = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").split("\n")[:-1], 1):
         if not line.strip():
             continue
         try:

@@ -65,7 +65,8 @@ def test_probe_command_appends_resumes_and_refuses_other_settings(tmp_path, cach
     stats = read_stats(out)
     assert [s.k for s in stats] == [2, 2, 2] and stats[0].sampling["model"] == str(model)
     assert stats[0].sampling["temperature"] == 1.0 and stats[0].sampling["max_completion"] == 16
-    out.write_text("".join(out.read_text().splitlines(keepends=True)[:2]))  # interrupted after the first batch
+    lines = out.read_text().splitlines(keepends=True)
+    out.write_text("".join(lines[:2]) + lines[2][:40])  # killed while writing the second batch
     r = probe(env)
     assert r.returncode == 0 and "2 already in" in r.stdout and "1 to sample" in r.stdout
     assert sorted(s.id for s in read_stats(out)) == sorted(s.id for s in stats)
