@@ -14,6 +14,8 @@ Outputs (GRPO_OUTPUT_DIR, default grpo_runs/):
     learning.log                             one metric line per log step + [Health]/[Stop] lines
     reward_logs/completions.jsonl            every completion with its reward
     reward_logs/syntax_aware_breakdown.jsonl the reward split into structural/type/compile/tests
+    reward_logs/problem_tracking.jsonl       each GRPO group's kind and its problem's state (GRPO_TRACK_PROBLEMS)
+    problem_selection.jsonl                  kept/dropped problems with the reason (GRPO_PROBLEM_STATS)
     checkpoint-*/                            every GRPO_SAVE_STEPS; GRPO_RESUME=auto picks up the last
     final_adapter/                           the LoRA adapter (+ tokenizer) at the end
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, replace
 import pytest
 
 import preloaded
-from conftest import ADD, ROOT, fenced, log_lines, run_env, small_dataset, train
+from conftest import ADD, ROOT, fenced, log_lines, read_jsonl, run_env, small_dataset, train
 from ocaml_grpo import group_stats
 from ocaml_grpo.group_stats import METRIC_FRAC_ZERO_STD, METRIC_GROUP, ProblemTracker, group_stat
 from ocaml_grpo.learning_log import groups_line, metric_line
@@ -167,17 +167,18 @@ def test_train_selects_from_stats_and_tracking_survives_a_resume(tmp_path, cache
     assert "was probed with other settings than this run's (model: the file has \"another-model\"" in first.stdout
     chosen = [json.loads(l) for l in (run / "problem_selection.jsonl").read_text().splitlines()]
     assert [c["id"] for c in chosen if not c["ok"]] == ids[:2]
-    tracked = read_jsonl_lines(run / "reward_logs" / group_stats.TRACKING_FILE)
+    tracked = read_jsonl(run / "reward_logs" / group_stats.TRACKING_FILE)
     assert [e["step"] for e in tracked] == [0, 0, 1, 1] and not {e["problem_id"] for e in tracked} & set(ids[:2])
     assert any(l.startswith("[Groups] ") for l in log_lines(run))
 
     second = train(tmp_path, {**env, "GRPO_MAX_STEPS": "3"})
     assert "resume from: " + str(run / "checkpoint-2") in second.stdout
     assert "problem tracking: 4 groups replayed" in second.stdout
-    tracked = read_jsonl_lines(run / "reward_logs" / group_stats.TRACKING_FILE)
+    tracked = read_jsonl(run / "reward_logs" / group_stats.TRACKING_FILE)
     assert [e["step"] for e in tracked] == [0, 0, 1, 1, 2, 2]
-    assert "problem states at the end:" in second.stdout
+    # the resumed process knows the first session's problems too: its final states are all six groups'
+    last = {e["problem_id"]: e["state"] for e in tracked}
+    counts = Counter(last.values())
+    assert "problem states at the end: unseen=%d  " % (len(ids) - 2 - len(last)) + "  ".join(
+        f"{k}={counts[k]}" for k in group_stats.KINDS) in second.stdout
 
-
-def read_jsonl_lines(path):
-    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
