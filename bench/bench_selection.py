@@ -1,6 +1,6 @@
 """Uniform sampling against learnable-problem selection, side by side, on CPU with the demo's learner.
 
-    python -m bench.bench_selection --json OUT.json              # ~4 min on 2 cores
+    python -m bench.bench_selection --json OUT.json              # ~3 min on 2 cores
     python -m bench.bench_selection --seed 1 --out grpo_runs/sel-1 --json sel-1.json
 
 1. The learner model (ocaml_grpo/demo_model.py) gets a two-stage SFT (`python train.py sft`, full
@@ -29,6 +29,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from transformers.utils import logging as hf_logging
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)  # as train.py
     out = Path(args.out).resolve()
     if out.is_dir() and any(out.iterdir()) and not (out / MARK).exists():
         sys.exit(f"{out} holds files this benchmark did not write; give another --out")
