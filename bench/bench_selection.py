@@ -129,14 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     demo.run_stage("GRPO, probe + selection + tracking", [str(demo.TRAIN)],
                    grpo_env("selected", steps, GRPO_PROBLEM_STATS=str(stats), GRPO_TRACK_PROBLEMS="1"),
                    out, out / "selected.out", echo)
-    kept = [json.loads(l)["id"] for l in (out / "selected" / "problem_selection.jsonl").read_text().splitlines()
-            if json.loads(l)["ok"]]
+    choices = [json.loads(l) for l in (out / "selected" / "problem_selection.jsonl").read_text().splitlines()]
+    kept = [c["id"] for c in choices if c["ok"]]
 
     print("\n== before/after on the learnable problems, sampled as GRPO samples (same seed), training grader")
-    learnable = {"learnable": [p for p in load_problems(str(problems)) if p.id in PARTIAL]}
+    split = {"learnable": [p for p in load_problems(str(problems)) if p.id in PARTIAL]}
     hf_logging.disable_progress_bar()
     models = {"SFT": str(sft2 / "final_model"), **{name: demo.merge_adapter(out / name) for name in runs}}
-    table = demo.compare(models, learnable, RECIPE)
+    table = demo.compare(models, split, RECIPE)
     results = {}
     for name, run in runs.items():
         zs = series(parse_learning_log(out / name / "learning.log")[1], "frac_zero_std")
