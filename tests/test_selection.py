@@ -152,7 +152,7 @@ def test_tracker_records_survive_a_torn_line_and_a_replay(tmp_path):
 def test_train_selects_from_stats_and_tracking_survives_a_resume(tmp_path, cache_home):
     """train.py keeps exactly the learnable problems of a stats file (warning that it was probed with
     another model), and a resumed run replays the tracker's records before drawing."""
-    env = run_env(tmp_path, cache_home, GRPO_MAX_STEPS="2", GRPO_SAVE_STEPS="2")
+    env = run_env(tmp_path, cache_home, GRPO_MAX_STEPS="2", GRPO_SAVE_STEPS="2", GRPO_SCALE_REWARDS="batch")
     ids = [json.loads(l)["id"] for l in open(env["TRAINING_DATASET"])]
     sampling = {"model": "another-model", "adapter": None, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
                 "max_completion": 24, "reward": {}}
@@ -169,7 +169,13 @@ def test_train_selects_from_stats_and_tracking_survives_a_resume(tmp_path, cache
     assert [c["id"] for c in chosen if not c["ok"]] == ids[:2]
     tracked = read_jsonl(run / "reward_logs" / group_stats.TRACKING_FILE)
     assert [e["step"] for e in tracked] == [0, 0, 1, 1] and not {e["problem_id"] for e in tracked} & set(ids[:2])
-    assert any(l.startswith("[Groups] ") for l in log_lines(run))
+    # under batch scaling too, learning.log's frac_zero_std is the per-group share: 1 - mixed on the [Groups] line
+    lines = log_lines(run)
+    pairs = [(a, b) for a, b in zip(lines, lines[1:]) if a.startswith("[Epoch") and b.startswith("[Groups] ")]
+    assert len(pairs) == 2 and json.loads((run / "config.json").read_text())["GRPO_SCALE_REWARDS"] == "batch"
+    for metric, kinds in pairs:
+        mixed = float(kinds.split("mixed=")[1])
+        assert metric.endswith(f"frac_zero_std={1 - mixed:.2f}")
 
     second = train(tmp_path, {**env, "GRPO_MAX_STEPS": "3"})
     assert "resume from: " + str(run / "checkpoint-2") in second.stdout
