@@ -14,9 +14,9 @@ The model and settings come from the environment and .envrc, as train.py reads t
 and the run it prepares cannot disagree silently (train.py warns when they do).
 
 Resumable: problems already in FILE are skipped; FILE is appended after every batch of problems,
-so an interrupted probe loses at most one batch (an unfinished last line is cut and sampled again). A FILE written with other settings is an error
-naming the difference (probe into another file). With --vllm the whole remainder is generated
-in one call and written at the end.
+so an interrupted probe loses at most one batch (an unfinished last line is cut and sampled
+again). A FILE written with other settings is an error naming the difference (probe into another
+file). With --vllm the whole remainder is generated in one call and written at the end.
 """
 from __future__ import annotations
 
@@ -60,8 +60,9 @@ def grade(problems: list[Problem], texts: list[list[str]], lens: list[list[int]]
 
 def main(argv: list[str], generate_hf, generate_vllm) -> int:
     """evaluate.py's `--probe` mode; the generators are evaluate.py's (passed in: evaluate.py is the command)."""
-    ap = argparse.ArgumentParser(prog="evaluate.py --probe", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 2)[2])
+    ap = argparse.ArgumentParser(prog="evaluate.py", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 2)[2] + "\n\nReads (python train.py --help): " + ", ".join(USED))
     ap.add_argument("--probe", required=True, metavar="FILE", help="the per-problem statistics (JSONL), appended")
     ap.add_argument("--k", type=int, default=0, help="completions per problem (default GRPO_NUM_GENERATIONS; more "
                                                      "samples, steadier statistics)")
