@@ -11,9 +11,11 @@ from dataclasses import asdict, replace
 
 import pytest
 
+import analyze
 import preloaded
 from conftest import ADD, ROOT, fenced, log_lines, read_jsonl, run_env, small_dataset, train
 from ocaml_grpo import group_stats
+from ocaml_grpo.group_report import read_group_report, render
 from ocaml_grpo.group_stats import METRIC_FRAC_ZERO_STD, METRIC_GROUP, ProblemTracker, group_stat
 from ocaml_grpo.learning_log import groups_line, metric_line
 from ocaml_grpo.probe import grade
@@ -146,6 +148,22 @@ def test_tracker_records_survive_a_torn_line_and_a_replay(tmp_path):
     again.update(5, [group_stat("a", [0.0, 1.0], [False, True], [False, True])])
     again.close()
     assert ProblemTracker().load(path) == 3 and json.loads(path.read_text().splitlines()[-1])["step"] == 5
+
+
+def test_report_counts_problem_states_over_time_and_the_selection(tmp_path):
+    logs = tmp_path / "reward_logs"
+    t = ProblemTracker(min_std=0.05, max_solved=0.9)
+    t.open(logs / group_stats.TRACKING_FILE)
+    t.update(0, [group_stat("a", [0.0, 0.0], [False] * 2, [False] * 2), group_stat("b", [0.0, 1.0], [False, True], [False, True])])
+    t.update(1, [group_stat("a", [0.0, 1.0], [False, True], [False, True])])  # too hard no more
+    t.close()
+    (tmp_path / "problem_selection.jsonl").write_text("".join(json.dumps(c) + "\n" for c in (
+        {"id": "a", "ok": True}, {"id": "b", "ok": True}, {"id": "c", "ok": True}, {"id": "d", "ok": False, "reason": "too_easy"})))
+    g = read_group_report(tmp_path, [], analyze.read_jsonl, analyze.drop_superseded)
+    assert g.selection == {"kept": 3, "problems": 4, "dropped": {"too_easy": 1}}
+    assert [(step, c["unseen"], c["too_hard"], c["mixed"]) for step, c in g.states] == [(0, 1, 1, 1), (1, 1, 0, 2)]
+    md = "\n".join(render(g))
+    assert "| 0 | 1 | 0 | 1 | 0 | 1 |" in md and "3 of 4 problems kept; dropped: too_easy 1." in md
 
 
 @pytest.mark.slow
