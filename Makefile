@@ -1,6 +1,6 @@
 # make demo   - install everything on a fresh machine, then run the offline demo: SFT warm start + GRPO, reward rising
 # make test   - the test suite (real OCaml, real TRL, a tiny local model)
-# make bench  - the grader, audit and trainer benchmarks (BENCHMARKS.md)
+# make bench  - the grader, audit, trainer and selection benchmarks (BENCHMARKS.md)
 PY := .venv/bin/python
 APT_PACKAGES := ocaml-nox ocaml-compiler-libs ocaml-findlib bubblewrap libbase-ocaml-dev libreact-ocaml-dev libcalendar-ocaml-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -34,3 +34,4 @@ bench: setup
 	$(PY) -m bench.bench_rewards
 	$(PY) -m bench.bench_audit
 	$(PY) -m bench.bench_train
+	$(PY) -m bench.bench_selection

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from ocaml_grpo import health
 from ocaml_grpo.analyze_plots import make_plots
+from ocaml_grpo.group_report import GroupReport, explain, read_group_report, render as render_groups
 from ocaml_grpo.health import THRESHOLDS, Check, Finding, Thresholds, expected_reward, mean, reward_trend
 from ocaml_grpo.learning_log import LogLine, parse_learning_log, series
 from ocaml_grpo.settings import defaults
@@ -75,9 +76,6 @@ class BreakdownStats:
     problems: int
     shares: dict[str, float]            # share of completions with END marker, compiling, ...
     component_means: dict[str, float]
-    zero_var_groups: int                # groups whose completions all got the same reward
-    zero_var_all_zero: int              # ... of which every completion scored 0
-    zero_var_unsolved: int              # ... of which the problem never passed any test
     top_errors: list[tuple[str, int]]
     error_kinds: dict[str, int]
     never_solved: list[str]             # no completion passed all tests
@@ -107,6 +105,7 @@ class Report:
     checkpoints: list[Check]
     breakdown: BreakdownStats | None
     audit: dict | None                  # {"problems", "failed", "reasons"}
+    groups: GroupReport | None = None   # group kinds, problem states, selection (ocaml_grpo/group_report.py)
     bad_records: int = 0                # unparsable jsonl lines (e.g. a half-written last record)
 
 # ----------------------------------------------------------------------------- parsing
@@ -199,16 +198,11 @@ def summarize_breakdown(recs: list[dict]) -> BreakdownStats:
         by_problem[str(r.get("problem_id"))].append(r)
         by_step[r.get("step")].append(r)
     never_any = sorted(p for p, rs in by_problem.items() if not any(map(passed_any, rs)))
-    unsolved = set(never_any)
-    # Identical rewards in a group mean zero advantage: the group contributes no gradient.
-    zero = [(k, v) for k, v in groups.items() if len(v) > 1 and max(v) - min(v) < 1e-9]
     errors = Counter(normalize_error(r["first_error"]) for r in recs if r.get("first_error"))
     cmean = lambda rs, c: statistics.fmean(float(r.get(c) or 0.0) for r in rs)
     return BreakdownStats(
         n=n, groups=len(groups), problems=len(by_problem), shares=shares,
         component_means={c: cmean(recs, c) for c in comps},
-        zero_var_groups=len(zero), zero_var_all_zero=sum(1 for _, v in zero if max(v) == 0.0),
-        zero_var_unsolved=sum(1 for (_, p), _ in zero if p in unsolved),
         top_errors=errors.most_common(8),
         error_kinds=dict(Counter(k for r in recs for k in (r.get("error_kinds") or [])).most_common()),
         never_solved=sorted(p for p, rs in by_problem.items() if not any(map(passed_all, rs))),
@@ -239,7 +233,7 @@ def analyze(run_dir: str | Path, th: Thresholds = THRESHOLDS) -> Report:
         raise FileNotFoundError(f"learning log not found: {log_path}")
     header, lines, skipped = parse_learning_log(log_path)
     lines = drop_superseded(lines, lambda l: l.epoch, lambda l: l.session)
-    config, config_source, audit, bd, bad = None, "config.json", None, None, 0
+    config, config_source, audit, bd, bad, recs = None, "config.json", None, None, 0, []
     try:
         config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
@@ -259,6 +253,7 @@ def analyze(run_dir: str | Path, th: Thresholds = THRESHOLDS) -> Report:
         audit = {"problems": len(arecs), "failed": [a.get("id") for a in failed],
                  "reasons": Counter(str(a.get("reason")) for a in failed).most_common(5)}
 
+    groups = read_group_report(run_dir, recs, read_jsonl, drop_superseded)
     points = [l.point for l in lines]
     epoch = lines[-1].epoch if lines else 0.0
     rewards = series(lines, "reward")
@@ -270,12 +265,9 @@ def analyze(run_dir: str | Path, th: Thresholds = THRESHOLDS) -> Report:
                                 f"{log_path} has no complete `[Epoch ...]` line yet."))
     findings += health.findings(points, th)
     level = {f.key: f.severity for f in findings}
-    if bd and bd.zero_var_groups and "zero_std" in level:
-        why = (f" In the breakdown log {bd.zero_var_groups}/{bd.groups} groups had zero reward variance: "
-               f"{bd.zero_var_unsolved / bd.zero_var_groups:.0%} from problems where no completion passed "
-               f"any test, {bd.zero_var_all_zero / bd.zero_var_groups:.0%} scored 0 on every completion "
-               "(identical scores, not necessarily identical outputs).")
-        findings = [replace(f, detail=f.detail + why) if f.key == "zero_std" else f for f in findings]
+    if "zero_std" in level:  # which kind of zero variance it is, and its remedy
+        title, why = explain(groups)
+        findings = [replace(f, title=title, detail=f.detail + why) if f.key == "zero_std" else f for f in findings]
     add = lambda key, title, sev, detail: findings.append(Finding(key, title, sev, detail))  # noqa: E731
 
     ranges: list[MetricRange] = []
@@ -332,7 +324,7 @@ def analyze(run_dir: str | Path, th: Thresholds = THRESHOLDS) -> Report:
 
     titles = lambda sev: [f.title for f in findings if f.severity == sev]  # noqa: E731
     status = "red" if titles("critical") else "yellow" if titles("warning") else "green"
-    actions = _actions(findings, config, bd, th)
+    actions = _actions(findings, config, bd, groups, th)
     todo = "apply the exports below" if actions else "fix the causes listed below"
     rec = {"red": f"Intervene now ({', '.join(titles('critical'))}): {todo}, restart, and reassess at the "
                   "next checkpoint.",
@@ -342,7 +334,7 @@ def analyze(run_dir: str | Path, th: Thresholds = THRESHOLDS) -> Report:
         rec = "Stop this run; try the contingency plans (curriculum rewards, stronger base model, easier data)."
     return Report(run_dir, status, rec, epoch, header, lines, skipped, config, config_source, sched, trend, ranges,
                   findings, actions, verdict.summary(th), verdict.checks,
-                  _checkpoints(lines, bd, epoch, th), bd, audit, bad)
+                  _checkpoints(lines, bd, epoch, th), bd, audit, groups, bad)
 
 
 def _checkpoints(lines: list[LogLine], bd: BreakdownStats | None, epoch: float, th: Thresholds) -> list[Check]:
@@ -381,14 +373,17 @@ def _checkpoints(lines: list[LogLine], bd: BreakdownStats | None, epoch: float, 
     return out
 
 
-def _actions(findings: list[Finding], config: dict, bd: BreakdownStats | None, th: Thresholds) -> list[Action]:
+def _actions(findings: list[Finding], config: dict, bd: BreakdownStats | None, groups: GroupReport,
+             th: Thresholds) -> list[Action]:
     """Exact exports, computed from the config in use (the run's, or the trainer's defaults); none
     for a variable the config lacks."""
     titles = {f.title for f in findings}
     temp, gens = cfg_float(config, "GRPO_TEMPERATURE"), cfg_float(config, "GRPO_NUM_GENERATIONS")
     lr, maxc = cfg_float(config, "GRPO_LEARNING_RATE"), cfg_float(config, "GRPO_MAX_COMPLETION")
     acts = []
-    if titles & {"Mode collapse", "Low reward diversity", "Entropy collapse"}:
+    # Zero variance: the remedy follows its kind (group_report.py); unknown kind: the diversity advice.
+    zero_kind = groups.dominant if any(f.key == "zero_std" for f in findings) else "none"
+    if zero_kind in ("identical", None) or "Entropy collapse" in titles:
         if temp is not None and temp < th.max_temperature:
             acts.append(Action("GRPO_TEMPERATURE", f"{round(temp + 0.2, 2):g}",
                                f"from {temp:g}: more diverse samples, so rewards differ within a group"))
@@ -404,6 +399,14 @@ def _actions(findings: list[Finding], config: dict, bd: BreakdownStats | None, t
     if bd is not None and bd.shares[PASS_ANY] == 0:
         acts.append(Action("REWARD_CURRICULUM", "1",
                            f"no completion passed a test ({bd.n} scored): weight syntax/compile first"))
+    if zero_kind in ("too_hard", "too_easy"):
+        if not config.get("GRPO_PROBLEM_STATS"):
+            acts.append(Action("GRPO_PROBLEM_STATS", "probe.jsonl", f"most zero-variance groups are {zero_kind}: "
+                               "first `python evaluate.py --probe probe.jsonl`, then train on the learnable problems"))
+        if config.get("GRPO_TRACK_PROBLEMS") in (False, 0, "0"):
+            acts.append(Action("GRPO_TRACK_PROBLEMS", "1", "draw the problems whose last group taught nothing less often"))
+    if zero_kind == "too_hard" and not config.get("REWARD_CURRICULUM") and not any(a.var == "REWARD_CURRICULUM" for a in acts):
+        acts.append(Action("REWARD_CURRICULUM", "1", "most zero-variance groups are too hard: partial credit first"))
     return acts
 
 # ----------------------------------------------------------------------------- rendering
@@ -454,10 +457,6 @@ def render_markdown(r: Report, plots: list[Path] = ()) -> str:
                "| Share of completions | Value |", "|---|---|"]
         md += [f"| {k} | {v:.1%} |" for k, v in bd.shares.items()]
         md += ["", "| Component | Mean |", "|---|---|"] + [f"| {k} | {v:.3f} |" for k, v in bd.component_means.items()]
-        if bd.zero_var_groups:
-            md += ["", f"Zero-variance groups: {bd.zero_var_groups}/{bd.groups}; "
-                   f"{bd.zero_var_unsolved / bd.zero_var_groups:.0%} from problems where no completion passed any "
-                   f"test, {bd.zero_var_all_zero / bd.zero_var_groups:.0%} with every reward 0."]
         md += ["", "Most common compiler errors (normalized `first_error`):", ""]
         md += [f"- {n}× `{e}`" for e, n in bd.top_errors] or ["- none"]
         if bd.error_kinds:
@@ -467,6 +466,7 @@ def render_markdown(r: Report, plots: list[Path] = ()) -> str:
         md += ["Never solved: " + ", ".join(f"`{p}`" for p in bd.never_solved[:20])
                + (" ..." if len(bd.never_solved) > 20 else "")] if bd.never_solved else []
         md.append("")
+    md += render_groups(r.groups) if r.groups else []
     if r.audit:
         md += ["## Dataset Audit", "", f"{len(r.audit['failed'])}/{r.audit['problems']} problems failed the audit. "
                "Reasons: " + (", ".join(f"{k} ({n})" for k, n in r.audit["reasons"]) or "none"), ""]

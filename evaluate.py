@@ -6,6 +6,7 @@ a before/after check.
     python evaluate.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --adapter grpo_runs/final_adapter --n 50 --k 4
     python evaluate.py --model demo --dataset ../shared/benchmarks/multipl_e_ml.jsonl --n 20   # offline
     python evaluate.py --model PATH --vllm       # generate with vLLM when it is installed
+    python evaluate.py --probe stats.jsonl       # per-problem statistics for GRPO_PROBLEM_STATS (--probe --help)
 
 Writes OUT/report.json, OUT/report.md and OUT/completions.jsonl (default OUT: eval_runs/<time>,
 created only once the completions are graded). Each completion carries two rewards:
@@ -30,6 +31,7 @@ from collections import defaultdict
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from ocaml_grpo import probe
 from ocaml_grpo.demo_model import ensure_demo_model
 from ocaml_grpo.models import go_offline_unless_needed, load_model, load_tokenizer, model_error
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
@@ -67,9 +69,9 @@ def verdict(pass1: float) -> str:
 
 def generate_hf(model_id: str, adapter: str | None, prompts: list[list[dict]], samples: int, max_new_tokens: int,
                 temperature: float, batch_size: int, seed: int, top_k: int | None = None,
-                progress: bool = True) -> tuple[list[list[str]], list[list[int]]]:
-    """`samples` completions per prompt (top_k=0 samples as TRL's GRPO does; None keeps the
-    model's generation config)."""
+                progress: bool = True, on_batch=None) -> tuple[list[list[str]], list[list[int]]]:
+    """`samples` completions per prompt (top_k=0 samples as TRL's GRPO does, repetition penalty
+    off; None keeps the model's generation config). `on_batch(start, texts, lens)` sees each batch as it is done."""
     import torch
 
     torch.manual_seed(seed)
@@ -92,7 +94,8 @@ def generate_hf(model_id: str, adapter: str | None, prompts: list[list[dict]], s
         with torch.no_grad():
             gen = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=do_sample,
                                  temperature=temperature if do_sample else None, top_p=1.0 if do_sample else None,
-                                 **({"top_k": top_k} if do_sample and top_k is not None else {}),
+                                 # TRL also sets repetition_penalty 1 (Qwen2.5's generation config has 1.05)
+                                 **({"top_k": top_k, "repetition_penalty": 1.0} if do_sample and top_k is not None else {}),
                                  num_return_sequences=samples, pad_token_id=tokenizer.pad_token_id)
         new = gen[:, batch["input_ids"].shape[1]:]
         for i in range(0, new.shape[0], samples):
@@ -101,6 +104,8 @@ def generate_hf(model_id: str, adapter: str | None, prompts: list[list[dict]], s
             lens.append([int((g != tokenizer.pad_token_id).sum()) for g in group])
         if progress:
             print(f"generated {min(start + batch_size, len(texts))}/{len(texts)} problems", flush=True)
+        if on_batch is not None:
+            on_batch(start, outs[start:], lens[start:])
     return outs, lens
 
 
@@ -160,6 +165,9 @@ def grade_completions(chosen: list[Problem], texts: list[list[str]], lens: list[
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--probe" or a.startswith("--probe=") for a in argv):  # the probe for selection: ocaml_grpo/probe.py
+        return probe.main(argv, generate_hf, generate_vllm)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="hub id or local dir; `demo` = the tiny offline demo model")
     ap.add_argument("--adapter", default=None, help="a LoRA adapter dir (e.g. grpo_runs/final_adapter)")

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from ocaml_grpo import dataset_audit, ocaml_source as src
+from ocaml_grpo import dataset_audit, group_stats, ocaml_source as src
 from ocaml_grpo.completions import assemble_solution, completion_text, extract_code
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo.prompting import END_MARKER
@@ -67,6 +67,11 @@ class Breakdown:
     cached: bool = False
     isolated: bool = True
     phase: str | None = None
+    group: str | None = None  # the kind of its GRPO group (group_stats.KINDS); None outside training
+
+    @property
+    def passed_any(self) -> bool:
+        return self.tests_passed > 0
 
     @property
     def solved(self) -> bool:
@@ -261,10 +266,13 @@ class RewardLogger:
 # The TRL reward function.
 
 def make_syntax_aware_reward(output_dir: str | Path | None, max_completion_tokens: int | None = None,
-                             curriculum: bool = False, scorer: RewardScorer | None = None, rank: int = 0):
+                             curriculum: bool = False, scorer: RewardScorer | None = None, rank: int = 0,
+                             group_size: int | None = None, on_groups=None):
     """An async TRL reward function named `syntax_aware_reward` (TRL logs it under that name).
     Dataset columns used: `id`, `problem` (the OCaml prompt; else the chat prompt),
-    `tests`, optional `requires`, `entry_point`."""
+    `tests`, optional `requires`, `entry_point`. With `group_size` (TRL's num_generations: a
+    batch is whole groups of that many consecutive completions) each group's kind is logged
+    (group_stats.py) and the groups are handed to `on_groups(step, groups)`."""
     scorer = scorer or RewardScorer()
     # Under accelerate every process scores (and logs) its own share of the batch: each line is
     # written once, whole, by the process that scored it, tagged with its rank.
@@ -287,6 +295,7 @@ def make_syntax_aware_reward(output_dir: str | Path | None, max_completion_token
             None, scorer.score_batch, problems, list(completions), tokens, max_completion_tokens, weights)
         for b in breakdowns:
             b.phase = phase
+        groups = group_kinds(breakdowns, group_size) if group_size else []
         if logger:
             logger.log(step, round(epoch, 4), breakdowns, list(completions), tokens)
         if log_metric is not None:
@@ -294,13 +303,34 @@ def make_syntax_aware_reward(output_dir: str | Path | None, max_completion_token
             log_metric(METRIC_COMPILED, share(b.compiled for b in breakdowns))
             log_metric(METRIC_SOLVED, share(b.solved for b in breakdowns))
             log_metric(METRIC_END_MARKER, share(b.has_end_marker for b in breakdowns))
-            log_metric(METRIC_PASSED_ANY, share(b.tests_passed > 0 for b in breakdowns))
+            log_metric(METRIC_PASSED_ANY, share(b.passed_any for b in breakdowns))
             log_metric(METRIC_CRASHED, share(b.reward is None for b in breakdowns))
+            if groups:
+                for kind, value in group_stats.kind_shares(groups).items():
+                    log_metric(group_stats.METRIC_GROUP[kind], value)
+                log_metric(group_stats.METRIC_FRAC_ZERO_STD, sum(g.kind != "mixed" for g in groups) / len(groups))
+        if on_groups is not None and groups:
+            on_groups(step, groups)
         return [b.reward for b in breakdowns]
 
     syntax_aware_reward.scorer = scorer
     syntax_aware_reward.logger = logger
     return syntax_aware_reward
+
+
+def group_kinds(breakdowns: list[Breakdown], size: int) -> list[group_stats.GroupStat]:
+    """Each group of `size` consecutive completions classified; every Breakdown gets its group's kind."""
+    if len(breakdowns) % size:
+        raise ValueError(f"{len(breakdowns)} completions are not whole groups of {size}")
+    groups = []
+    for i in range(0, len(breakdowns), size):
+        members = breakdowns[i:i + size]
+        g = group_stats.group_stat(members[0].problem_id, [b.reward for b in members], [b.solved for b in members],
+                                   [b.passed_any for b in members])
+        for b in members:
+            b.group = g.kind
+        groups.append(g)
+    return groups
 
 
 def _col(columns: dict, name: str, i: int, default):

@@ -14,6 +14,8 @@ Outputs (GRPO_OUTPUT_DIR, default grpo_runs/):
     learning.log                             one metric line per log step + [Health]/[Stop] lines (also on the console)
     reward_logs/completions.jsonl            every completion with its reward
     reward_logs/syntax_aware_breakdown.jsonl the reward split into structural/type/compile/tests
+    reward_logs/problem_tracking.jsonl       each GRPO group's kind and its problem's state (GRPO_TRACK_PROBLEMS)
+    problem_selection.jsonl                  kept/dropped problems with the reason (GRPO_PROBLEM_STATS)
     checkpoint-*/                            every GRPO_SAVE_STEPS; GRPO_RESUME=auto picks up the last
     final_adapter/                           the LoRA adapter (+ tokenizer) at the end
     finished.json                            where and why the run ended; the same command then trains nothing
@@ -40,10 +42,12 @@ import rewards
 from ocaml_grpo import dataset_audit, run_dir
 from ocaml_grpo.demo_model import DEMO_MODEL_DIR, ensure_demo_model
 from ocaml_grpo.generation_engines import engine_kwargs
+from ocaml_grpo.group_stats import TRACKING_FILE, ProblemTracker
 from ocaml_grpo.models import adapter_base, go_offline_unless_needed, load_model, load_tokenizer, lora_config, \
     merge_adapter, model_error
 from ocaml_grpo.problems import DatasetError, load_problems
 from ocaml_grpo.prompting import chat_messages, prompt_token_count
+from ocaml_grpo.selection import apply_selection, write_choices
 from ocaml_grpo import sft as sft_command
 from ocaml_grpo.settings import describe, resolve, unknown_variables
 from ocaml_grpo.train_config import CONFIG, DEMO_DEFAULTS, RETIRED, SETTINGS, SFT_CONFIG, VARIABLES
@@ -169,10 +173,11 @@ import warnings  # noqa: E402
 import torch  # noqa: E402
 # TRL 1.16 calls a transformers API deprecated in 5.x once per step; the warning says nothing actionable.
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+from trl import GRPOConfig  # noqa: E402
 
 from accelerate import PartialState  # noqa: E402
 from transformers import PrinterCallback  # noqa: E402
+from ocaml_grpo.tracking import TrackedGRPOTrainer, shared_update  # noqa: E402
 
 from ocaml_grpo.callbacks import GracefulStop, LearningLog  # noqa: E402
 
@@ -198,6 +203,19 @@ else:
     kept = [p for p in problems if prompt_tokens(p) <= cfg["GRPO_MAX_PROMPT"]]
     too_long = len(problems) - len(kept)
 print(f"prompts: dropped {too_long} longer than GRPO_MAX_PROMPT={cfg['GRPO_MAX_PROMPT']} tokens")
+# ----------------------------------------------------------------------------- learnable problems (issue 21)
+# GRPO_PROBLEM_STATS keeps the problems a probe found learnable (ocaml_grpo/selection.py); the tracker
+# then draws those whose last group taught nothing less often (ocaml_grpo/group_stats.py, tracking.py).
+try:
+    kept, selection = apply_selection(kept, cfg)
+except ValueError as e:
+    sys.exit(f"selection error: {e}")
+tracker = None
+tracking_file = out_dir / "reward_logs" / TRACKING_FILE
+if cfg["GRPO_TRACK_PROBLEMS"]:
+    tracker = ProblemTracker(cfg["GRPO_TRACK_WEIGHT"], cfg["GRPO_LEARNABLE_MIN_STD"], cfg["GRPO_LEARNABLE_MAX_SOLVED"])
+    if resume_from:
+        print(f"problem tracking: {tracker.load(tracking_file)} groups replayed from {tracking_file}")
 if len(kept) < cfg["GRPO_BATCH_SIZE"]:
     sys.exit(f"dataset error: only {len(kept)} usable problems, fewer than GRPO_BATCH_SIZE={cfg['GRPO_BATCH_SIZE']}")
 from datasets import Dataset  # noqa: E402
@@ -230,8 +248,14 @@ with PartialState(cpu=not on_gpu).main_process_first():
             print(f"  the earlier run's logs and config moved to {archive}")
         if cfg["AUDIT_DATASET"]:
             dataset_audit.write_records(audit, out_dir)
+        if selection:
+            write_choices(out_dir, selection)
+        if tracker:
+            tracker.open(tracking_file)
     reward_fn = rewards.make_syntax_aware_reward(out_dir, max_completion_tokens=cfg["GRPO_MAX_COMPLETION"],
-                                                 curriculum=cfg["REWARD_CURRICULUM"], scorer=scorer, rank=RANK)
+                                                 curriculum=cfg["REWARD_CURRICULUM"], scorer=scorer,
+                                                 rank=RANK, group_size=cfg["GRPO_NUM_GENERATIONS"],
+                                                 on_groups=shared_update(tracker) if tracker else None)
 
 # ----------------------------------------------------------------------------- trainer
 if os.environ.get("GRPO_TEST_NEGATE_REWARD") == "1":
@@ -260,6 +284,7 @@ args = GRPOConfig(
     max_grad_norm=cfg["GRPO_MAX_GRAD_NORM"],
     beta=cfg["GRPO_BETA"],
     loss_type=cfg["GRPO_LOSS_TYPE"],
+    scale_rewards=cfg["GRPO_SCALE_REWARDS"],
     importance_sampling_level="sequence" if cfg["GRPO_LOSS_TYPE"] == "luspo" else "token",  # luspo is sequence-level
     top_entropy_quantile=cfg["GRPO_TOP_ENTROPY_QUANTILE"],
     mask_truncated_completions=cfg["GRPO_MASK_TRUNCATED"],
@@ -290,13 +315,14 @@ header = [f"{'resumed from ' + resume_from if resume_from else 'started'} {time.
               "GRPO_BATCH_SIZE", "GRPO_GRAD_ACCUM_STEPS", "GRPO_NUM_GENERATIONS", "GRPO_MAX_PROMPT",
               "GRPO_MAX_COMPLETION", "GRPO_NUM_EPOCHS", "GRPO_LEARNING_RATE", "GRPO_TEMPERATURE", "GRPO_BETA",
               "GRPO_LOSS_TYPE", "LORA_R", "LORA_ALPHA", "REWARD_CURRICULUM", "MIN_NON_EMPTY_LINES",
-              "RUNAWAY_PENALTY_MULTIPLIER"))]
+              "RUNAWAY_PENALTY_MULTIPLIER", "GRPO_SCALE_REWARDS", "GRPO_TRACK_PROBLEMS", "GRPO_PROBLEM_STATS"))]
 stop = GracefulStop()
 callback = LearningLog(out_dir / "learning.log", header, resumed=resume_from is not None,
                        auto_stop=cfg["GRPO_AUTO_STOP"], echo=IS_MAIN, stop=stop,
                        curriculum=reward_config.weights if cfg["REWARD_CURRICULUM"] else None)
-trainer = GRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=train_dataset,
-                      processing_class=tokenizer, peft_config=peft_config, callbacks=[callback, stop])
+trainer = TrackedGRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=train_dataset,
+                             processing_class=tokenizer, peft_config=peft_config, callbacks=[callback, stop],
+                             tracker=tracker)
 trainer.remove_callback(PrinterCallback)  # its ~1,000-character metrics dict per step: LearningLog prints instead
 
 # ----------------------------------------------------------------------------- train
@@ -308,6 +334,10 @@ try:
     trainer.train(resume_from_checkpoint=resume_from)
 finally:
     scorer.close()
+    if tracker:
+        tracker.close()
+if tracker and IS_MAIN:
+    print("problem states at the end: " + "  ".join(f"{k}={n}" for k, n in tracker.counts(train_dataset["id"]).items()))
 state = trainer.state
 if stop.requested and state.global_step < state.max_steps:  # this step's checkpoint is saved; the adapter is not final
     if IS_MAIN:

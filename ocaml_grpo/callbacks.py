@@ -11,13 +11,16 @@ import os
 import signal
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from transformers import TrainerCallback
 
 from ocaml_grpo import health
+from ocaml_grpo.group_report import TITLES
+from ocaml_grpo.group_stats import METRIC_GROUP, ZERO_VARIANCE
 from ocaml_grpo.health import THRESHOLDS, Point, Thresholds
-from ocaml_grpo.learning_log import metric_line, parse_metric_line
+from ocaml_grpo.learning_log import groups_line, metric_line, parse_metric_line
 from ocaml_grpo.reward_config import METRIC_CRASHED, METRIC_PASSED_ANY, Weights, curriculum_phase
 
 
@@ -41,6 +44,7 @@ class LearningLog(TrainerCallback):
         self.n_logs = 0
         self.stopped_by_rule = False
         self.t0, self.first_step = time.monotonic(), 0
+        self.zero_kinds: Counter = Counter()  # the zero-variance groups' kinds so far (shares summed over log steps)
 
     def write(self, line: str, echo: bool = True) -> None:
         if self.fd is not None:
@@ -77,6 +81,7 @@ class LearningLog(TrainerCallback):
         self.history.append(parse_metric_line(line).point)
         if logs.get(METRIC_PASSED_ANY) is not None:
             self.passes.append(logs[METRIC_PASSED_ANY])
+        self.zero_kinds.update({k: logs[METRIC_GROUP[k]] for k in ZERO_VARIANCE if METRIC_GROUP[k] in logs})
         return line
 
     def passes_share(self) -> float | None:
@@ -96,6 +101,8 @@ class LearningLog(TrainerCallback):
         if line is None:
             return control
         self.write(line)
+        if kinds := groups_line(epoch, logs):
+            self.write(kinds)
         if self.echo and self.fd is not None:
             print(self.progress(state), flush=True)
         self.n_logs += 1
@@ -111,7 +118,10 @@ class LearningLog(TrainerCallback):
                        "breakdown log and stderr)")
         for f in health.findings(self.history, self.th):
             if f.severity != "info":
-                self.warn(f.key, f"{f.severity.upper()} {f.title}: {f.detail}")
+                # identical rewards have three causes with three remedies (group_report.py): name the commonest
+                title = TITLES[max(self.zero_kinds, key=self.zero_kinds.get) if +self.zero_kinds else None] \
+                    if f.key == "zero_std" else f.title
+                self.warn(f.key, f"{f.severity.upper()} {title}: {f.detail}")
 
         verdict = health.stop_verdict(self.history, self.passes_share(), self.th)
         if verdict.stop and not control.should_training_stop:

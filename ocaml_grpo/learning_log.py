@@ -4,9 +4,15 @@ this project grew out of
 
     [Epoch 0.28]  loss=-0.0469  grad=0.0838  lr=3.58e-06  reward=0.102±0.077  syntax_rew=0.102±0.078  entropy=0.155  frac_zero_std=0.00
 
-and [Health], [Stop] and [Curriculum] lines. The live monitor judges the line it has just written,
-parsed back the way analyze.py parses it, so the rules see the same (rounded) numbers live and
-afterwards.
+and [Health], [Stop], [Curriculum] and [Groups] lines. `frac_zero_std` is the share of GRPO groups
+whose rewards were all equal (the reward function's own count, group_stats.py), whatever
+GRPO_SCALE_REWARDS is; TRL's `frac_reward_zero_std` is the fallback (batch-wide under "batch").
+A [Groups] line follows each metric line with the share of groups of each kind:
+
+    [Groups] epoch 0.28  too_easy=0.00  too_hard=0.25  identical=0.00  mixed=0.75
+
+The live monitor judges the line it has just written, parsed back the way analyze.py parses it,
+so the rules see the same (rounded) numbers live and afterwards.
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ocaml_grpo.group_stats import KINDS, METRIC_FRAC_ZERO_STD, METRIC_GROUP
 from ocaml_grpo.health import Point
 
 METRIC_RE = re.compile(r"^\[Epoch\s+([-+0-9.eE]+)\]\s+(.*)$")
@@ -35,7 +42,20 @@ def metric_line(epoch: float, logs: dict) -> str:
             f"reward={_fmt(logs.get('reward'), '.3f')}±{_fmt(logs.get('reward_std'), '.3f')}  "
             f"syntax_rew={_fmt(logs.get('rewards/syntax_aware_reward/mean'), '.3f')}"
             f"±{_fmt(logs.get('rewards/syntax_aware_reward/std'), '.3f')}  "
-            f"entropy={_fmt(logs.get('entropy'), '.3f')}  frac_zero_std={_fmt(logs.get('frac_reward_zero_std'), '.2f')}")
+            f"entropy={_fmt(logs.get('entropy'), '.3f')}  frac_zero_std={_fmt(frac_zero_std(logs), '.2f')}")
+
+
+def frac_zero_std(logs: dict) -> float | None:
+    """The per-group share with identical rewards: the reward function's own, else TRL's (per group
+    only under scale_rewards="group" or "none")."""
+    return logs.get(METRIC_FRAC_ZERO_STD, logs.get("frac_reward_zero_std"))
+
+
+def groups_line(epoch: float, logs: dict) -> str | None:
+    """The [Groups] line of a log step; None when the reward function logged no group kinds."""
+    if not all(METRIC_GROUP[k] in logs for k in KINDS):
+        return None
+    return f"[Groups] epoch {epoch:.2f}  " + "  ".join(f"{k}={logs[METRIC_GROUP[k]]:.2f}" for k in KINDS)
 
 
 # ----------------------------------------------------------------------------- reading

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ocaml_grpo.reward_config import REWARD_SETTINGS
 from ocaml_sandbox import SANDBOX_SETTINGS
 from ocaml_grpo.dataset_audit import AUDIT_SETTINGS
+from ocaml_grpo.selection import SELECTION_SETTINGS
 from ocaml_grpo.settings import AdapterDir, Choice, Flag, Float, Holdout, Int, ModuleList, Resume, Setting, Text
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")  # trl 1.16 GRPOConfig.loss_type
@@ -40,6 +41,9 @@ CONFIG = [
     ("GRPO_SEED", "42", Int(0), "random seed"),
     ("GRPO_BETA", "0.0", Float(0), "KL coefficient (0: no reference model, less memory)"),
     ("GRPO_LOSS_TYPE", "dapo", Choice(*LOSS_TYPES), "TRL loss aggregation"),
+    ("GRPO_SCALE_REWARDS", "group", Choice("group", "batch", "none"),
+     "advantage = (reward - group mean) / std of: the group, the whole batch, or none (learning.log's "
+     "frac_zero_std is the per-group share under all three)"),
     ("GRPO_WARMUP_RATIO", "0.0", Float(0, 1, hi_open=True), "fraction of steps spent warming up the LR"),
     ("GRPO_LR_SCHEDULER", "linear", Choice(*LR_SCHEDULERS), "learning-rate schedule"),
     ("GRPO_TOP_ENTROPY_QUANTILE", "1.0", Float(0, 1, lo_open=True), "train only on the top-entropy tokens (1.0: all)"),
@@ -56,6 +60,11 @@ CONFIG = [
     ("GRPO_CONTINUOUS_BATCHING", "0", Flag, "1: transformers' paged continuous-batching generation (no vLLM needed)"),
     ("AUDIT_DATASET", "1", Flag, "1: drop problems whose tests cannot compile (cached); 0: only the prompt-length filter"),
     ("GRPO_DEMO", "0", Flag, "1: offline CPU demo (tiny model, bundled problems, ~20 steps)"),
+    ("GRPO_TRACK_PROBLEMS", "1", Flag, "1: judge each problem by its last group (GRPO_LEARNABLE_*) and draw the ones "
+                                       "whose last group taught nothing less often (GRPO_TRACK_WEIGHT); 0: TRL's order"),
+    ("GRPO_TRACK_WEIGHT", "0.2", Float(0, 1), "with GRPO_TRACK_PROBLEMS=1: the draw weight of a problem whose last "
+                                              "group taught nothing, against 1 for the others (0: never again)"),
+    *SELECTION_SETTINGS,
     ("GRPO_INIT_ADAPTER", "", AdapterDir, "a LoRA adapter to continue (python train.py sft with SFT_LORA=1); "
                                           "its own LoRA settings replace LORA_*"),
 ]

@@ -42,6 +42,11 @@ def test_two_processes_log_once_checkpoint_and_resume(tmp_path, cache_home):
     # each process logs the completions it scored, once: 2 steps x 2 ranks x 1 prompt x 2 generations
     assert sorted((r["rank"], r["step"]) for r in rows) == [(0, 0), (0, 0), (0, 1), (0, 1), (1, 0), (1, 0), (1, 1), (1, 1)]
     assert len(read_jsonl(run / "reward_logs" / "syntax_aware_breakdown.jsonl")) == 8
+    # the problem tracker: both ranks' groups gathered, written once by rank 0; both ranks drew from
+    # the same states, so a step's two prompts are two different problems
+    tracked = read_jsonl(run / "reward_logs" / "problem_tracking.jsonl")
+    assert [e["step"] for e in tracked] == [0, 0, 1, 1]
+    assert all(tracked[i]["problem_id"] != tracked[i + 1]["problem_id"] for i in (0, 2))
     assert checkpoints(run) == [2]
 
     res = launch(tmp_path, {**env, "GRPO_MAX_STEPS": "3"})

@@ -1,0 +1,167 @@
+"""Uniform sampling against learnable-problem selection, side by side, on CPU with the demo's learner.
+
+    python -m bench.bench_selection --json OUT.json              # ~3 min on 2 cores
+    python -m bench.bench_selection --seed 1 --out grpo_runs/sel-1 --json sel-1.json
+
+1. The learner model (ocaml_grpo/demo_model.py) gets a two-stage SFT (`python train.py sft`, full
+   fine-tune) so the problem set holds a mix: stage 1 on MASTERED until it is memorised, stage 2
+   on MASTERED + PARTIAL stopped at partial memorisation; NEVER_SEEN is never trained on.
+2. uniform: `python train.py` on all the problems, TRL's uniform order (GRPO_TRACK_PROBLEMS=0);
+   tracked: the same with the problem tracker on and no stats file (the default);
+3. selected: `python evaluate.py --probe` (k = the group size), then `python train.py` with
+   GRPO_PROBLEM_STATS on that file and the tracker on, for fewer steps: the probe's completions
+   are counted, so both runs generate the same number of completions.
+4. The SFT model and each run's model are sampled as GRPO samples on the learnable problems
+   (PARTIAL; same sampling seed for the three) and graded by the training grader (demo.compare).
+
+Reported per run: mean frac_zero_std over its learning.log lines (groups with identical rewards),
+the share of its groups that teach nothing by the selection's and tracker's rule
+(group_stats.learnable at the default thresholds: std < 0.05 or 90% solved; a never-seen
+problem's group whose rewards differ by a stray END marker counts here, not in frac_zero_std),
+the learnable problems' mean reward before (SFT model) and after, and the completions generated
+(probe included).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+import warnings
+from dataclasses import replace
+from pathlib import Path
+
+from ocaml_grpo import demo
+from ocaml_grpo.demo_model import ensure_learner_model
+from ocaml_grpo.group_stats import group_stat, learnable
+from ocaml_grpo.learning_log import parse_learning_log, series
+from ocaml_grpo.problems import BUNDLED, load_problems, read_rows
+from ocaml_grpo.selection import read_stats
+
+ROOT = Path(__file__).resolve().parents[1]
+MASTERED = ("p002_last_element", "p014_list_max")
+PARTIAL = ("p001_count_evens", "p003_first_nonempty")  # the demo's: GRPO is known to teach them
+NEVER_SEEN = ("p021_sum_abs", "p072_bst_inorder", "p008_digit_sum", "p010_factorial")
+RECIPE = replace(demo.RECIPE, train_ids=MASTERED + PARTIAL + NEVER_SEEN, heldout_ids=(), eval_samples=48, heldout_samples=48)
+BATCH = 2  # prompts per step: GRPO sees 2 of the 8 problems per step, as it sees a few of thousands
+STEPS = 20  # the uniform run's; the selected run's are fewer by the probe's completions
+MARK = ".bench_selection"
+
+
+def write_problems(path: Path, ids: tuple) -> Path:
+    rows = {r["id"]: r for r in read_rows(BUNDLED)}
+    path.write_text("".join(json.dumps(rows[i]) + "\n" for i in ids))
+    return path
+
+
+def mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def not_learnable(run: Path, min_std: float = 0.05, max_solved: float = 0.9) -> float:
+    """Share of a run's groups (breakdown log) that `learnable` says teach nothing."""
+    groups: dict[tuple, list[dict]] = {}
+    for line in (run / "reward_logs" / "syntax_aware_breakdown.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        groups.setdefault((r["step"], r["problem_id"]), []).append(r)
+    verdicts = []
+    for (_, pid), rs in groups.items():
+        g = group_stat(pid, [r["reward"] for r in rs], [r["tests_total"] > 0 and r["tests_passed"] == r["tests_total"]
+                                                        for r in rs], [r["tests_passed"] > 0 for r in rs])
+        verdicts.append(learnable(g.reward_std, g.solved, g.passed_any, min_std, max_solved) != "mixed")
+    return mean(verdicts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--out", default="grpo_runs/bench-selection", help="working directory (a rerun starts it over)")
+    ap.add_argument("--seed", default=RECIPE.seed, help="GRPO_SEED of both runs (the SFT stages keep 42)")
+    ap.add_argument("--steps", type=int, default=STEPS, help="the uniform run's GRPO steps")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from transformers.utils import logging as hf_logging
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)  # as train.py
+    out = Path(args.out).resolve()
+    if out.is_dir() and any(out.iterdir()) and not (out / MARK).exists():
+        sys.exit(f"{out} holds files this benchmark did not write; give another --out")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    (out / MARK).touch()  # a rerun may start this directory over
+    t0 = time.time()
+    group = int(RECIPE.generations)
+    model = ensure_learner_model()
+    echo = lambda l: l.startswith(("[SFT]", "selection", "probed", "problem states", "done in", "warning"))  # noqa: E731
+
+    # SFT: stage 1 memorises MASTERED, stage 2 adds PARTIAL and stops half-way.
+    sft1, sft2 = out / "sft1", out / "sft2"
+    stage1 = {**demo.sft_env(RECIPE, model, write_problems(out / "mastered.jsonl", MASTERED), sft1),
+              "SFT_HOLDOUT": "0", "SFT_STOP_LOSS": "0.05", "SFT_BATCH_SIZE": str(len(MASTERED))}
+    demo.run_stage("SFT stage 1 (mastered)", [str(demo.TRAIN), "sft"], stage1, out, out / "sft1.out", echo)
+    stage2 = {**demo.sft_env(RECIPE, sft1 / "final_model", write_problems(out / "taught.jsonl", MASTERED + PARTIAL), sft2),
+              "SFT_HOLDOUT": "0", "SFT_STOP_LOSS": "0.15", "SFT_BATCH_SIZE": str(len(MASTERED + PARTIAL))}
+    demo.run_stage("SFT stage 2 (partly learned)", [str(demo.TRAIN), "sft"], stage2, out, out / "sft2.out", echo)
+    problems = write_problems(out / "problems.jsonl", RECIPE.train_ids)
+
+    def grpo_env(run: str, steps: int, **extra) -> dict:
+        env = {**demo.grpo_env(RECIPE, sft2, out / run), "TRAINING_DATASET": str(problems), "GRPO_BATCH_SIZE": str(BATCH),
+               "GRPO_MAX_STEPS": str(steps), "GRPO_SEED": str(args.seed)}
+        return {**env, **extra}
+
+    per_step = BATCH * group
+    runs = {"uniform": {"steps": args.steps, "probe": 0}, "tracked": {"steps": args.steps, "probe": 0}, "selected": {}}
+    demo.run_stage("GRPO, uniform sampling", [str(demo.TRAIN)], grpo_env("uniform", args.steps, GRPO_TRACK_PROBLEMS="0"),
+                   out, out / "uniform.out", echo)
+    demo.run_stage("GRPO, tracking only (the default)", [str(demo.TRAIN)],
+                   grpo_env("tracked", args.steps, GRPO_TRACK_PROBLEMS="1"), out, out / "tracked.out", echo)
+
+    stats = out / "probe.jsonl"
+    probe_env = {**grpo_env("selected", 0), "GRPO_NUM_GENERATIONS": str(group)}
+    demo.run_stage("probe", [str(ROOT / "evaluate.py"), "--probe", str(stats), "--batch-size", "4"], probe_env, out,
+                   out / "probe.out", echo)
+    probed = sum(s.k for s in read_stats(stats))
+    steps = args.steps - probed // per_step  # the same completions in all: the probe's count against the run
+    runs["selected"] = {"steps": steps, "probe": probed}
+    demo.run_stage("GRPO, probe + selection + tracking", [str(demo.TRAIN)],
+                   grpo_env("selected", steps, GRPO_PROBLEM_STATS=str(stats), GRPO_TRACK_PROBLEMS="1"),
+                   out, out / "selected.out", echo)
+    choices = [json.loads(l) for l in (out / "selected" / "problem_selection.jsonl").read_text().splitlines()]
+    kept = [c["id"] for c in choices if c["ok"]]
+
+    print("\n== before/after on the learnable problems, sampled as GRPO samples (same seed), training grader")
+    split = {"learnable": [p for p in load_problems(str(problems)) if p.id in PARTIAL]}
+    hf_logging.disable_progress_bar()
+    models = {"SFT": str(sft2 / "final_model"), **{name: demo.merge_adapter(out / name) for name in runs}}
+    table = demo.compare(models, split, RECIPE)
+    results = {}
+    for name, run in runs.items():
+        zs = series(parse_learning_log(out / name / "learning.log")[1], "frac_zero_std")
+        results[name] = {"frac_zero_std": mean(zs), "not_learnable": not_learnable(out / name),
+                         "reward_before": table["SFT"]["learnable"]["mean_reward"],
+                         "reward_after": table[name]["learnable"]["mean_reward"],
+                         "completions": run["probe"] + run["steps"] * per_step, "grpo_steps": run["steps"],
+                         "probe_completions": run["probe"], "frac_zero_std_per_step": zs}
+        results[name]["gain"] = results[name]["reward_after"] - results[name]["reward_before"]
+    results["problems"] = {"mastered": MASTERED, "partial": PARTIAL, "never_seen": NEVER_SEEN, "kept": kept}
+    results["seconds"] = round(time.time() - t0)
+    print("\n| run | GRPO steps | completions | mean frac_zero_std | groups teaching nothing | learnable reward before "
+          "| after | gain |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name in runs:
+        r = results[name]
+        print(f"| {name} | {r['grpo_steps']} | {r['completions']} | {r['frac_zero_std']:.3f} | {r['not_learnable']:.2f} "
+              f"| {r['reward_before']:.3f} | {r['reward_after']:.3f} | {r['gain']:+.3f} |")
+    gains = results["selected"]["gain"], results["uniform"]["gain"]
+    ratio = f"{gains[0] / gains[1]:.2f}" if gains[1] > 0 else "n/a (the uniform run gained nothing)"
+    print(f"\nselection kept {kept}; gain ratio selected/uniform {ratio}; {results['seconds']} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""analyze.py's part on what the groups taught: which kind of zero variance a run had and the
+remedy that matches it, the problem tracker's states over time, and the selection's choices.
+
+A group with identical rewards teaches nothing, but the remedies differ with the reason:
+    too_hard   no completion passed a test: train on problems the model can sometimes solve
+               (probe + GRPO_PROBLEM_STATS), REWARD_CURRICULUM=1 (partial credit first), a stronger
+               base model or an SFT warm start;
+    too_easy   every completion passed: drop them (probe + GRPO_PROBLEM_STATS), the tracker draws them less;
+    identical  the completions score alike otherwise: more diverse samples (GRPO_TEMPERATURE, more
+               GRPO_NUM_GENERATIONS). Only this one looks like the seed's "mode collapse".
+
+Reads, judges and renders in separate functions; no I/O beyond reading the run directory's files.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from ocaml_grpo.group_stats import KINDS, STATES, TRACKING_FILE, ZERO_VARIANCE, group_kind, states_over_time
+from ocaml_grpo.selection import SELECTION_FILE
+
+TITLES = {"too_hard": "Zero-variance groups: problems too hard", "too_easy": "Zero-variance groups: problems too easy",
+          "identical": "Mode collapse: identical rewards", None: "Zero-variance groups"}
+REMEDY = {
+    "too_hard": "no completion passed any test in them. Train on problems the model sometimes solves: probe them "
+                "(`python evaluate.py --probe probe.jsonl`) and set GRPO_PROBLEM_STATS=probe.jsonl; reward partial "
+                "credit first (REWARD_CURRICULUM=1); or start from a stronger base model or an SFT warm start "
+                "(`python train.py sft`). More samples or a higher temperature rarely help here.",
+    "too_easy": "every completion passed every test in them. Drop the mastered problems: probe them "
+                "(`python evaluate.py --probe probe.jsonl`) and set GRPO_PROBLEM_STATS=probe.jsonl; the problem "
+                "tracker (GRPO_TRACK_PROBLEMS=1) draws them less.",
+    "identical": "the completions scored alike without all passing or all failing (e.g. the same wrong answer): "
+                 "sample more diversely (GRPO_TEMPERATURE) or more completions per group (GRPO_NUM_GENERATIONS).",
+}
+
+
+@dataclass
+class GroupReport:
+    kinds: dict[str, int]                          # groups of each kind, from the breakdown log
+    states: list[tuple[int, dict[str, int]]]       # (step, problems in each state) from the tracking file
+    selection: dict | None                         # {"kept", "problems", "dropped": {reason: n}} or None
+
+    @property
+    def zero_variance(self) -> int:
+        return sum(self.kinds[k] for k in ZERO_VARIANCE)
+
+    @property
+    def dominant(self) -> str | None:
+        """The most common kind of zero variance (None when there was none, or no breakdown log)."""
+        z = {k: self.kinds[k] for k in ZERO_VARIANCE if self.kinds[k]}
+        return max(z, key=z.get) if z else None
+
+
+def group_kinds(recs: list[dict]) -> dict[str, int]:
+    """Groups of each kind: the `group` field the trainer wrote, or, for logs older than it, the
+    kind computed from the group's rewards and test counts."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in recs:
+        groups[(r.get("step"), str(r.get("problem_id")))].append(r)
+    out = Counter()
+    for rs in groups.values():
+        if rs[0].get("group") in KINDS:
+            out[rs[0]["group"]] += 1
+            continue
+        scored = [r for r in rs if r.get("reward") is not None]
+        out[group_kind([float(r["reward"]) for r in scored],
+                       [bool(r.get("tests_total")) and r.get("tests_passed") == r.get("tests_total") for r in scored],
+                       [(r.get("tests_passed") or 0) > 0 for r in scored])] += 1
+    return {k: out[k] for k in KINDS}
+
+
+def read_group_report(run_dir: Path, recs: list[dict], read_jsonl, drop_superseded) -> GroupReport:
+    """`read_jsonl` and `drop_superseded` are analyze.py's (torn lines skipped; steps redone after a resume once)."""
+    events: list[dict] = []
+    if (p := run_dir / "reward_logs" / TRACKING_FILE).is_file():
+        events = drop_superseded(read_jsonl(p)[0], lambda e: e.get("step") or 0)
+    selection, kept = None, []
+    if (p := run_dir / SELECTION_FILE).is_file():
+        choices = read_jsonl(p)[0]
+        kept = [str(c.get("id")) for c in choices if c.get("ok")]
+        selection = {"kept": len(kept), "problems": len(choices),
+                     "dropped": dict(Counter(str(c.get("reason")) for c in choices if not c.get("ok")).most_common())}
+    elif (p := run_dir / "dataset_audit.jsonl").is_file():  # no selection: the problems the audit kept
+        kept = [str(c.get("id")) for c in read_jsonl(p)[0] if c.get("ok")]
+    return GroupReport(group_kinds(recs), states_over_time(events, kept), selection)
+
+
+def explain(g: GroupReport) -> tuple[str, str]:
+    """(title, detail) for the zero-variance finding."""
+    if not g.zero_variance:
+        return TITLES[None], ""
+    shares = ", ".join(f"{k} {g.kinds[k]}" for k in ZERO_VARIANCE if g.kinds[k])
+    return TITLES[g.dominant], (f" In the breakdown log {g.zero_variance}/{sum(g.kinds.values())} groups had identical "
+                                f"rewards ({shares}). Most are {g.dominant}: {REMEDY[g.dominant]}")
+
+
+def render(g: GroupReport) -> list[str]:
+    """The report's markdown section."""
+    total = sum(g.kinds.values())
+    md = ["## What the Groups Taught", "",
+          "| Group kind | Groups | Share |", "|---|---:|---:|"]
+    md += [f"| {k} | {g.kinds[k]} | {g.kinds[k] / max(1, total):.0%} |" for k in KINDS]
+    if g.dominant:
+        md += ["", f"Most zero-variance groups are **{g.dominant}**: {REMEDY[g.dominant]}"]
+    if g.selection:
+        s = g.selection
+        md += ["", f"Selection (GRPO_PROBLEM_STATS, `{SELECTION_FILE}`): {s['kept']} of {s['problems']} problems kept; "
+               "dropped: " + (", ".join(f"{r} {n}" for r, n in s["dropped"].items()) or "none") + "."]
+    if g.states:
+        rows = g.states if len(g.states) <= 8 else [g.states[round(i * (len(g.states) - 1) / 7)] for i in range(8)]
+        md += ["", f"Problem states over time (the tracker's `reward_logs/{TRACKING_FILE}`; a problem's state is "
+               "the learnable rule's verdict on its last group, GRPO_LEARNABLE_*):", "", "| step | " + " | ".join(STATES) + " |",
+               "|---:|" + "---:|" * len(STATES)]
+        md += [f"| {step} | " + " | ".join(str(c[s]) for s in STATES) + " |" for step, c in rows]
+    return md + [""]

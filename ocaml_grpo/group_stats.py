@@ -1,0 +1,178 @@
+"""What each GRPO group can teach: the kind of a group of completions for one problem, and the
+problem tracker that remembers each problem's last kind.
+
+GRPO's advantage is a completion's reward minus its group's mean: a group whose rewards are all
+equal teaches nothing. Which way they are equal says what to do about it, so every group gets a
+kind (the same words name a problem's state in the tracker, a dropped problem's reason in
+selection.py, and the remedies in analyze.py):
+
+    too_easy   identical rewards, every completion passed every test
+    too_hard   identical rewards, no completion passed any test
+    identical  identical rewards otherwise (e.g. all compile, all fail the same test)
+    mixed      the rewards differ: the group teaches
+
+Rewards are partial credit, so "learnable" means "the rewards differ", not "some pass, some fail"
+(a group where none passes but some compile is mixed, and teaches). How much they must differ is
+a setting (GRPO_LEARNABLE_MIN_STD, `learnable`): GRPO divides each advantage by the group's std,
+so a group whose rewards differ by a stray END marker (std 0.01) pushes as hard as one where half
+the answers pass, and teaches only noise. The logs count the kinds exactly (std 0, as TRL's
+frac_reward_zero_std does); the selection and the tracker judge with the threshold.
+
+Pure Python, no torch: the reward function, the trainer's sampler, the probe and analyze.py share it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+KINDS = ("too_easy", "too_hard", "identical", "mixed")
+ZERO_VARIANCE = KINDS[:3]
+UNSEEN = "unseen"  # a problem's state before its first group
+STATES = (UNSEEN,) + KINDS
+TRACKING_FILE = "problem_tracking.jsonl"  # under <output dir>/reward_logs/, archived with the other reward logs
+
+# What the reward function reports per step through TRL's log_metric (shares of the step's groups).
+METRIC_FRAC_ZERO_STD = "ocaml/frac_zero_std"  # per-group share with identical rewards, whatever the reward scaling
+METRIC_GROUP = {kind: f"ocaml/groups_{kind}" for kind in KINDS}
+
+
+@dataclass(frozen=True)
+class GroupStat:
+    """One group: the completions of one problem in one step."""
+    problem_id: str
+    kind: str
+    size: int                           # completions with a reward (grading crashes left out, as TRL does)
+    reward_mean: float
+    reward_std: float                   # population std of the scored rewards
+    solved: float                       # share passing every test
+    passed_any: float                   # share passing at least one test
+
+
+def group_kind(rewards: Sequence[float], solved: Sequence[bool], passed_any: Sequence[bool]) -> str:
+    """The kind of one group (the module docstring). Fewer than 2 scored completions: no advantage either."""
+    if len(rewards) > 1 and max(rewards) - min(rewards) > 1e-9:
+        return "mixed"
+    if solved and all(solved):
+        return "too_easy"
+    if not any(passed_any):
+        return "too_hard"
+    return "identical"
+
+
+def learnable(reward_std: float, solved: float, passed_any: float, min_std: float, max_solved: float) -> str:
+    """'mixed' when a problem's rewards (a probe's k samples, or its last group) differ enough to
+    teach, else the reason they do not: too_easy (solved share >= max_solved), too_hard (std
+    below min_std, no test passed), identical (std below min_std otherwise)."""
+    if solved >= max_solved:
+        return "too_easy"
+    if reward_std < max(min_std, 1e-9):
+        return "too_hard" if passed_any == 0 else "identical"
+    return "mixed"
+
+
+def group_stat(problem_id: str, rewards: Sequence[float | None], solved: Sequence[bool],
+               passed_any: Sequence[bool]) -> GroupStat:
+    scored = [i for i, r in enumerate(rewards) if r is not None]
+    rs = [float(rewards[i]) for i in scored]
+    sv, pa = [solved[i] for i in scored], [passed_any[i] for i in scored]
+    n = max(1, len(scored))
+    return GroupStat(problem_id, group_kind(rs, sv, pa), len(scored), round(statistics.fmean(rs), 6) if rs else 0.0,
+                     round(statistics.pstdev(rs), 6) if len(rs) > 1 else 0.0, sum(sv) / n, sum(pa) / n)
+
+
+def kind_shares(groups: Sequence[GroupStat]) -> dict[str, float]:
+    counts = Counter(g.kind for g in groups)
+    return {kind: counts[kind] / max(1, len(groups)) for kind in KINDS}
+
+
+# ----------------------------------------------------------------------------- the tracker
+
+@dataclass
+class ProblemTracker:
+    """Each problem's state (`learnable`'s verdict on its last group). The trainer's sampler asks it how
+    likely a problem is to be drawn (`keep_probability`): 1 for a problem not seen yet or whose
+    last group taught (`learnable` with min_std and max_solved), `low_weight` for one whose last
+    group did not. Such a problem is not dropped: it is drawn less often, and one group that
+    teaches restores it (a too-hard problem may become learnable as the policy improves).
+
+    Every group is appended to the file given to `open` (one JSON line each, whole-line writes),
+    and a resumed run replays that file (`load`): the states survive a crash and a resume."""
+    low_weight: float = 0.2
+    min_std: float = 0.0
+    max_solved: float = 1.0
+    states: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self._fd: int | None = None
+
+    def load(self, path: Path) -> int:
+        """Replay the groups of an earlier session; returns how many were read. A torn last line
+        (a crash mid-write) is skipped."""
+        n = 0
+        if path.is_file():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                try:
+                    event = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                self.record(event_stat(event), event.get("state"))
+                n += 1
+        return n
+
+    def open(self, path: Path) -> None:
+        """Append every later group to `path` (rank 0 only; the other ranks keep their states in memory)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if path.stat().st_size and not path.read_bytes().endswith(b"\n"):
+            os.write(self._fd, b"\n")  # close a torn last line so new lines stay whole
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def record(self, g: GroupStat, state: str | None = None) -> str:
+        """Judge a group (`state`: the verdict a replayed line carries, judged with that run's settings)."""
+        self.states[g.problem_id] = state or learnable(g.reward_std, g.solved, g.passed_any, self.min_std,
+                                                       self.max_solved)
+        return self.states[g.problem_id]
+
+    def update(self, step: int, groups: Iterable[GroupStat]) -> None:
+        lines = [json.dumps({"step": step, **asdict(g), "state": self.record(g)}) + "\n" for g in groups]
+        if self._fd is not None and lines:
+            os.write(self._fd, "".join(lines).encode())
+
+    def state(self, problem_id: str) -> str:
+        return self.states.get(problem_id, UNSEEN)
+
+    def keep_probability(self, problem_id: str) -> float:
+        return self.low_weight if self.state(problem_id) in ZERO_VARIANCE else 1.0
+
+    def counts(self, problem_ids: Iterable[str]) -> dict[str, int]:
+        c = Counter(self.state(p) for p in problem_ids)
+        return {s: c[s] for s in STATES}
+
+
+def states_over_time(events: Sequence[dict], problem_ids: Iterable[str] = ()) -> list[tuple[int, dict[str, int]]]:
+    """(step, problems in each state after that step) from a tracking file's events, in step
+    order; `problem_ids` adds problems never drawn (they stay unseen)."""
+    tracker, out = ProblemTracker(), []
+    known = set(problem_ids) | {str(e["problem_id"]) for e in events}
+    by_step: dict[int, list[dict]] = {}
+    for e in events:
+        by_step.setdefault(int(e["step"]), []).append(e)
+    for step in sorted(by_step):
+        for e in by_step[step]:
+            tracker.record(event_stat(e), e.get("state"))
+        out.append((step, tracker.counts(known)))
+    return out
+
+
+def event_stat(event: dict) -> GroupStat:
+    """A tracking file's line back into its group."""
+    return GroupStat(**{k: event[k] for k in GroupStat.__dataclass_fields__})
