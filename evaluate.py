@@ -167,7 +167,7 @@ def grade_completions(chosen: list[Problem], texts: list[list[str]], lens: list[
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(a == "--probe" or a.startswith("--probe=") for a in argv):  # the probe for selection: ocaml_grpo/probe.py
-        return probe.main(argv, generate_hf, generate_vllm)
+        return probe.main(argv, generate_hf, generate_vllm, lambda cfg: RewardScorer(RewardConfig.from_settings(cfg)))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="hub id or local dir; `demo` = the tiny offline demo model")
     ap.add_argument("--adapter", default=None, help="a LoRA adapter dir (e.g. grpo_runs/final_adapter)")

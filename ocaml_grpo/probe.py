@@ -36,30 +36,33 @@ from ocaml_grpo.prompting import chat_messages
 from ocaml_grpo.selection import ProblemStats, read_stats, sampling_differences, sampling_settings
 from ocaml_grpo.settings import resolve
 from ocaml_grpo.train_config import SETTINGS
-from rewards import Breakdown, RewardConfig, RewardScorer
+from ocaml_sandbox import SANDBOX_SETTINGS
 
 # What the probe reads from the environment (the rest of train.py's settings do not change a sample).
 USED = ("BASE_MODEL_ID", "GRPO_INIT_ADAPTER", "TRAINING_DATASET", "GRPO_TEMPERATURE", "GRPO_MAX_COMPLETION",
         "GRPO_NUM_GENERATIONS", "MIN_NON_EMPTY_LINES", "RUNAWAY_PENALTY_MULTIPLIER", "REWARD_WEIGHT_STRUCTURAL",
-        "REWARD_WEIGHT_TYPE_CHECK", "REWARD_WEIGHT_COMPILE", "REWARD_WEIGHT_TESTS", "REWARD_WORKERS")
+        "REWARD_WEIGHT_TYPE_CHECK", "REWARD_WEIGHT_COMPILE", "REWARD_WEIGHT_TESTS", "REWARD_WORKERS",
+        *(s[0] for s in SANDBOX_SETTINGS))
 
 
-def problem_stats(problem: Problem, graded: list[Breakdown], sampling: dict) -> ProblemStats:
+def problem_stats(problem: Problem, graded: list, sampling: dict) -> ProblemStats:
+    """`graded`: the reward's Breakdowns (rewards.py) of one problem's k completions."""
     g = group_stat(problem.id, [b.reward for b in graded], [b.solved for b in graded], [b.passed_any for b in graded])
     return ProblemStats(problem.id, len(graded), g.reward_mean, g.reward_std, g.solved, g.passed_any, g.kind, sampling)
 
 
-def grade(problems: list[Problem], texts: list[list[str]], lens: list[list[int]], scorer: RewardScorer,
+def grade(problems: list[Problem], texts: list[list[str]], lens: list[list[int]], scorer,
           max_completion: int, sampling: dict) -> list[ProblemStats]:
-    """Each problem's k completions graded with the training reward, as one group."""
+    """Each problem's k completions graded with the training reward (rewards.RewardScorer), as one group."""
     flat = [(p, t, n) for p, ts, ns in zip(problems, texts, lens) for t, n in zip(ts, ns)]
     graded = scorer.score_batch([f[0] for f in flat], [f[1] for f in flat], [f[2] for f in flat], max_completion)
     k = len(texts[0]) if texts else 0
     return [problem_stats(p, graded[i * k:(i + 1) * k], sampling) for i, p in enumerate(problems)]
 
 
-def main(argv: list[str], generate_hf, generate_vllm) -> int:
-    """evaluate.py's `--probe` mode; the generators are evaluate.py's (passed in: evaluate.py is the command)."""
+def main(argv: list[str], generate_hf, generate_vllm, make_scorer) -> int:
+    """evaluate.py's `--probe` mode; the generators and the training reward's scorer (make_scorer(cfg))
+    are evaluate.py's, passed in: evaluate.py is the command, and this library sits below rewards.py."""
     ap = argparse.ArgumentParser(prog="evaluate.py", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 2)[2] + "\n\nReads (python train.py --help): " + ", ".join(USED))
@@ -102,7 +105,7 @@ def main(argv: list[str], generate_hf, generate_vllm) -> int:
           + (f" + adapter {sampling['adapter']}" if sampling["adapter"] else "") + ")", flush=True)
     if not todo:
         return 0
-    scorer = RewardScorer(RewardConfig.from_settings(cfg))
+    scorer = make_scorer(cfg)
     t0, written = time.time(), 0
 
     def write(batch: list[Problem], texts: list[list[str]], lens: list[list[int]]) -> None:
