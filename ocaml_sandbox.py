@@ -408,8 +408,10 @@ def _wait_with_usage(proc: subprocess.Popen, wall_s: float, uid: int | None,
         waiter.join(wall_s)
     else:
         deadline, blocked_since = time.monotonic() + wall_s, None
-        while waiter.is_alive() and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
             waiter.join(IDLE_POLL_S)
+            if not waiter.is_alive():
+                break
             now = time.monotonic()
             blocked_since = (blocked_since or now) if _blocked(uid) else None
             if blocked_since is not None and now - blocked_since >= idle_s:

@@ -27,7 +27,6 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
 
 from ocaml_grpo import dataset_audit, group_stats, ocaml_source as src
 from ocaml_grpo.completions import assemble_solution, completion_text, extract_code
@@ -35,6 +34,7 @@ from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo.prompting import END_MARKER
 from ocaml_grpo.settings import resolve
 from ocaml_grpo.grader import Grade, OcamlGrader
+# The reward's settings and metric names are defined in reward_config.py; re-exported for the commands.
 from ocaml_grpo.reward_config import (CURRICULUM, METRIC_COMPILED, METRIC_CRASHED, METRIC_END_MARKER,  # noqa: F401
                                       METRIC_PASSED_ANY, METRIC_SOLVED, REWARD_SETTINGS, RewardConfig, Weights,
                                       curriculum_phase)

@@ -190,44 +190,61 @@ class CompileServer:
 
     def request(self, workdir: Path, fields: list[str], timeout: float) -> Reply:
         """Run one request in `workdir` (under the server's root) within `timeout` seconds."""
+        return self.requests(workdir, fields, timeout)[0]
+
+    def requests(self, workdir: Path, fields: list[str], timeout: float) -> list[Reply]:
+        """A request's replies: one, or for `k` two when the check passed and it linked."""
         for attempt in (0, 1):
             t0 = time.monotonic()
             proc = self._start()
             self.sandbox.own(proc, workdir)
             line = "\t".join([f"{self._box_root}/{workdir.relative_to(self.root)}", *fields]) + "\n"
-            reply = self._exchange(proc, line.encode(), t0 + timeout)
-            if reply is not None and not reply.timed_out:
-                return reply
+            expected = len(fields) - 1 if fields[0] == "P" else None
+            replies = self._exchange(proc, line.encode(), t0 + timeout, linked=fields[0] == "k", expected=expected)
+            if replies is not None and not replies[-1].timed_out:
+                return replies
             self.stop()  # the only way to stop a compile in flight; a fresh server serves the next
-            if reply is None and attempt == 0 and time.monotonic() - t0 < timeout:
+            if replies is None and attempt == 0 and time.monotonic() - t0 < timeout:
                 timeout -= time.monotonic() - t0
                 continue  # it died (not timed out): re-run once on a fresh server
-            return reply or Reply(2, "Fatal error: the compiler process died\n")
+            return replies or [Reply(2, "Fatal error: the compiler process died\n")]
         raise AssertionError("unreachable")
 
     @staticmethod
-    def _exchange(proc: Spawned, line: bytes, deadline: float) -> Reply | None:
-        """Send a request and read its reply: None if the server died, timed_out if the deadline
-        passed first."""
+    def _exchange(proc: Spawned, line: bytes, deadline: float, linked: bool = False,
+                  expected: int | None = None) -> list[Reply] | None:
+        """Send a request and read its replies: None if the server died, the last timed_out if
+        the deadline passed first. `linked`: a `k` request, whose check is followed by the link's
+        reply when it passed; `expected`: a `P` request's number of replies (one per file)."""
         try:
             proc.proc.stdin.write(line)
         except (BrokenPipeError, OSError):
             return None
         fd = proc.proc.stdout.fileno()
-        buf = bytearray()
-        need: int | None = None
-        while need is None or len(buf) < need:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                return Reply(2, "compiler timed out", timed_out=True)
-            chunk = os.read(fd, READ_CHUNK)
-            if not chunk:
-                return None
-            buf += chunk
-            if need is None and b"\n" in buf:
-                head = buf.partition(b"\n")[0]
-                need = len(head) + 1 + int(head.split()[1])
-        return parse_reply(bytes(buf))
+        buf, replies = bytearray(), []
+        while True:
+            while b"\n" not in buf or len(buf) < _reply_size(buf):
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([fd], [], [], left)[0]:
+                    return [*replies, Reply(2, "compiler timed out", timed_out=True)]
+                chunk = os.read(fd, READ_CHUNK)
+                if not chunk:
+                    return None
+                buf += chunk
+            size = _reply_size(buf)
+            replies.append(parse_reply(bytes(buf[:size])))
+            del buf[:size]
+            first = replies[0]
+            if expected is not None:
+                if len(replies) == expected:
+                    return replies
+            elif not (linked and len(replies) == 1 and first.returncode == 0 and not first.denied):
+                return replies
+
+
+def _reply_size(buf: bytearray) -> int:
+    head = buf.partition(b"\n")[0]
+    return len(head) + 1 + int(head.split()[1])
 
 
 class ServerPool:

@@ -50,6 +50,13 @@ class Steps(Protocol):
     def compile(self, file: str, flags: str) -> Reply: ...
     def link(self, out: str, files: list[str]) -> Reply: ...
 
+    def check_and_link(self, file: str, out: str, files: list[str]) -> tuple[Reply, Reply | None]:
+        """`compile(file, "a")`, then `link(out, files)` only if it compiled and the allowlist denied
+        nothing (None otherwise)."""
+
+    def parse_each(self, files: list[str]) -> list[Reply]:
+        """`compile(f, "pW")` for each file (fewer replies when the budget ran out)."""
+
 
 @functools.lru_cache(maxsize=32)
 def package_dirs(requires: tuple[str, ...]) -> tuple[str, ...]:
@@ -65,20 +72,28 @@ class ServerSteps:
     def __init__(self, server: CompileServer, workdir: Path, budget: CompileBudget):
         self.server, self.workdir, self.budget = server, workdir, budget
 
-    def _request(self, fields: list[str]) -> Reply:
+    def _request(self, fields: list[str]) -> list[Reply]:
         if self.budget.seconds <= 0:
             self.budget.exhausted = True
-            return Reply(2, "compiler timed out", timed_out=True)
+            return [Reply(2, "compiler timed out", timed_out=True)]
         t0 = time.monotonic()
-        rep = self.server.request(self.workdir, fields, self.budget.seconds)
-        self.budget.spend(t0, rep.timed_out)
-        return rep
+        replies = self.server.requests(self.workdir, fields, self.budget.seconds)
+        self.budget.spend(t0, replies[-1].timed_out)
+        return replies
 
     def compile(self, file: str, flags: str) -> Reply:
-        return self._request(["c", flags or "-", file])
+        return self._request(["c", flags or "-", file])[0]
 
     def link(self, out: str, files: list[str]) -> Reply:
-        return self._request(["o", out, *files])
+        return self._request(["o", out, *files])[0]
+
+    def check_and_link(self, file: str, out: str, files: list[str]) -> tuple[Reply, Reply | None]:
+        # One request, one forked compiler for both steps (each fork costs the server CPU).
+        replies = self._request(["k", file, out, *files])
+        return replies[0], (replies[1] if len(replies) > 1 else None)
+
+    def parse_each(self, files: list[str]) -> list[Reply]:
+        return [r for r in self._request(["P", *files]) if not r.timed_out]
 
 
 class OcamlcSteps:
@@ -120,6 +135,19 @@ class OcamlcSteps:
         script = (f"{shlex.join(self._ocamlc(flags, False))} -c {file} >/dev/null 2>{name}.out; rc=$?; echo $rc >{name}.rc\n"
                   f"if [ $rc = 0 ]; then {check}; else {tool} --once {shlex.quote(once)} >{name}.facts; fi\n")
         return self._step(script, name)
+
+    def check_and_link(self, file: str, out: str, files: list[str]) -> tuple[Reply, Reply | None]:
+        tc = self.compile(file, "a")
+        return tc, (self.link(out, files) if tc.returncode == 0 and not tc.timed_out and not tc.denied else None)
+
+    def parse_each(self, files: list[str]) -> list[Reply]:
+        replies = []
+        for f in files:
+            rep = self.compile(f, "pW")
+            if rep.timed_out:
+                break
+            replies.append(rep)
+        return replies
 
     def link(self, out: str, files: list[str]) -> Reply:
         script = (f"{shlex.join(self._ocamlc('', True))} -o {out} {' '.join(files)} >/dev/null 2>{out}.out; "

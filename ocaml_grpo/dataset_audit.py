@@ -30,7 +30,7 @@ from typing import Callable
 from ocaml_grpo import ocaml_source as src
 from ocaml_grpo.completions import assemble_solution, invalid_entry_point_note
 from ocaml_grpo.problems import Problem, load_problems
-from ocaml_grpo.settings import Auto, Setting, Text, cache_dir, default_workers, resolve
+from ocaml_grpo.settings import Auto, Setting, Text, cache_dir, default_workers
 from ocaml_grpo.grader import OcamlGrader
 from ocaml_sandbox import Sandbox, SandboxConfig
 

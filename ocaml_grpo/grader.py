@@ -67,7 +67,7 @@ class OcamlGrader:
                  max_parallel_compiles: int | None = None, compiler: str | None = None, check_library: bool = True):
         self.sandbox = sandbox or Sandbox()
         # False only in the sandbox's own tests: code the allowlist stops must still be contained.
-        self._check_flag = "a" if check_library else ""
+        self.check_library = check_library
         self.compiler = compiler or self.sandbox.config.compiler
         cores = max_parallel_compiles or os.cpu_count() or 1
         # Test runs are CPU-bound: bounded by the cores, so a test run gets a core to itself and
@@ -136,12 +136,16 @@ class OcamlGrader:
         """Steps 1 and 2 (see the module docstring); True when the test program was built."""
         phrases = src.split_phrases(solution)
         grade.phrases_total = max(1, len(phrases))
-        tc = steps.compile("solution.ml", self._check_flag)
+        objects = [f"{self.harness}.cmo", "tests.ml"]
+        if self.check_library:
+            tc, link = steps.check_and_link("solution.ml", "prog", objects)
+        else:
+            tc, link = steps.compile("solution.ml", ""), None
         # Typing got to the end: said by the compiler's exit status, never by its messages.
         # Weak type variables (`let f = List.map g`) are fine in a program, only not in a unit
         # without an interface, so the `-i` check decides that case.
         if not tc.timed_out and tc.returncode != 0 and NONGENERALIZABLE in tc.output:
-            tci = steps.compile("solution.ml", self._check_flag + "i")
+            tci = steps.compile("solution.ml", "ai" if self.check_library else "i")
             if tci.returncode == 0 and not tci.timed_out:
                 tc = tci
         if tc.timed_out or tc.returncode != 0:
@@ -154,7 +158,7 @@ class OcamlGrader:
         if tc.denied:
             grade.forbidden = tc.denied[0]
             return False
-        link = steps.link("prog", [f"{self.harness}.cmo", "tests.ml"])
+        link = link or steps.link("prog", objects)
         if link.timed_out or link.returncode != 0:
             grade.test_error = error_of(link).message
             return False
@@ -207,16 +211,11 @@ class OcamlGrader:
 
     def _unparsed(self, steps: Steps, phrases: list[src.Phrase]) -> dict[int, CompileError]:
         """The phrases that do not parse on their own, each with its syntax error."""
-        bad = {}
-        workdir = steps.workdir
         for i, ph in enumerate(phrases):
-            (workdir / f"parse{i}.ml").write_text(ph.text)
-            rep = steps.compile(f"parse{i}.ml", "pW")  # parsing alone takes ocamlc's default warnings
-            if rep.timed_out:
-                break
-            if rep.returncode != 0:
-                bad[i] = CompileError("syntax", ph.line, error_of(rep).message)
-        return bad
+            (steps.workdir / f"parse{i}.ml").write_text(ph.text)
+        replies = steps.parse_each([f"parse{i}.ml" for i in range(len(phrases))])
+        return {i: CompileError("syntax", phrases[i].line, error_of(rep).message)
+                for i, rep in enumerate(replies) if rep.returncode != 0}
 
     @staticmethod
     def _check(steps: Steps, text: str) -> CompileError | None:

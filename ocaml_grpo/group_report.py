@@ -13,7 +13,6 @@ Reads, judges and renders in separate functions; no I/O beyond reading the run d
 """
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path

@@ -8,7 +8,8 @@ import pytest
 
 import preloaded
 from conftest import GRADED, ROOT
-from evaluate import RATES, grade_completions, pass_at_k, render_markdown, verdict
+from evaluate import render_markdown
+from ocaml_grpo.evaluation import RATES, grade_completions, pass_at_k, verdict
 from ocaml_grpo import ocaml_source as src
 from ocaml_grpo.problems import load_problems
 from rewards import RewardConfig, RewardScorer

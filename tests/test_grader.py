@@ -14,7 +14,7 @@ from ocaml_grpo.completions import assemble_solution, extract_code
 from ocaml_grpo.problems import Problem, load_problems
 from ocaml_grpo.grader import OcamlGrader
 from ocaml_sandbox import UID_POOL_BASE, UID_POOL_SIZE, Sandbox
-from rewards import RewardConfig, RewardScorer, Weights, curriculum_phase
+from rewards import RewardConfig, RewardScorer, curriculum_phase
 
 def score(scorer, code, problem=ADD):
     return scorer.score_one(problem, fenced(code))

@@ -3,7 +3,6 @@ the compiler's typed tree against an allowlist (deny by default, the solution's 
 matter), every compile request meets a fresh compiler, error classes come from the compiler's
 exceptions, lines are counted as OCaml's lexer counts them, and a blocked test program is stopped.
 Real compiler, real sandbox."""
-import os
 import subprocess
 import time
 from pathlib import Path

@@ -22,7 +22,10 @@
                                            only, signature discarded), p = -stop-after parsing,
                                            W = ocamlc's default warnings instead of -w -a ...
      DIR  o  OUT  FILE...                  like `ocamlc -w -a -alert -all -o OUT FILE...`
-   Reply: "ready\n" once started, then per request "RC LEN\n" and LEN bytes: fact lines
+     DIR  k  FILE.ml  OUT  FILE...         `c a FILE.ml`, then, if it compiled and the allowlist
+                                           denies nothing, `o OUT FILE...` in the same process
+     DIR  P  FILE.ml...                    `c pW FILE.ml` for each file, one reply each
+   Reply: "ready\n" once started, then per request (per step of `k`) "RC LEN\n" and LEN bytes: fact lines
    `key=value` (stage, unbound, items, denied), an empty line, then what ocamlc would have written
    on stderr. The length prefix means nothing in a message can pass for a reply. *)
 
@@ -44,16 +47,15 @@ let () =
   Clflags.color := Some Misc.Color.Never;
   Clflags.error_style := Some Misc.Error_style.Contextual
 
-(* The standard library's listing and .cmi files, read once by the parent (read-only data; each
-   request still builds its own environment from them, as ocamlc does). *)
+(* The standard library's listing and its Stdlib .cmi, read once by the parent (read-only data;
+   each request still builds its own environment from them, as ocamlc does). Only Stdlib's: every
+   request opens it, and a larger parent heap costs every forked child more (its GC marks the
+   inherited heap, page by copied page): the others are read by the children that use them. *)
 let std_dir = Load_path.Dir.create Config.standard_library
-let cmi_cache : (string, Cmi_format.cmi_infos) Hashtbl.t = Hashtbl.create 128
+let cmi_cache : (string, Cmi_format.cmi_infos) Hashtbl.t = Hashtbl.create 8
 let () =
-  Array.iter (fun f ->
-      if Filename.check_suffix f ".cmi" then
-        let path = Filename.concat Config.standard_library f in
-        try Hashtbl.replace cmi_cache path (Cmi_format.read_cmi path) with _ -> ())
-    (try Sys.readdir Config.standard_library with Sys_error _ -> [||]);
+  let path = Filename.concat Config.standard_library "stdlib.cmi" in
+  (try Hashtbl.replace cmi_cache path (Cmi_format.read_cmi path) with _ -> ());
   let load_default = !Persistent_env.Persistent_signature.load in
   Persistent_env.Persistent_signature.load := fun ~unit_name ->
     match Load_path.find_uncap (unit_name ^ ".cmi") with
@@ -154,6 +156,13 @@ let link out files () =
   Bytelink.link objs out;
   Warnings.check_fatal ()
 
+let reply (rc, out) =
+  let out = if String.length out > max_reply then String.sub out 0 max_reply else out in
+  let payload = Printf.sprintf "stage=%s\nunbound=%s\nitems=%s\ndenied=%s\n\n%s" facts.stage facts.unbound
+      (String.concat "," (List.map string_of_int facts.items)) (String.concat " " facts.denied) out in
+  Printf.sprintf "%d %d\n%s" rc (String.length payload) payload
+
+(* The whole reply to one request: one `RC LEN` reply, or two for `k` when it linked. *)
 let handle line =
   match String.split_on_char '\t' line with
   | dir :: op :: args ->
@@ -161,16 +170,29 @@ let handle line =
     (match op, args with
      | "c", flags :: file :: includes ->
        set_flags flags;
-       run (compile ~check:(String.contains flags 'a') ~includes file)
-     | "o", out :: files -> run (link out files)
-     | _ -> 2, "bad request\n")
-  | _ -> 2, "bad request\n"
-
-let reply (rc, out) =
-  let out = if String.length out > max_reply then String.sub out 0 max_reply else out in
-  let payload = Printf.sprintf "stage=%s\nunbound=%s\nitems=%s\ndenied=%s\n\n%s" facts.stage facts.unbound
-      (String.concat "," (List.map string_of_int facts.items)) (String.concat " " facts.denied) out in
-  Printf.sprintf "%d %d\n%s" rc (String.length payload) payload
+       reply (run (compile ~check:(String.contains flags 'a') ~includes file))
+     | "o", out :: files -> reply (run (link out files))
+     | "k", file :: out :: objs ->
+       (* Check the solution (with the allowlist), then, only if it compiled and reaches nothing
+          off the list, build the test program: two compiles in one process, as one `ocamlc`
+          invocation compiles several files. *)
+       let (rc, _) as checked = run (compile ~check:true file) in
+       let first = reply checked in
+       if rc <> 0 || facts.denied <> [] then first
+       else begin
+         facts.stage <- ""; facts.unbound <- ""; facts.items <- [];
+         first ^ reply (run (link out objs))
+       end
+     | "P", files ->
+       (* Parse each file on its own, as `ocamlc -stop-after parsing -c F` (ocamlc's default
+          warnings) would: the parser keeps no state from one file to the next (Parse.wrap
+          resets the lexer), so one process serves them all. *)
+       String.concat "" (List.map (fun file ->
+           facts.stage <- ""; facts.unbound <- ""; facts.items <- []; facts.denied <- [];
+           set_flags "pW";
+           reply (run (compile file))) files)
+     | _ -> reply (2, "bad request\n"))
+  | _ -> reply (2, "bad request\n")
 
 let rec write_all fd s off =
   if off < String.length s then write_all fd s (off + Unix.write_substring fd s off (String.length s - off))
@@ -191,7 +213,7 @@ let serve_forked line =
   match Unix.fork () with
   | 0 ->
     Unix.close r;
-    write_all w (reply (handle line)) 0;
+    write_all w (handle line) 0;
     Unix._exit 0
   | pid ->
     Unix.close w;
@@ -226,7 +248,7 @@ let print_values path includes =
 let () =
   match Array.to_list Sys.argv with
   | _ :: "--values" :: path :: includes -> print_values path includes
-  | [_; "--once"; request] -> output_string proto (reply (handle request)); flush proto
+  | [_; "--once"; request] -> output_string proto (handle request); flush proto
   | [_; "--check-cmt"; file] ->
     (match (Cmt_format.read_cmt file).cmt_annots with
      | Cmt_format.Implementation str ->
