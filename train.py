@@ -81,7 +81,7 @@ if len(sys.argv) > 1 and sys.argv[1] == "sft":  # the SFT warm start: ocaml_grpo
 
 if len(sys.argv) > 1 and sys.argv[1] == "demo":  # SFT warm start + GRPO + before/after table: ocaml_grpo/demo.py
     from ocaml_grpo import demo as demo_command
-    sys.exit(demo_command.main(sys.argv[2:]))
+    sys.exit(demo_command.main(sys.argv[2:], rewards.RewardScorer))
 
 if len(sys.argv) > 1 and sys.argv[1] == "merge":
     # Fold a LoRA adapter into its base model so it loads without peft (e.g. for vLLM / llama.cpp export).

@@ -39,6 +39,7 @@ from ocaml_grpo.group_stats import group_stat, learnable
 from ocaml_grpo.learning_log import parse_learning_log, series
 from ocaml_grpo.problems import BUNDLED, load_problems, read_rows
 from ocaml_grpo.selection import read_stats
+from rewards import RewardScorer
 
 ROOT = Path(__file__).resolve().parents[1]
 MASTERED = ("p002_last_element", "p014_list_max")
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     split = {"learnable": [p for p in load_problems(str(problems)) if p.id in PARTIAL]}
     hf_logging.disable_progress_bar()
     models = {"SFT": str(sft2 / "final_model"), **{name: demo.merge_adapter(out / name) for name in runs}}
-    table = demo.compare(models, split, RECIPE)
+    table = demo.compare(models, split, RECIPE, RewardScorer)
     results = {}
     for name, run in runs.items():
         zs = series(parse_learning_log(out / name / "learning.log")[1], "frac_zero_std")

@@ -29,14 +29,13 @@ import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import analyze
-from evaluate import generate_hf, grade_completions
 from ocaml_grpo import models
 from ocaml_grpo.demo_model import ensure_learner_model
+from ocaml_grpo.evaluation import generate_hf, grade_completions
 from ocaml_grpo.learning_log import parse_learning_log, series
 from ocaml_grpo.problems import BUNDLED, load_problems, read_rows
 from ocaml_grpo.prompting import chat_messages
-from rewards import RewardConfig, RewardScorer
+from ocaml_grpo.reward_config import RewardConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "train.py"
@@ -159,10 +158,11 @@ def _tail(path: Path, stop: threading.Event) -> None:
         time.sleep(0.5)
 
 
-def compare(models: dict[str, str], splits: dict[str, list], recipe: Recipe, seed: int = 0) -> dict:
-    """{model: {split: metrics}}: every model sampled identically and graded like training."""
+def compare(models: dict[str, str], splits: dict[str, list], recipe: Recipe, make_scorer, seed: int = 0) -> dict:
+    """{model: {split: metrics}}: every model sampled identically and graded like training
+    (`make_scorer(config)`: rewards.RewardScorer, which train.py passes in)."""
     config = RewardConfig()  # the defaults, as in the training runs (base_env drops the caller's reward settings)
-    scorer = RewardScorer(replace(config, min_lines=0))
+    scorer = make_scorer(replace(config, min_lines=0))
     results: dict = {}
     try:
         for name, model_dir in models.items():
@@ -199,7 +199,9 @@ def learning_log_rewards(run: Path) -> list[float]:
     return series(parse_learning_log(run / "learning.log")[1], "reward")
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], make_scorer) -> int:
+    """`python train.py demo`; make_scorer: the reward's scorer class (train.py, the command, passes
+    rewards.RewardScorer: this package sits below the reward policy)."""
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
@@ -249,7 +251,8 @@ def main(argv: list[str]) -> int:
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    results = compare({"SFT only": str(sft_out / "final_model"), "SFT + GRPO": merge_adapter(grpo_out)}, splits, recipe)
+    results = compare({"SFT only": str(sft_out / "final_model"), "SFT + GRPO": merge_adapter(grpo_out)}, splits, recipe,
+                      make_scorer)
     t_eval = time.time() - t0
     text = table(results, splits)
     print(text)
@@ -258,8 +261,8 @@ def main(argv: list[str]) -> int:
     (out / "demo_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "before_after.md").write_text(text + "\n")
 
-    print(f"\n== analyze.py {grpo_out}")
-    analyze.main([str(grpo_out)])
+    print(f"\n== analyze.py {grpo_out}", flush=True)
+    subprocess.run([sys.executable, str(TRAIN.parent / "analyze.py"), str(grpo_out)], check=True)
     total = time.time() - t_start
     print(f"\ndemo done in {total:.0f}s (SFT {t_sft:.0f}s, GRPO {t_grpo:.0f}s, before/after {t_eval:.0f}s); "
           f"table: {out / 'before_after.md'}; curves: {grpo_out / 'plots' / 'training_curves.png'}")

@@ -63,3 +63,18 @@ def test_no_project_import_inside_a_function():
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lazy += [f"{name}.{fn.name}: {m}" for node in ast.walk(fn) for m in imported(node, set(trees))]
     assert lazy == []
+
+
+COMMANDS = {"train", "analyze", "evaluate"}  # the files a user runs (rewards.py's CLI aside: it is the policy)
+
+
+def test_layers_hold():
+    """Commands on top; rewards.py (the reward policy) above the grader; ocaml_sandbox.py below it;
+    nothing in ocaml_grpo/ imports rewards.py or a command (what they share lives in ocaml_grpo/,
+    and what only a command may build, like the reward's scorer, is passed in)."""
+    trees = project_modules()
+    graph = {m: top_level_imports(t, set(trees)) - {m} for m, t in trees.items()}
+    up = {m: sorted(graph[m] & (COMMANDS | {"rewards"})) for m in graph if m.startswith("ocaml_grpo")}
+    assert {m: v for m, v in up.items() if v} == {}
+    assert graph["rewards"] & COMMANDS == set()
+    assert graph["ocaml_sandbox"] <= {"ocaml_grpo", "ocaml_grpo.settings"}  # below the grader: settings only

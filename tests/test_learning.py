@@ -29,6 +29,7 @@ import preloaded
 from conftest import TRAIN
 from ocaml_grpo import demo
 from ocaml_grpo.problems import load_problems
+from rewards import RewardScorer
 
 STEPS = 12
 EVAL_SAMPLES = 96  # per training problem
@@ -82,7 +83,8 @@ def evaluate(model_dir: str, sft: Path) -> float:
     fixed sampling seed for every model (common random numbers: the difference between two models is
     what the models do, not which samples were drawn)."""
     problems = load_problems(str(sft / "train_problems.jsonl"))
-    results = demo.compare({"m": model_dir}, {"training": problems}, replace(RECIPE, eval_samples=EVAL_SAMPLES))
+    results = demo.compare({"m": model_dir}, {"training": problems}, replace(RECIPE, eval_samples=EVAL_SAMPLES),
+                           RewardScorer)
     return results["m"]["training"]["mean_reward"]
 
 
