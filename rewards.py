@@ -269,8 +269,8 @@ def make_syntax_aware_reward(output_dir: str | Path | None, max_completion_token
                              curriculum: bool = False, scorer: RewardScorer | None = None, rank: int = 0,
                              group_size: int | None = None, on_groups=None):
     """An async TRL reward function named `syntax_aware_reward` (TRL logs it under that name).
-    Dataset columns used: `id`, `problem` (the OCaml prompt; else the chat prompt),
-    `tests`, optional `requires`, `entry_point`. With `group_size` (TRL's num_generations: a
+    Dataset columns used: Problem.to_row's (`id`, `problem`: the OCaml prompt, `tests`;
+    optional `requires`, `entry_point`). With `group_size` (TRL's num_generations: a
     batch is whole groups of that many consecutive completions) each group's kind is logged
     (group_stats.py) and the groups are handed to `on_groups(step, groups)`."""
     scorer = scorer or RewardScorer()
@@ -281,12 +281,9 @@ def make_syntax_aware_reward(output_dir: str | Path | None, max_completion_token
     async def syntax_aware_reward(prompts, completions, completion_ids=None, trainer_state=None,
                                   log_metric=None, **columns) -> list[float | None]:
         n = len(completions)
-        problems = [Problem(
-            id=str(_col(columns, "id", i, f"row{i}")),
-            prompt=str(_col(columns, "problem", i, None) or completion_text(prompts[i])),
-            tests=str(_col(columns, "tests", i, "")),
-            requires=list(_col(columns, "requires", i, None) or []),
-            entry_point=str(_col(columns, "entry_point", i, "") or "")) for i in range(n)]
+        # Dataset columns arrive as lists; TRL passes other keywords too (log_extra, ...).
+        rows = {k: v for k, v in columns.items() if isinstance(v, (list, tuple))}
+        problems = [Problem.from_row({k: v[i] for k, v in rows.items()}) for i in range(n)]
         epoch = float(getattr(trainer_state, "epoch", 0.0) or 0.0)
         step = int(getattr(trainer_state, "global_step", 0) or 0)
         phase, weights = curriculum_phase(epoch, scorer.config.weights) if curriculum else (None, scorer.config.weights)
@@ -331,14 +328,6 @@ def group_kinds(breakdowns: list[Breakdown], size: int) -> list[group_stats.Grou
             b.group = g.kind
         groups.append(g)
     return groups
-
-
-def _col(columns: dict, name: str, i: int, default):
-    values = columns.get(name)
-    if values is None:
-        return default
-    v = values[i]
-    return default if v is None else v
 
 
 # ---------------------------------------------------------------------------------------------

@@ -258,14 +258,6 @@ with PartialState(cpu=not on_gpu).main_process_first():
                                                  on_groups=shared_update(tracker) if tracker else None)
 
 # ----------------------------------------------------------------------------- trainer
-if os.environ.get("GRPO_TEST_NEGATE_REWARD") == "1":
-    # Tests only (tests/test_learning.py): TRL optimises -reward, i.e. every advantage's sign is flipped, while
-    # the reward logs keep the real reward. A trainer that learns must then get worse.
-    graded = reward_fn
-
-    async def syntax_aware_reward(*a, **kw):
-        return [None if r is None else -r for r in await graded(*a, **kw)]
-    reward_fn = syntax_aware_reward
 G = cfg["GRPO_NUM_GENERATIONS"]
 args = GRPOConfig(
     output_dir=str(out_dir),

@@ -31,8 +31,21 @@ class Problem:
     stub: str = ""  # a placeholder with the expected signature(s), when the source has one
 
     def to_row(self) -> dict:
+        """The training dataset's columns (what the reward function receives, one list per column)."""
         return {"id": self.id, "problem": self.prompt, "tests": self.tests, "requires": list(self.requires),
                 "difficulty": self.difficulty, "entry_point": self.entry_point}
+
+    @classmethod
+    def from_row(cls, row: dict) -> "Problem":
+        """The inverse of to_row. `id`, `problem` and `tests` are required: a ValueError names a
+        missing one (a reward computed without the problem's tests would be meaningless)."""
+        missing = [c for c in ("id", "problem", "tests") if row.get(c) in (None, "")]
+        if missing:
+            raise ValueError(f"reward function: the dataset has no {', '.join(missing)} column(s) "
+                             f"(expected Problem.to_row's: {', '.join(cls('', '', '').to_row())})")
+        return cls(id=str(row["id"]), prompt=str(row["problem"]), tests=str(row["tests"]),
+                   requires=_parse_requires(row.get("requires")), difficulty=str(row.get("difficulty") or ""),
+                   entry_point=str(row.get("entry_point") or ""))
 
 
 def _parse_requires(value) -> list[str]:

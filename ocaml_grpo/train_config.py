@@ -17,55 +17,55 @@ LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "cons
                  "inverse_sqrt", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay")
 
 CONFIG = [
-    ("BASE_MODEL_ID", "Qwen/Qwen2.5-Coder-1.5B-Instruct", Text, "hub id or local dir of the base (instruct) model"),
-    ("TRAINING_DATASET", "kiranpg/ocaml-training-problems", Text, "hub id, local .jsonl/.json/.csv/.parquet, or 'bundled'"),
-    ("GRPO_OUTPUT_DIR", "grpo_runs", Text, "where logs, checkpoints and the adapter go"),
-    ("GRPO_BATCH_SIZE", "4", Int(1), "prompts per optimizer step per device (TRL batch = this x generations)"),
-    ("GRPO_GRAD_ACCUM_STEPS", "1", Int(1), "gradient accumulation steps"),
-    ("GRPO_NUM_GENERATIONS", "6", Int(2), "completions sampled per prompt (the GRPO group)"),
-    ("GRPO_MAX_PROMPT", "1024", Int(16), "max prompt tokens; longer prompts are dropped (counted at start)"),
-    ("GRPO_MAX_COMPLETION", "512", Int(8), "max completion tokens; hitting it without END is penalized"),
-    ("GRPO_NUM_EPOCHS", "1.0", Float(0, lo_open=True), "epochs over the problem set"),
-    ("GRPO_LEARNING_RATE", "5e-6", Float(0, 1, lo_open=True), "peak learning rate"),
-    ("GRPO_TEMPERATURE", "0.9", Float(0, 5, lo_open=True), "sampling temperature (diversity within a group)"),
-    ("GRPO_MAX_GRAD_NORM", "1.0", Float(0, lo_open=True), "gradient clipping norm"),
-    ("GRPO_LOGGING_STEPS", "1", Int(1), "optimizer steps between learning.log lines"),
-    ("LORA_R", "32", Int(1), "LoRA rank"),
-    ("LORA_ALPHA", "64", Int(1), "LoRA alpha (scale = alpha / r)"),
-    ("LORA_DROPOUT", "0.05", Float(0, 1, hi_open=True), "LoRA dropout"),
-    ("LORA_BIAS", "none", Choice("none", "all", "lora_only"), "which biases LoRA trains"),
-    ("LORA_TARGET_MODULES", "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", ModuleList, "modules LoRA adapts"),
-    ("GRPO_MAX_STEPS", "-1", Int(-1), "stop after this many optimizer steps (-1: run the epochs)"),
-    ("GRPO_SAVE_STEPS", "50", Int(1), "optimizer steps between checkpoints"),
-    ("GRPO_SAVE_TOTAL_LIMIT", "3", Int(1), "checkpoints kept"),
-    ("GRPO_SEED", "42", Int(0), "random seed"),
-    ("GRPO_BETA", "0.0", Float(0), "KL coefficient (0: no reference model, less memory)"),
-    ("GRPO_LOSS_TYPE", "dapo", Choice(*LOSS_TYPES), "TRL loss aggregation"),
-    ("GRPO_SCALE_REWARDS", "group", Choice("group", "batch", "none"),
+    Setting("BASE_MODEL_ID", "Qwen/Qwen2.5-Coder-1.5B-Instruct", Text, "hub id or local dir of the base (instruct) model"),
+    Setting("TRAINING_DATASET", "kiranpg/ocaml-training-problems", Text, "hub id, local .jsonl/.json/.csv/.parquet, or 'bundled'"),
+    Setting("GRPO_OUTPUT_DIR", "grpo_runs", Text, "where logs, checkpoints and the adapter go"),
+    Setting("GRPO_BATCH_SIZE", "4", Int(1), "prompts per optimizer step per device (TRL batch = this x generations)"),
+    Setting("GRPO_GRAD_ACCUM_STEPS", "1", Int(1), "gradient accumulation steps"),
+    Setting("GRPO_NUM_GENERATIONS", "6", Int(2), "completions sampled per prompt (the GRPO group)"),
+    Setting("GRPO_MAX_PROMPT", "1024", Int(16), "max prompt tokens; longer prompts are dropped (counted at start)"),
+    Setting("GRPO_MAX_COMPLETION", "512", Int(8), "max completion tokens; hitting it without END is penalized"),
+    Setting("GRPO_NUM_EPOCHS", "1.0", Float(0, lo_open=True), "epochs over the problem set"),
+    Setting("GRPO_LEARNING_RATE", "5e-6", Float(0, 1, lo_open=True), "peak learning rate"),
+    Setting("GRPO_TEMPERATURE", "0.9", Float(0, 5, lo_open=True), "sampling temperature (diversity within a group)"),
+    Setting("GRPO_MAX_GRAD_NORM", "1.0", Float(0, lo_open=True), "gradient clipping norm"),
+    Setting("GRPO_LOGGING_STEPS", "1", Int(1), "optimizer steps between learning.log lines"),
+    Setting("LORA_R", "32", Int(1), "LoRA rank"),
+    Setting("LORA_ALPHA", "64", Int(1), "LoRA alpha (scale = alpha / r)"),
+    Setting("LORA_DROPOUT", "0.05", Float(0, 1, hi_open=True), "LoRA dropout"),
+    Setting("LORA_BIAS", "none", Choice("none", "all", "lora_only"), "which biases LoRA trains"),
+    Setting("LORA_TARGET_MODULES", "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", ModuleList, "modules LoRA adapts"),
+    Setting("GRPO_MAX_STEPS", "-1", Int(-1), "stop after this many optimizer steps (-1: run the epochs)"),
+    Setting("GRPO_SAVE_STEPS", "50", Int(1), "optimizer steps between checkpoints"),
+    Setting("GRPO_SAVE_TOTAL_LIMIT", "3", Int(1), "checkpoints kept"),
+    Setting("GRPO_SEED", "42", Int(0), "random seed"),
+    Setting("GRPO_BETA", "0.0", Float(0), "KL coefficient (0: no reference model, less memory)"),
+    Setting("GRPO_LOSS_TYPE", "dapo", Choice(*LOSS_TYPES), "TRL loss aggregation"),
+    Setting("GRPO_SCALE_REWARDS", "group", Choice("group", "batch", "none"),
      "advantage = (reward - group mean) / std of: the group, the whole batch, or none (learning.log's "
      "frac_zero_std is the per-group share under all three)"),
-    ("GRPO_WARMUP_RATIO", "0.0", Float(0, 1, hi_open=True), "fraction of steps spent warming up the LR"),
-    ("GRPO_LR_SCHEDULER", "linear", Choice(*LR_SCHEDULERS), "learning-rate schedule"),
-    ("GRPO_TOP_ENTROPY_QUANTILE", "1.0", Float(0, 1, lo_open=True), "train only on the top-entropy tokens (1.0: all)"),
-    ("GRPO_MASK_TRUNCATED", "0", Flag, "1: truncated completions get no loss"),
-    ("GRPO_REPORT_TO", "tensorboard", Choice("tensorboard", "wandb", "none"), "metric sink besides learning.log"),
-    ("REWARD_CURRICULUM", "0", Flag, "1: syntax-first reward weights that shift to tests by epoch 1.0"),
-    ("GRPO_AUTO_STOP", "1", Flag, "1: at epoch >= 1.0 save and stop when the stop criteria hold; 0: only warn"),
-    ("GRPO_RESUME", "auto", Resume, "auto: resume from the last checkpoint-* in the output dir; never; or a path"),
-    ("GRPO_USE_VLLM", "0", Flag, "1: generate with vLLM through TRL (pip install vllm; CUDA only)"),
-    ("GRPO_VLLM_MODE", "colocate", Choice("colocate", "server"),
+    Setting("GRPO_WARMUP_RATIO", "0.0", Float(0, 1, hi_open=True), "fraction of steps spent warming up the LR"),
+    Setting("GRPO_LR_SCHEDULER", "linear", Choice(*LR_SCHEDULERS), "learning-rate schedule"),
+    Setting("GRPO_TOP_ENTROPY_QUANTILE", "1.0", Float(0, 1, lo_open=True), "train only on the top-entropy tokens (1.0: all)"),
+    Setting("GRPO_MASK_TRUNCATED", "0", Flag, "1: truncated completions get no loss"),
+    Setting("GRPO_REPORT_TO", "tensorboard", Choice("tensorboard", "wandb", "none"), "metric sink besides learning.log"),
+    Setting("REWARD_CURRICULUM", "0", Flag, "1: syntax-first reward weights that shift to tests by epoch 1.0"),
+    Setting("GRPO_AUTO_STOP", "1", Flag, "1: at epoch >= 1.0 save and stop when the stop criteria hold; 0: only warn"),
+    Setting("GRPO_RESUME", "auto", Resume, "auto: resume from the last checkpoint-* in the output dir; never; or a path"),
+    Setting("GRPO_USE_VLLM", "0", Flag, "1: generate with vLLM through TRL (pip install vllm; CUDA only)"),
+    Setting("GRPO_VLLM_MODE", "colocate", Choice("colocate", "server"),
      "colocate: vLLM shares the training GPUs; server: a separate `trl vllm-serve` process"),
-    ("GRPO_VLLM_GPU_MEMORY", "0.3", Float(0, 1, lo_open=True), "colocate: share of GPU memory vLLM may take"),
-    ("GRPO_VLLM_SERVER_URL", "http://localhost:8000", Text, "server mode: where `trl vllm-serve` listens"),
-    ("GRPO_CONTINUOUS_BATCHING", "0", Flag, "1: transformers' paged continuous-batching generation (no vLLM needed)"),
-    ("AUDIT_DATASET", "1", Flag, "1: drop problems whose tests cannot compile (cached); 0: only the prompt-length filter"),
-    ("GRPO_DEMO", "0", Flag, "1: offline CPU demo (tiny model, bundled problems, ~20 steps)"),
-    ("GRPO_TRACK_PROBLEMS", "1", Flag, "1: judge each problem by its last group (GRPO_LEARNABLE_*) and draw the ones "
+    Setting("GRPO_VLLM_GPU_MEMORY", "0.3", Float(0, 1, lo_open=True), "colocate: share of GPU memory vLLM may take"),
+    Setting("GRPO_VLLM_SERVER_URL", "http://localhost:8000", Text, "server mode: where `trl vllm-serve` listens"),
+    Setting("GRPO_CONTINUOUS_BATCHING", "0", Flag, "1: transformers' paged continuous-batching generation (no vLLM needed)"),
+    Setting("AUDIT_DATASET", "1", Flag, "1: drop problems whose tests cannot compile (cached); 0: only the prompt-length filter"),
+    Setting("GRPO_DEMO", "0", Flag, "1: offline CPU demo (tiny model, bundled problems, ~20 steps)"),
+    Setting("GRPO_TRACK_PROBLEMS", "1", Flag, "1: judge each problem by its last group (GRPO_LEARNABLE_*) and draw the ones "
                                        "whose last group taught nothing less often (GRPO_TRACK_WEIGHT); 0: TRL's order"),
-    ("GRPO_TRACK_WEIGHT", "0.2", Float(0, 1), "with GRPO_TRACK_PROBLEMS=1: the draw weight of a problem whose last "
+    Setting("GRPO_TRACK_WEIGHT", "0.2", Float(0, 1), "with GRPO_TRACK_PROBLEMS=1: the draw weight of a problem whose last "
                                               "group taught nothing, against 1 for the others (0: never again)"),
     *SELECTION_SETTINGS,
-    ("GRPO_INIT_ADAPTER", "", AdapterDir, "a LoRA adapter to continue (python train.py sft with SFT_LORA=1); "
+    Setting("GRPO_INIT_ADAPTER", "", AdapterDir, "a LoRA adapter to continue (python train.py sft with SFT_LORA=1); "
                                           "its own LoRA settings replace LORA_*"),
 ]
 DEMO_DEFAULTS = {  # GRPO_DEMO=1 replaces defaults and .envrc values, never the process environment
@@ -94,8 +94,7 @@ SFT_CONFIG = [
                                             "partial memorisation leaves GRPO groups with mixed rewards"),
 ]
 
-TEST_ONLY = ("GRPO_TEST_NEGATE_REWARD",)  # read by train.py for tests/test_learning.py alone
 RETIRED = {"REWARD_END_MARKER": "the END marker is fixed, (* END *) (ocaml_grpo/prompting.py), so that the "
                                 "prompt and the reward cannot disagree; unset it"}
 # Every variable train.py's commands read: a GRPO_/LORA_/REWARD_/SFT_ name outside it is a config error.
-VARIABLES = tuple(s[0] for s in SETTINGS + SFT_CONFIG + AUDIT_SETTINGS) + TEST_ONLY
+VARIABLES = tuple(s[0] for s in SETTINGS + SFT_CONFIG + AUDIT_SETTINGS)

@@ -46,8 +46,28 @@ def _forkserver():
     return _context
 
 
-def _main(script: str, args: list[str], cwd: str, env: dict, stdout: str, stderr: str) -> None:
-    """The child: become `python SCRIPT ARGS` run in `cwd` under `env`."""
+def negate_rewards() -> None:
+    """A `setup` for train.py: TRL optimises -reward (every advantage's sign flipped) while the
+    reward logs keep the real reward; a trainer that learns must then get worse
+    (tests/test_learning.py's control). Patched here, so train.py holds no test-only branch."""
+    import rewards  # the command's own import then finds this module, patched
+
+    make = rewards.make_syntax_aware_reward
+
+    def negated(*a, **kw):
+        graded = make(*a, **kw)
+
+        async def syntax_aware_reward(*x, **k):
+            return [None if r is None else -r for r in await graded(*x, **k)]
+        return syntax_aware_reward
+    rewards.make_syntax_aware_reward = negated
+
+
+SETUPS = {"negate_rewards": negate_rewards}
+
+
+def _main(script: str, args: list[str], cwd: str, env: dict, stdout: str, stderr: str, setup: str | None) -> None:
+    """The child: become `python SCRIPT ARGS` run in `cwd` under `env` (after SETUPS[setup])."""
     os.setsid()  # like start_new_session=True: killpg(pid) reaches the command's own children
     os.chdir(cwd)
     os.environ.clear()
@@ -60,20 +80,22 @@ def _main(script: str, args: list[str], cwd: str, env: dict, stdout: str, stderr
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
     sys.argv = [script, *args]
     sys.path.insert(0, str(Path(script).parent))
+    if setup:
+        SETUPS[setup]()
     runpy.run_path(script, run_name="__main__")
 
 
 class Command:
     """A started command: `pid`, `poll()`, `wait(timeout)`, and its output once it has ended."""
 
-    def __init__(self, script: Path, args: list, cwd: Path, env: dict):
+    def __init__(self, script: Path, args: list, cwd: Path, env: dict, setup: str | None = None):
         self._dir = tempfile.TemporaryDirectory(prefix="preloaded-")
         self.stdout_path = Path(self._dir.name) / "stdout"
         self.stderr_path = Path(self._dir.name) / "stderr"
         self.args = [str(script), *map(str, args)]
         self._process = _forkserver().Process(target=_main, args=(
             str(script), self.args[1:], str(cwd), {k: str(v) for k, v in env.items()},
-            str(self.stdout_path), str(self.stderr_path)))
+            str(self.stdout_path), str(self.stderr_path), setup))
         self._process.start()
         self.pid = self._process.pid
 
@@ -99,7 +121,8 @@ class Command:
         return result
 
 
-def run(script: Path, args: list = (), *, cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+def run(script: Path, args: list = (), *, cwd: Path, env: dict, timeout: float,
+        setup: str | None = None) -> subprocess.CompletedProcess:
     """`subprocess.run([sys.executable, script, *args], cwd=cwd, env=env, capture_output=True, text=True,
-    timeout=timeout)`, without the libraries' import."""
-    return Command(script, list(args), cwd, env).result(timeout)
+    timeout=timeout)`, without the libraries' import; `setup` names a SETUPS patch run first."""
+    return Command(script, list(args), cwd, env, setup).result(timeout)

@@ -78,3 +78,10 @@ def test_layers_hold():
     assert {m: v for m, v in up.items() if v} == {}
     assert graph["rewards"] & COMMANDS == set()
     assert graph["ocaml_sandbox"] <= {"ocaml_grpo", "ocaml_grpo.settings"}  # below the grader: settings only
+
+
+def test_every_settings_table_is_made_of_settings():
+    """One way to write a setting: every table is `Setting(...)`s (names, defaults, parsers, meanings)."""
+    from ocaml_grpo.settings import Setting
+    from ocaml_grpo.train_config import CONFIG, SETTINGS, SFT_CONFIG
+    assert [s for s in CONFIG + SETTINGS + SFT_CONFIG if not isinstance(s, Setting)] == []

@@ -12,7 +12,7 @@ What "raises" means, and why it cannot pass by chance (measured on the project's
 - no learning (GRPO_LEARNING_RATE=1e-12, seeds 42 and 2): +0.000 (the model does not move);
 - the statistic's own noise: one model sampled with 6 different seeds has a standard deviation of
   0.018 (SFT only) and 0.025 (after GRPO), so a difference of two models is noisy by about +-0.035;
-- advantages flipped (GRPO_TEST_NEGATE_REWARD=1): -0.371 (0.374 -> 0.003): the model unlearns.
+- advantages flipped (preloaded.negate_rewards): -0.371 (0.374 -> 0.003): the model unlearns.
 MARGIN = 0.10: about three noise widths above "no learning", and below the smallest rise measured.
 The learning.log statistic the demo reports (last 5 steps minus first 5) is too noisy for 12 steps:
 no-learning runs gave -0.05, -0.03 and +0.10, and a learning run +0.004 (GRPO_SEED 1); over the
@@ -63,11 +63,10 @@ def sft_reward(sft_out) -> float:
     return evaluate(str(sft_out / "final_model"), sft_out)
 
 
-def grpo(sft: Path, out: Path, cache_home: Path, **extra) -> list[float]:
+def grpo(sft: Path, out: Path, cache_home: Path, setup: str | None = None) -> list[float]:
     """Run the demo's GRPO stage for STEPS steps; the mean graded reward of each step, in order."""
     env = isolated({**demo.grpo_env(RECIPE, sft, out), "GRPO_MAX_STEPS": str(STEPS)}, cache_home)
-    env.update({k: str(v) for k, v in extra.items()})
-    res = preloaded.run(TRAIN, cwd=out.parent, env=env, timeout=300)
+    res = preloaded.run(TRAIN, cwd=out.parent, env=env, timeout=300, setup=setup)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     by_step = defaultdict(list)
     for line in (out / "reward_logs" / "completions.jsonl").read_text().splitlines():
@@ -106,7 +105,7 @@ def test_grpo_raises_the_reward(sft_out, sft_reward, tmp_path, cache_home):
 
 @pytest.mark.slow
 def test_flipped_advantage_fails_the_same_check(sft_out, sft_reward, tmp_path, cache_home):
-    rewards = grpo(sft_out, tmp_path / "run", cache_home, GRPO_TEST_NEGATE_REWARD=1)
+    rewards = grpo(sft_out, tmp_path / "run", cache_home, setup="negate_rewards")
     before = sft_reward
     after = evaluate(demo.merge_adapter(tmp_path / "run"), sft_out)
     print(f"advantages flipped: SFT only {before:.3f}, SFT + GRPO {after:.3f} ({after - before:+.3f}); per-step reward:",

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from ocaml_grpo.problems import DatasetError, load_problems
+from ocaml_grpo.problems import DatasetError, Problem, load_problems
 
 ROW = {"id": "p1", "problem": "(** d *)\nlet f (x : int) : int =", "tests": "let () =\n  assert (f 1 = 1)\n;;",
        "requires": "base"}
@@ -53,3 +53,11 @@ def test_hub_id_offline_fails_with_a_way_out():
                             "HF_HOME": "/nonexistent-hf-home"}, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert r.returncode != 0
     assert "kiranpg/ocaml-training-problems" in r.stderr and "TRAINING_DATASET=bundled" in r.stderr
+
+
+def test_a_problem_and_its_dataset_row_are_one_mapping():
+    p = Problem("add", "let add (a : int) (b : int) : int =", "let () = assert (add 1 2 = 3)", requires=["base"],
+                difficulty="easy", entry_point="add")
+    assert Problem.from_row(p.to_row()) == p
+    with pytest.raises(ValueError, match="no tests column"):
+        Problem.from_row({"id": "add", "problem": p.prompt})
