@@ -35,6 +35,7 @@ from ocaml_grpo import health
 from ocaml_grpo.analyze_plots import make_plots
 from ocaml_grpo.group_report import GroupReport, explain, read_group_report, render as render_groups
 from ocaml_grpo.health import THRESHOLDS, Check, Finding, Thresholds, expected_reward, mean, reward_trend
+from ocaml_grpo.jsonl import read_jsonl
 from ocaml_grpo.learning_log import LogLine, parse_learning_log, series
 from ocaml_grpo.settings import defaults
 from ocaml_grpo.train_config import SETTINGS
@@ -109,22 +110,6 @@ class Report:
     bad_records: int = 0                # unparsable jsonl lines (e.g. a half-written last record)
 
 # ----------------------------------------------------------------------------- parsing
-
-def read_jsonl(path: Path) -> tuple[list[dict], int]:
-    """Return (records, unparsable line count); a half-written line is counted, never fatal."""
-    recs, bad = [], 0
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if line.strip():
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError:
-                    bad += 1
-                    continue
-                if isinstance(obj, dict):
-                    recs.append(obj)
-    return recs, bad
-
 
 def drop_superseded(items: list, position, session=lambda item: None) -> list:
     """A run killed and resumed from a checkpoint redoes the steps after it, so the logs hold

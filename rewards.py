@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ocaml_grpo import dataset_audit, group_stats, ocaml_source as src
 from ocaml_grpo.completions import assemble_solution, completion_text, extract_code
+from ocaml_grpo.jsonl import JsonlWriter
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo.prompting import END_MARKER
 from ocaml_grpo.settings import resolve
@@ -212,34 +213,7 @@ class GuardedScorer(RewardScorer):
 
 
 # ---------------------------------------------------------------------------------------------
-# JSONL logs: whole lines, one write() each, flushed, so a crash never leaves a torn line.
-
-class JsonlWriter:
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._lock = threading.Lock()
-        self._repair_torn_tail()
-
-    def _repair_torn_tail(self) -> None:
-        """A previous run killed mid-line (only possible on a full disk) leaves no newline at
-        the end: close that fragment so new lines stay whole."""
-        size = os.path.getsize(self.path)
-        if size:
-            with open(self.path, "rb") as f:
-                f.seek(size - 1)
-                if f.read(1) != b"\n":
-                    os.write(self._fd, b"\n")
-
-    def write_many(self, records: list[dict]) -> None:
-        data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
-        with self._lock:
-            os.write(self._fd, data)
-
-    def close(self) -> None:
-        os.close(self._fd)
-
+# The reward's JSONL logs (ocaml_grpo/jsonl.py: whole lines, one write() each).
 
 class RewardLogger:
     def __init__(self, output_dir: str | Path, rank: int = 0):

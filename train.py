@@ -180,6 +180,7 @@ from transformers import PrinterCallback  # noqa: E402
 from ocaml_grpo.tracking import TrackedGRPOTrainer, shared_update  # noqa: E402
 
 from ocaml_grpo.callbacks import GracefulStop, LearningLog  # noqa: E402
+from ocaml_grpo.learning_log import header_lines  # noqa: E402
 
 if demo_model:
     ensure_demo_model(DEMO_MODEL_DIR)
@@ -300,14 +301,7 @@ args = GRPOConfig(
 )
 
 # learning.log and the live health monitor (the rules analyze.py reports with: ocaml_grpo/health.py)
-header = [f"{'resumed from ' + resume_from if resume_from else 'started'} {time.strftime('%Y-%m-%d %H:%M:%S')}",
-          f"model: {cfg['BASE_MODEL_ID']}", f"dataset: {cfg['TRAINING_DATASET']} ({len(kept)} problems)",
-          f"reward grader: {scorer.grader.sandbox.describe()}",
-          "config: " + "  ".join(f"{k}={cfg[k]}" for k in (
-              "GRPO_BATCH_SIZE", "GRPO_GRAD_ACCUM_STEPS", "GRPO_NUM_GENERATIONS", "GRPO_MAX_PROMPT",
-              "GRPO_MAX_COMPLETION", "GRPO_NUM_EPOCHS", "GRPO_LEARNING_RATE", "GRPO_TEMPERATURE", "GRPO_BETA",
-              "GRPO_LOSS_TYPE", "LORA_R", "LORA_ALPHA", "REWARD_CURRICULUM", "MIN_NON_EMPTY_LINES",
-              "RUNAWAY_PENALTY_MULTIPLIER", "GRPO_SCALE_REWARDS", "GRPO_TRACK_PROBLEMS", "GRPO_PROBLEM_STATS"))]
+header = header_lines(resume_from, cfg, len(kept), scorer.grader.sandbox.describe())
 stop = GracefulStop()
 callback = LearningLog(out_dir / "learning.log", header, resumed=resume_from is not None,
                        auto_stop=cfg["GRPO_AUTO_STOP"], echo=IS_MAIN, stop=stop,

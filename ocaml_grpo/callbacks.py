@@ -20,7 +20,8 @@ from ocaml_grpo import health
 from ocaml_grpo.group_report import TITLES
 from ocaml_grpo.group_stats import METRIC_GROUP, ZERO_VARIANCE
 from ocaml_grpo.health import THRESHOLDS, Point, Thresholds
-from ocaml_grpo.learning_log import groups_line, metric_line, parse_metric_line
+from ocaml_grpo.learning_log import (curriculum_line, end_line, groups_line, health_line, metric_line,
+                                     parse_metric_line, stop_line)
 from ocaml_grpo.reward_config import METRIC_CRASHED, METRIC_PASSED_ANY, Weights, curriculum_phase
 
 
@@ -67,7 +68,7 @@ class LearningLog(TrainerCallback):
             flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if self.resumed else os.O_TRUNC)
             self.fd = os.open(self.path, flags, 0o644)
             for h in self.header:
-                self.write("# " + h, echo=False)  # the console has shown the config already
+                self.write(h, echo=False)  # the console has shown the config already
         self.t0, self.first_step = time.monotonic(), state.global_step
         for old in state.log_history:  # resumed: the rules cover the whole run, not just this session
             self._remember(old.get("epoch", 0.0), old)
@@ -92,7 +93,7 @@ class LearningLog(TrainerCallback):
     def warn(self, key: str, message: str) -> None:
         if self.n_logs - self.last_warned.get(key, -10**9) >= self.REPEAT_EVERY:
             self.last_warned[key] = self.n_logs
-            self.write(f"[Health] {message}")
+            self.write(health_line(message))
 
     def on_log(self, args, state, control, logs=None, **kw):
         logs = logs or {}
@@ -110,12 +111,11 @@ class LearningLog(TrainerCallback):
             phase, w = curriculum_phase(epoch, self.curriculum)
             if phase != self.phase:
                 self.phase = phase
-                self.write(f"[Curriculum] phase {phase} from epoch {epoch:.2f}: structural {w.structural:.2f}  "
-                           f"type {w.type_check:.2f}  compile {w.compile:.2f}  tests {w.tests:.2f}")
+                self.write(curriculum_line(phase, epoch, w))
         if logs.get(METRIC_CRASHED):  # averaged over every process: a crash on any rank shows
-            self.write(f"[Health] grading crashed on {logs[METRIC_CRASHED]:.1%} of the completions scored "
-                       "since the last log (reward None: left out of the group baseline; see first_error in the "
-                       "breakdown log and stderr)")
+            self.write(health_line(f"grading crashed on {logs[METRIC_CRASHED]:.1%} of the completions scored "
+                                   "since the last log (reward None: left out of the group baseline; see "
+                                   "first_error in the breakdown log and stderr)"))
         for f in health.findings(self.history, self.th):
             if f.severity != "info":
                 # identical rewards have three causes with three remedies (group_report.py): name the commonest
@@ -126,8 +126,7 @@ class LearningLog(TrainerCallback):
         verdict = health.stop_verdict(self.history, self.passes_share(), self.th)
         if verdict.stop and not control.should_training_stop:
             if self.auto_stop:
-                self.write(f"[Stop] {verdict.reasons} at epoch {epoch:.2f}; checkpoint saved, training stopped "
-                           "(GRPO_AUTO_STOP=0 to only warn)")
+                self.write(stop_line(verdict.reasons, epoch))
                 control.should_save = True
                 control.should_training_stop = True
                 self.stopped_by_rule = True
@@ -137,8 +136,7 @@ class LearningLog(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kw):
         ended = f"stopped by {self.stop.requested}" if self.stop and self.stop.requested else "finished"
-        self.write(f"# {ended} at step {state.global_step}, epoch {state.epoch or 0:.2f}, "
-                   f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
+        self.write(end_line(ended, state.global_step, state.epoch or 0.0))
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None

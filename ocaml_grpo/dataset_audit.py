@@ -20,7 +20,6 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -32,6 +31,7 @@ from ocaml_grpo.completions import assemble_solution, invalid_entry_point_note
 from ocaml_grpo.problems import Problem, load_problems
 from ocaml_grpo.settings import Auto, Setting, Text, cache_dir, default_workers
 from ocaml_grpo.grader import OcamlGrader
+from ocaml_grpo.jsonl import append, read_jsonl
 from ocaml_sandbox import Sandbox, SandboxConfig
 
 AUDIT_SETTINGS = [Setting("AUDIT_CACHE_DIR", "auto", Auto(Text, lambda: str(cache_dir()), "$XDG_CACHE_HOME/ocaml-grpo"),
@@ -77,26 +77,16 @@ class AuditCache:
         directory = Path(directory).expanduser()
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / "audit_cache.jsonl"
-        self.entries: dict[str, dict] = {}
-        if self.path.exists():
-            for line in self.path.read_text(errors="replace").splitlines():
-                try:
-                    e = json.loads(line)
-                    self.entries[e["key"]] = e
-                except (json.JSONDecodeError, KeyError):
-                    continue  # a torn line from a killed run: just audit that problem again
+        # a torn or foreign line (a killed run): that problem is just audited again
+        records = read_jsonl(self.path)[0] if self.path.exists() else []
+        self.entries: dict[str, dict] = {e["key"]: e for e in records if "key" in e}
         self._lock = threading.Lock()
 
     def put_many(self, entries: list[dict]) -> None:
         with self._lock:
             for e in entries:
                 self.entries[e["key"]] = e
-            # one append-mode write: ranks auditing side by side never interleave inside a line
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            try:
-                os.write(fd, "".join(json.dumps(e) + "\n" for e in entries).encode())
-            finally:
-                os.close(fd)
+            append(self.path, entries)  # ranks auditing side by side never interleave inside a line
 
 
 def _classify(err, p: Problem) -> tuple[str, str]:

@@ -22,13 +22,13 @@ Pure Python, no torch: the reward function, the trainer's sampler, the probe and
 """
 from __future__ import annotations
 
-import json
-import os
 import statistics
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
+
+from ocaml_grpo.jsonl import JsonlWriter, read_jsonl
 
 KINDS = ("too_easy", "too_hard", "identical", "mixed")
 ZERO_VARIANCE = KINDS[:3]
@@ -108,33 +108,24 @@ class ProblemTracker:
     states: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
-        self._fd: int | None = None
+        self._log: JsonlWriter | None = None
 
     def load(self, path: Path) -> int:
         """Replay the groups of an earlier session; returns how many were read. A torn last line
         (a crash mid-write) is skipped."""
-        n = 0
-        if path.is_file():
-            for line in path.read_text(encoding="utf-8").splitlines():
-                try:
-                    event = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                self.record(event_stat(event), event.get("state"))
-                n += 1
-        return n
+        events = read_jsonl(path)[0] if path.is_file() else []
+        for event in events:
+            self.record(event_stat(event), event.get("state"))
+        return len(events)
 
     def open(self, path: Path) -> None:
         """Append every later group to `path` (rank 0 only; the other ranks keep their states in memory)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        if path.stat().st_size and not path.read_bytes().endswith(b"\n"):
-            os.write(self._fd, b"\n")  # close a torn last line so new lines stay whole
+        self._log = JsonlWriter(path)
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def record(self, g: GroupStat, state: str | None = None) -> str:
         """Judge a group (`state`: the verdict a replayed line carries, judged with that run's settings)."""
@@ -143,9 +134,9 @@ class ProblemTracker:
         return self.states[g.problem_id]
 
     def update(self, step: int, groups: Iterable[GroupStat]) -> None:
-        lines = [json.dumps({"step": step, **asdict(g), "state": self.record(g)}) + "\n" for g in groups]
-        if self._fd is not None and lines:
-            os.write(self._fd, "".join(lines).encode())
+        records = [{"step": step, **asdict(g), "state": self.record(g)} for g in groups]
+        if self._log is not None:
+            self._log.write_many(records)
 
     def state(self, problem_id: str) -> str:
         return self.states.get(problem_id, UNSEEN)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -77,6 +78,38 @@ class LogLine:
 
         return Point(self.epoch, logged("reward"), logged("reward_std"), logged("frac_zero_std"), logged("entropy"),
                      self.values.get("grad"), self.values.get("loss"))
+
+
+# The other line kinds, written by the trainer's callback (ocaml_grpo/callbacks.py decides when).
+HEADER_CONFIG = ("GRPO_BATCH_SIZE", "GRPO_GRAD_ACCUM_STEPS", "GRPO_NUM_GENERATIONS", "GRPO_MAX_PROMPT",
+                 "GRPO_MAX_COMPLETION", "GRPO_NUM_EPOCHS", "GRPO_LEARNING_RATE", "GRPO_TEMPERATURE", "GRPO_BETA",
+                 "GRPO_LOSS_TYPE", "LORA_R", "LORA_ALPHA", "REWARD_CURRICULUM", "MIN_NON_EMPTY_LINES",
+                 "RUNAWAY_PENALTY_MULTIPLIER", "GRPO_SCALE_REWARDS", "GRPO_TRACK_PROBLEMS", "GRPO_PROBLEM_STATS")
+
+
+def header_lines(resumed_from: str | None, cfg: dict, n_problems: int, grader: str) -> list[str]:
+    """A session's `#` lines: `# started` or `# resumed from` (analyze.py counts sessions by them)."""
+    return ["# " + h for h in (
+        f"{'resumed from ' + resumed_from if resumed_from else 'started'} {time.strftime('%Y-%m-%d %H:%M:%S')}",
+        f"model: {cfg['BASE_MODEL_ID']}", f"dataset: {cfg['TRAINING_DATASET']} ({n_problems} problems)",
+        f"reward grader: {grader}", "config: " + "  ".join(f"{k}={cfg[k]}" for k in HEADER_CONFIG))]
+
+
+def health_line(message: str) -> str:
+    return f"[Health] {message}"
+
+
+def curriculum_line(phase: str, epoch: float, w) -> str:
+    return (f"[Curriculum] phase {phase} from epoch {epoch:.2f}: structural {w.structural:.2f}  "
+            f"type {w.type_check:.2f}  compile {w.compile:.2f}  tests {w.tests:.2f}")
+
+
+def stop_line(reasons: str, epoch: float) -> str:
+    return f"[Stop] {reasons} at epoch {epoch:.2f}; checkpoint saved, training stopped (GRPO_AUTO_STOP=0 to only warn)"
+
+
+def end_line(ended: str, step: int, epoch: float) -> str:
+    return f"# {ended} at step {step}, epoch {epoch:.2f}, {time.strftime('%Y-%m-%d %H:%M:%S')}"
 
 
 def parse_learning_log(path: Path) -> tuple[list[str], list[LogLine], int]:

@@ -21,7 +21,6 @@ file). With --vllm the whole remainder is generated in one call and written at t
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 from dotenv import load_dotenv
 
 from ocaml_grpo.group_stats import group_stat
+from ocaml_grpo.jsonl import append
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo.prompting import chat_messages
 from ocaml_grpo.selection import ProblemStats, read_stats, sampling_differences, sampling_settings
@@ -111,8 +111,7 @@ def main(argv: list[str], generate_hf, generate_vllm, make_scorer) -> int:
     def write(batch: list[Problem], texts: list[list[str]], lens: list[list[int]]) -> None:
         nonlocal written
         stats = grade(batch, texts, lens, scorer, cfg["GRPO_MAX_COMPLETION"], sampling)
-        with open(out, "a", encoding="utf-8") as f:
-            f.write("".join(json.dumps(asdict(s)) + "\n" for s in stats))
+        append(out, [asdict(s) for s in stats])
         written += len(batch)
         rate = (time.time() - t0) / written
         print(f"probed {len(seen) + written}/{len(problems)} problems ({rate:.1f} s each, "

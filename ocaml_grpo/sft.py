@@ -31,6 +31,7 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 
+from ocaml_grpo.jsonl import append
 from ocaml_grpo.models import go_offline_unless_needed, load_model, load_tokenizer, lora_config, model_error
 from ocaml_grpo.problems import DatasetError, load_problems
 from ocaml_grpo.prompting import answer_text, chat_messages, prompt_token_count
@@ -179,8 +180,7 @@ def run(cfg: dict, train: list, held: list, skipped_no_solution: int) -> int:
             if "loss" not in logs:
                 return control
             rec = {"step": state.global_step, "epoch": round(state.epoch or 0.0, 4), **logs}
-            with open(log_path, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+            append(log_path, [rec])
             print(f"[SFT step {state.global_step}]  loss={float(logs['loss']):.4f}  "
                   f"token_acc={float(logs.get('mean_token_accuracy', float('nan'))):.3f}  "
                   f"lr={float(logs.get('learning_rate', 0)):.2e}", flush=True)

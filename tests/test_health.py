@@ -98,7 +98,7 @@ def trl_logs(p: Point, passes: float, crashed: float = 0.0) -> dict:
 def monitor(tmp_path, points: list[Point], passes: float, crashed: float = 0.0) -> tuple[TrainerControl, list[str]]:
     run = tmp_path / "run"
     run.mkdir()
-    log = LearningLog(run / "learning.log", ["started"], resumed=False, auto_stop=True, curriculum=None)
+    log = LearningLog(run / "learning.log", ["# started"], resumed=False, auto_stop=True, curriculum=None)
     state, control = TrainerState(), TrainerControl()
     log.on_train_begin(None, state, control)
     for p in points:
