@@ -4,7 +4,7 @@ a before/after check.
 
     python evaluate.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --n 10 --k 1
     python evaluate.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --adapter grpo_runs/final_adapter --n 50 --k 4
-    python evaluate.py --model demo --dataset ../shared/benchmarks/multipl_e_ml.jsonl --n 20   # offline
+    python evaluate.py --model plumbing --dataset ../shared/benchmarks/multipl_e_ml.jsonl --n 20   # offline
     python evaluate.py --model PATH --vllm       # generate with vLLM when it is installed
     python evaluate.py --probe stats.jsonl       # per-problem statistics for GRPO_PROBLEM_STATS (--probe --help)
 
@@ -30,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ocaml_grpo import probe
-from ocaml_grpo.demo_model import ensure_demo_model
+from ocaml_grpo.demo_model import ensure_plumbing_model
 from ocaml_grpo.evaluation import RATES, generate_hf, generate_vllm, grade_completions
 from ocaml_grpo.models import go_offline_unless_needed, model_error
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(a == "--probe" or a.startswith("--probe=") for a in argv):  # the probe for selection: ocaml_grpo/probe.py
         return probe.main(argv, generate_hf, generate_vllm, lambda cfg: RewardScorer(RewardConfig.from_settings(cfg)))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="hub id or local dir; `demo` = the tiny offline demo model")
+    ap.add_argument("--model", required=True, help="hub id or local dir; `plumbing` = the tiny random model of the plumbing run (offline)")
     ap.add_argument("--adapter", default=None, help="a LoRA adapter dir (e.g. grpo_runs/final_adapter)")
     ap.add_argument("--dataset", default="bundled", help="bundled, a local .jsonl/.json/.csv/.parquet, or a hub id")
     ap.add_argument("--n", type=int, default=10, help="problems sampled (reproducibly, by --seed)")
@@ -68,14 +68,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("several samples per problem need --temperature > 0")
 
     # Data and grader first: a bad path or a missing toolchain costs seconds, not a model load.
-    if note := go_offline_unless_needed([] if args.model == "demo" else [args.model], args.dataset, os.environ):
+    if note := go_offline_unless_needed([] if args.model == "plumbing" else [args.model], args.dataset, os.environ):
         print(note)  # before the libraries are imported: they read HF_HUB_OFFLINE once
     try:
         problems = load_problems(args.dataset)
     except DatasetError as e:
         print(f"dataset error: {e}", file=sys.stderr)
         return 2
-    if args.model != "demo" and (error := model_error("--model", args.model, os.environ)):
+    if args.model != "plumbing" and (error := model_error("--model", args.model, os.environ)):
         print(f"error: {error}", file=sys.stderr)
         return 2
     rng = random.Random(args.seed)
@@ -85,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     # gate included, is reported as mean_reward.
     scorer = RewardScorer(replace(env_cfg, min_lines=0))
     model_id = args.model
-    if model_id == "demo":
-        model_id = str(ensure_demo_model())
+    if model_id == "plumbing":
+        model_id = str(ensure_plumbing_model())
     out = Path(args.out or f"eval_runs/{time.strftime('%Y%m%d-%H%M%S')}")  # created once there is a report
 
     prompts = [chat_messages(p.prompt) for p in chosen]

@@ -2,7 +2,7 @@
 
     python train.py                        # train with the config below (env vars / .envrc override)
     python train.py --help                 # every variable, its default and meaning (no torch import)
-    GRPO_DEMO=1 python train.py            # offline demo: tiny random Qwen2, bundled problems, CPU, <3 min
+    GRPO_PLUMBING=1 python train.py        # the plumbing run: tiny random Qwen2, bundled problems, CPU, ~1 min
     GRPO_RESUME=never python train.py      # start over even if the output dir has checkpoints
     accelerate launch train.py             # several GPUs; only the main process writes logs
     python train.py merge grpo_runs/final_adapter merged_model   # fold the LoRA adapter into a standalone model
@@ -24,7 +24,7 @@ Outputs (GRPO_OUTPUT_DIR, default grpo_runs/):
 Ctrl-C (or SIGTERM) finishes the current step, saves a checkpoint and stops; run the same command
 to resume from it. A second Ctrl-C stops at once (the last checkpoint is kept).
 
-Config precedence: process environment > GRPO_DEMO defaults > ./.envrc > the defaults defined in
+Config precedence: process environment > GRPO_PLUMBING defaults > ./.envrc > the defaults defined in
 ocaml_grpo/train_config.py (the trainer's) and rewards.py (the reward's); `--help` lists them.
 """
 import atexit
@@ -40,7 +40,7 @@ from dotenv import load_dotenv
 # None of these imports torch: --help, a config error or a missing toolchain answer in a second.
 import rewards
 from ocaml_grpo import dataset_audit, run_dir
-from ocaml_grpo.demo_model import DEMO_MODEL_DIR, ensure_demo_model
+from ocaml_grpo.demo_model import PLUMBING_MODEL_DIR, ensure_plumbing_model
 from ocaml_grpo.generation_engines import engine_kwargs
 from ocaml_grpo.group_stats import TRACKING_FILE, ProblemTracker
 from ocaml_grpo.models import adapter_base, go_offline_unless_needed, load_model, load_tokenizer, lora_config, \
@@ -50,7 +50,7 @@ from ocaml_grpo.prompting import chat_messages, prompt_token_count
 from ocaml_grpo.selection import apply_selection, write_choices
 from ocaml_grpo import sft as sft_command
 from ocaml_grpo.settings import describe, resolve, unknown_variables
-from ocaml_grpo.train_config import CONFIG, DEMO_DEFAULTS, RETIRED, SETTINGS, SFT_CONFIG, VARIABLES
+from ocaml_grpo.train_config import CONFIG, PLUMBING_DEFAULTS, RETIRED, SETTINGS, SFT_CONFIG, VARIABLES
 from ocaml_sandbox import SANDBOX_SETTINGS, ToolchainError
 
 # The interpreter's last garbage collections walk torch's, transformers' and datasets' object graphs
@@ -66,7 +66,7 @@ if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
     print(__doc__)
     print("Environment variables (default: meaning; accepted values):")
     print(describe(CONFIG))
-    print(f"  GRPO_DEMO=1 sets: {' '.join(f'{k}={v}' for k, v in DEMO_DEFAULTS.items())} BASE_MODEL_ID={DEMO_MODEL_DIR}")
+    print(f"  GRPO_PLUMBING=1 sets: {' '.join(f'{k}={v}' for k, v in PLUMBING_DEFAULTS.items())} BASE_MODEL_ID={PLUMBING_MODEL_DIR}")
     print("The reward's (rewards.py):")
     print(describe(rewards.REWARD_SETTINGS))
     print("The dataset audit's (ocaml_grpo/dataset_audit.py):")
@@ -99,12 +99,12 @@ if len(sys.argv) > 1 and sys.argv[1] == "merge":
 if len(sys.argv) > 1:
     sys.exit(f"unknown argument {sys.argv[1]!r}; see python train.py --help")
 
-# Resolve: remember what the user exported before .envrc fills gaps, so the demo can tell them apart.
+# Resolve: remember what the user exported before .envrc fills gaps, so the plumbing run can tell them apart.
 user_set = set(os.environ)
 load_dotenv(".envrc", override=False)  # python-dotenv understands `export KEY=value` lines
-demo = os.environ.get("GRPO_DEMO", "0") == "1"
-if demo:
-    for k, v in {**DEMO_DEFAULTS, "BASE_MODEL_ID": str(DEMO_MODEL_DIR)}.items():
+plumbing = os.environ.get("GRPO_PLUMBING", "0") == "1"
+if plumbing:
+    for k, v in {**PLUMBING_DEFAULTS, "BASE_MODEL_ID": str(PLUMBING_MODEL_DIR)}.items():
         if k not in user_set:
             os.environ[k] = v
 # The trainer's and the reward's settings, validated together; config.json records both.
@@ -124,13 +124,13 @@ if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and importli
 RANK = int(os.environ.get("RANK", "0"))
 IS_MAIN = RANK == 0
 out_dir = Path(cfg.get("GRPO_OUTPUT_DIR", "grpo_runs"))
-demo_model = demo and cfg.get("BASE_MODEL_ID") == str(DEMO_MODEL_DIR)
+plumbing_model = plumbing and cfg.get("BASE_MODEL_ID") == str(PLUMBING_MODEL_DIR)
 if not errors:
     # A run that needs nothing from the hub says so to the libraries, which otherwise retry it for
     # 25-50 s on an offline machine; one that needs it and cannot reach it finds out in seconds.
     if note := go_offline_unless_needed([cfg["BASE_MODEL_ID"]], cfg["TRAINING_DATASET"], os.environ):
         print(note)
-    if not demo_model:  # built on first use, below
+    if not plumbing_model:  # built on first use, below
         errors += [e for e in [model_error("BASE_MODEL_ID", cfg["BASE_MODEL_ID"], os.environ)] if e]
     errors += [e for e in [run_dir.write_error(out_dir)] if e]
 if errors:
@@ -182,8 +182,8 @@ from ocaml_grpo.tracking import TrackedGRPOTrainer, shared_update  # noqa: E402
 from ocaml_grpo.callbacks import GracefulStop, LearningLog  # noqa: E402
 from ocaml_grpo.learning_log import header_lines  # noqa: E402
 
-if demo_model:
-    ensure_demo_model(DEMO_MODEL_DIR)
+if plumbing_model:
+    ensure_plumbing_model(PLUMBING_MODEL_DIR)
 tokenizer = load_tokenizer(cfg["BASE_MODEL_ID"])
 
 # ----------------------------------------------------------------------------- prompts (text: prompting.py)

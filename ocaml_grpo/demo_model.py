@@ -1,10 +1,10 @@
 """Tiny random-weight models + byte-level BPE tokenizers for the offline demo and tests.
 
-    python -m ocaml_grpo.demo_model PATH              # the plumbing model (train.py builds it under GRPO_DEMO=1)
+    python -m ocaml_grpo.demo_model PATH              # the plumbing model (train.py builds it under GRPO_PLUMBING=1)
     python -m ocaml_grpo.demo_model --learner PATH    # the learner model of `python train.py demo`
 
 Two models, both built here and cached under ~/.cache/ocaml-grpo/:
-- the plumbing model (DEMO_MODEL_DIR, 186k parameters, Qwen2): fast random weights for the tests
+- the plumbing model (PLUMBING_MODEL_DIR, 186k parameters, Qwen2): fast random weights for the tests
   and benchmarks that exercise the machinery, never expected to write OCaml;
 - the learner model (LEARNER_MODEL_DIR, 441k parameters, Llama layout with Qwen2's module names):
   the one `python train.py demo` warm-starts with SFT and then improves with GRPO on 2 CPU cores.
@@ -40,7 +40,7 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 CACHE_DIR = cache_dir()
-DEMO_MODEL_DIR = CACHE_DIR / "demo-qwen2-tiny"
+PLUMBING_MODEL_DIR = CACHE_DIR / "demo-qwen2-tiny"
 LEARNER_MODEL_DIR = CACHE_DIR / "demo-learner"
 VERSION = "1"  # bump when the recipe changes so cached copies are rebuilt
 LEARNER_VERSION = "learner-1"
@@ -59,10 +59,10 @@ def _corpus() -> list[str]:
     return texts
 
 
-def ensure_demo_model(path: str | Path = DEMO_MODEL_DIR) -> Path:
-    """Build the demo model once; later calls reuse the cached copy."""
+def ensure_plumbing_model(path: str | Path = PLUMBING_MODEL_DIR) -> Path:
+    """Build the plumbing model once; later calls reuse the cached copy."""
     if not is_built(path):
-        print(f"building the demo model once into {path}")
+        print(f"building the plumbing model once into {path}")
         build_demo_model(path)
     return Path(path)
 

@@ -59,7 +59,8 @@ CONFIG = [
     Setting("GRPO_VLLM_SERVER_URL", "http://localhost:8000", Text, "server mode: where `trl vllm-serve` listens"),
     Setting("GRPO_CONTINUOUS_BATCHING", "0", Flag, "1: transformers' paged continuous-batching generation (no vLLM needed)"),
     Setting("AUDIT_DATASET", "1", Flag, "1: drop problems whose tests cannot compile (cached); 0: only the prompt-length filter"),
-    Setting("GRPO_DEMO", "0", Flag, "1: offline CPU demo (tiny model, bundled problems, ~20 steps)"),
+    Setting("GRPO_PLUMBING", "0", Flag, "1: the plumbing run: offline, CPU, a tiny random model, bundled problems, "
+                                        "~20 steps (proves the machinery runs; `train.py demo` is the one that learns)"),
     Setting("GRPO_TRACK_PROBLEMS", "1", Flag, "1: judge each problem by its last group (GRPO_LEARNABLE_*) and draw the ones "
                                        "whose last group taught nothing less often (GRPO_TRACK_WEIGHT); 0: TRL's order"),
     Setting("GRPO_TRACK_WEIGHT", "0.2", Float(0, 1), "with GRPO_TRACK_PROBLEMS=1: the draw weight of a problem whose last "
@@ -68,7 +69,7 @@ CONFIG = [
     Setting("GRPO_INIT_ADAPTER", "", AdapterDir, "a LoRA adapter to continue (python train.py sft with SFT_LORA=1); "
                                           "its own LoRA settings replace LORA_*"),
 ]
-DEMO_DEFAULTS = {  # GRPO_DEMO=1 replaces defaults and .envrc values, never the process environment
+PLUMBING_DEFAULTS = {  # GRPO_PLUMBING=1 replaces defaults and .envrc values, never the process environment
     "TRAINING_DATASET": "bundled", "GRPO_OUTPUT_DIR": "grpo_runs/demo", "GRPO_BATCH_SIZE": "2",
     "GRPO_NUM_GENERATIONS": "4", "GRPO_MAX_PROMPT": "4096", "GRPO_MAX_COMPLETION": "64", "GRPO_MAX_STEPS": "20",
     "GRPO_SAVE_STEPS": "10", "GRPO_LEARNING_RATE": "1e-4", "GRPO_TEMPERATURE": "1.0", "MIN_NON_EMPTY_LINES": "0",
@@ -95,6 +96,8 @@ SFT_CONFIG = [
 ]
 
 RETIRED = {"REWARD_END_MARKER": "the END marker is fixed, (* END *) (ocaml_grpo/prompting.py), so that the "
-                                "prompt and the reward cannot disagree; unset it"}
+                                "prompt and the reward cannot disagree; unset it",
+           "GRPO_DEMO": "renamed GRPO_PLUMBING (the plumbing run on a random model; `python train.py demo` "
+                        "is the demo that learns)"}
 # Every variable train.py's commands read: a GRPO_/LORA_/REWARD_/SFT_ name outside it is a config error.
 VARIABLES = tuple(s[0] for s in SETTINGS + SFT_CONFIG + AUDIT_SETTINGS)

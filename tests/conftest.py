@@ -124,7 +124,7 @@ def small_dataset(path: Path, n: int) -> Path:
 def run_env(tmp: Path, cache_home: Path, **overrides) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GRPO_", "LORA_", "REWARD_"))}
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", XDG_CACHE_HOME=str(cache_home),
-               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", GRPO_DEMO="1", AUDIT_CACHE_DIR=str(cache_home),
+               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", GRPO_PLUMBING="1", AUDIT_CACHE_DIR=str(cache_home),
                TRAINING_DATASET=str(small_dataset(tmp / "problems.jsonl", 16)),  # 8 steps per epoch
               GRPO_AUTO_STOP="0", GRPO_OUTPUT_DIR=str(tmp / "run"),
                GRPO_BATCH_SIZE="2", GRPO_NUM_GENERATIONS="2", GRPO_MAX_COMPLETION="24", GRPO_MAX_STEPS="4",

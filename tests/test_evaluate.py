@@ -57,7 +57,7 @@ def test_aggregation_over_real_grading():
 
 def test_end_to_end_on_the_demo_model(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    r = preloaded.run(ROOT / "evaluate.py", ["--model", "demo", "--n", "3", "--k", "2", "--max-new-tokens", "24",
+    r = preloaded.run(ROOT / "evaluate.py", ["--model", "plumbing", "--n", "3", "--k", "2", "--max-new-tokens", "24",
                                               "--out", tmp_path / "out", "--dataset", GRADED],
                       cwd=ROOT, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -74,10 +74,10 @@ def test_end_to_end_on_the_demo_model(tmp_path):
 
 
 def test_bad_arguments_fail_before_any_model_loads(tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--model", "demo", "--k", "3", "--samples", "2"],
+    r = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--model", "plumbing", "--k", "3", "--samples", "2"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--samples 2 must be >= --k 3" in r.stderr
-    r = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--model", "demo", "--dataset", str(tmp_path / "x.jsonl")],
+    r = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--model", "plumbing", "--dataset", str(tmp_path / "x.jsonl")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "x.jsonl: no such file" in r.stderr
 

@@ -12,7 +12,7 @@ from ocaml_grpo import prompting
 from ocaml_grpo.completions import assemble_solution, is_value_name
 from ocaml_grpo.problems import Problem
 from ocaml_grpo.settings import defaults, resolve
-from ocaml_grpo.train_config import CONFIG, DEMO_DEFAULTS, SETTINGS
+from ocaml_grpo.train_config import CONFIG, PLUMBING_DEFAULTS, SETTINGS
 from ocaml_grpo.grader import OcamlGrader
 from ocaml_sandbox import SANDBOX_SETTINGS, Sandbox, SandboxConfig
 
@@ -31,7 +31,7 @@ def test_defaults_live_in_the_dataclasses():
     # the trainer resolves the reward's settings with its own: each name defined once
     names = [s[0] for s in SETTINGS]
     assert len(names) == len(set(names)) and "MIN_NON_EMPTY_LINES" not in [s[0] for s in CONFIG]
-    assert set(DEMO_DEFAULTS) <= set(names)
+    assert set(PLUMBING_DEFAULTS) <= set(names)
 
 
 def test_reward_config_is_built_from_validated_values():

@@ -22,7 +22,7 @@ def sft_env(tmp: Path, cache_home: Path, **overrides) -> dict:
                TRAINING_DATASET=str(small_dataset(tmp / "problems.jsonl", 6)), SFT_OUTPUT_DIR=str(tmp / "sft"),
                SFT_HOLDOUT="2", SFT_MAX_STEPS="3", SFT_BATCH_SIZE="2", SFT_LEARNING_RATE="1e-3",
                GRPO_MAX_COMPLETION="512", GRPO_MAX_PROMPT="4096", GRPO_REPORT_TO="none")
-    env.pop("GRPO_DEMO")
+    env.pop("GRPO_PLUMBING")
     env.update({k: str(v) for k, v in overrides.items()})
     return env
 
@@ -103,7 +103,7 @@ def test_grpo_init_adapter_must_be_an_adapter(tmp_path, cache_home):
 
 @pytest.mark.slow
 def test_lora_sft_then_grpo_continues_the_adapter(tmp_path, cache_home):
-    # train.py builds the plumbing model only under GRPO_DEMO=1; SFT takes a BASE_MODEL_ID, so build it here.
+    # train.py builds the plumbing model only under GRPO_PLUMBING=1; SFT takes a BASE_MODEL_ID, so build it here.
     from ocaml_grpo.demo_model import build_demo_model
     model = cache_home / "ocaml-grpo" / "demo-qwen2-tiny"
     if not (model / "config.json").exists():
@@ -135,7 +135,7 @@ def test_lora_sft_then_grpo_continues_the_adapter(tmp_path, cache_home):
     scored = {r["problem_id"] for r in read_jsonl(run / "reward_logs" / "completions.jsonl")}
     assert scored and scored <= set(train_ids)  # held-out problems never reach GRPO either
     assert len([line for line in log_lines(run) if line.startswith("[Epoch")]) == 2
-    # The SFT adapter was continued, not replaced: GRPO_DEMO's LORA_R=8 would give a fresh adapter rank 8.
+    # The SFT adapter was continued, not replaced: GRPO_PLUMBING's LORA_R=8 would give a fresh adapter rank 8.
     sft_config = json.loads((adapter / "adapter_config.json").read_text())
     grpo_config = json.loads((run / "final_adapter" / "adapter_config.json").read_text())
     assert sft_config["r"] == grpo_config["r"] == 32
