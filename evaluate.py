@@ -30,11 +30,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from ocaml_grpo import probe
-from ocaml_grpo.demo_model import ensure_plumbing_model
+from ocaml_grpo.demo_model import ensure_plumbing_model, plumbing_model_dir
 from ocaml_grpo.evaluation import RATES, generate_hf, generate_vllm, grade_completions
 from ocaml_grpo.models import go_offline_unless_needed, model_error
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo.prompting import chat_messages
+from ocaml_grpo.settings import cache_dir
 from rewards import RewardConfig, RewardScorer
 
 atexit.register(gc.freeze)  # skips ~1.7 s of collecting torch's and transformers' objects at exit (see train.py)
@@ -80,13 +81,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rng = random.Random(args.seed)
     chosen: list[Problem] = rng.sample(problems, min(args.n, len(problems)))
-    env_cfg = RewardConfig.from_env()
+    env_cfg = RewardConfig.from_env(os.environ)
     # Grade every completion (no line gate) so pass@k is about correctness; the training reward,
     # gate included, is reported as mean_reward.
     scorer = RewardScorer(replace(env_cfg, min_lines=0))
     model_id = args.model
     if model_id == "plumbing":
-        model_id = str(ensure_plumbing_model())
+        model_id = str(ensure_plumbing_model(plumbing_model_dir(cache_dir(os.environ))))
     out = Path(args.out or f"eval_runs/{time.strftime('%Y%m%d-%H%M%S')}")  # created once there is a report
 
     prompts = [chat_messages(p.prompt) for p in chosen]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ocaml_grpo.settings import Auto, Choice, Float, Int, Setting, Text, resolve
+from ocaml_grpo.settings import Auto, Choice, Float, Int, Setting, Text, cache_dir, resolve
 
 RUN_TOOLS = ("ocamlrun", "prlimit", "setpriv", "nice")  # all that the model-code sandbox can execute
 # A 32 MB minor heap: list-heavy tests on large inputs run ~1.7x faster in bytecode.
@@ -69,11 +69,13 @@ class SandboxConfig:
     limits: Limits = field(default_factory=Limits)
     compiler: str = "server"  # how the grader compiles: ocaml_grpo/compilers.py
     tmpdir: str | None = field(default_factory=lambda: memory_tmpdir())  # the grader's job directories (None: system temp)
+    cache: str = str(Path.home() / ".cache" / "ocaml-grpo")  # where the grader's OCaml tool is built
 
     @classmethod
     def from_settings(cls, v: Mapping[str, Any]) -> "SandboxConfig":
         """From values resolved over SANDBOX_SETTINGS (with the other settings of a command)."""
-        return cls(v["OCAML_SANDBOX"], Limits.from_settings(v), v["OCAML_COMPILER"], v["OCAML_SANDBOX_TMPDIR"])
+        return cls(v["OCAML_SANDBOX"], Limits.from_settings(v), v["OCAML_COMPILER"], v["OCAML_SANDBOX_TMPDIR"],
+                   v["OCAML_CACHE_DIR"])
 
 
 SANDBOX_SETTINGS = [
@@ -81,7 +83,7 @@ SANDBOX_SETTINGS = [
             "bwrap: every compile and run isolated; none: model code runs on this host UNISOLATED"),
     Setting("OCAML_CPU_LIMIT_S", str(Limits.cpu_s), Int(1),
             "CPU seconds for a completion's test runs (restarts share them; a run that used them timed out)"),
-    Setting("OCAML_WALL_LIMIT_S", "auto", Auto(Float(0, lo_open=True), lambda: None, f"{Limits.WALL_FACTOR}x the CPU limit"),
+    Setting("OCAML_WALL_LIMIT_S", "auto", Auto(Float(0, lo_open=True), lambda env: None, f"{Limits.WALL_FACTOR}x the CPU limit"),
             "wall-clock guard of one test run (only for runs that do not use the CPU)"),
     Setting("OCAML_COMPILE_LIMIT_S", str(Limits.compile_s), Float(0, lo_open=True),
             "wall/CPU seconds for all the compiler calls made for one completion"),
@@ -93,7 +95,9 @@ SANDBOX_SETTINGS = [
     Setting("OCAML_COMPILER", SandboxConfig.compiler, Choice("server", "ocamlc"),
             "server: the grader compiles with a persistent compiler-libs process (same outputs as ocamlc); "
             "ocamlc: one ocamlc process per step (problems that `require` packages always use ocamlfind ocamlc)"),
-    Setting("OCAML_SANDBOX_TMPDIR", "auto", Auto(Text, lambda: memory_tmpdir(), "/dev/shm when it has 1 GiB free "
+    Setting("OCAML_CACHE_DIR", "auto", Auto(Text, lambda env: str(cache_dir(env)), "$XDG_CACHE_HOME/ocaml-grpo"),
+            "where the grader's OCaml tool (compile server and allowlist check) is built and kept"),
+    Setting("OCAML_SANDBOX_TMPDIR", "auto", Auto(Text, lambda env: memory_tmpdir(), "/dev/shm when it has 1 GiB free "
                                                  "and allows exec, else the system temp dir"),
             "where the grader's job directories go"),
 ]

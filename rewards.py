@@ -111,7 +111,7 @@ class RewardScorer:
 
     def __init__(self, config: RewardConfig | None = None, grader: OcamlGrader | None = None,
                  cache_size: int = 50_000):
-        self.config = config or RewardConfig.from_env()
+        self.config = config or RewardConfig()
         self.grader = grader or OcamlGrader(Sandbox(self.config.sandbox), max_parallel_compiles=self.config.workers)
         # Runs mostly wait on subprocesses; more threads than cores lets infinite loops time
         # out side by side while compiles stay bounded by the grader's compile slots.
@@ -329,7 +329,7 @@ def cmd_score(args) -> int:
     unknown = sorted({str(r["problem_id"]) for r in records} - set(problems))
     if unknown:
         raise DatasetError(f"{args.completions}: problem ids not in {args.problems}: {unknown[:5]}")
-    cfg = RewardConfig.from_env()
+    cfg = RewardConfig.from_env(os.environ)
     if args.workers:
         cfg = replace(cfg, workers=args.workers)
     scorer = RewardScorer(cfg)

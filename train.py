@@ -40,7 +40,7 @@ from dotenv import load_dotenv
 # None of these imports torch: --help, a config error or a missing toolchain answer in a second.
 import rewards
 from ocaml_grpo import dataset_audit, run_dir
-from ocaml_grpo.demo_model import PLUMBING_MODEL_DIR, ensure_plumbing_model
+from ocaml_grpo.demo_model import ensure_plumbing_model, plumbing_model_dir
 from ocaml_grpo.generation_engines import engine_kwargs
 from ocaml_grpo.group_stats import TRACKING_FILE, ProblemTracker
 from ocaml_grpo.models import adapter_base, go_offline_unless_needed, load_model, load_tokenizer, lora_config, \
@@ -49,7 +49,7 @@ from ocaml_grpo.problems import DatasetError, load_problems
 from ocaml_grpo.prompting import chat_messages, prompt_token_count
 from ocaml_grpo.selection import apply_selection, write_choices
 from ocaml_grpo import sft as sft_command
-from ocaml_grpo.settings import describe, resolve, unknown_variables
+from ocaml_grpo.settings import cache_dir, describe, resolve, unknown_variables
 from ocaml_grpo.train_config import CONFIG, PLUMBING_DEFAULTS, RETIRED, SETTINGS, SFT_CONFIG, VARIABLES
 from ocaml_sandbox import SANDBOX_SETTINGS, ToolchainError
 
@@ -57,6 +57,7 @@ from ocaml_sandbox import SANDBOX_SETTINGS, ToolchainError
 # for ~1.7 s at exit. Nothing needs them: our logs are written with os.write, the libraries save
 # with `with` blocks. Freezing the heap at exit skips them.
 atexit.register(gc.freeze)
+PLUMBING_MODEL_DIR = plumbing_model_dir(cache_dir(os.environ))  # the plumbing run's model (GRPO_PLUMBING=1)
 
 # ----------------------------------------------------------------------------- config
 # Every variable is defined once (ocaml_grpo/train_config.py; the reward's in rewards.py, the

@@ -13,12 +13,14 @@ same for all three and is measured by bench_rewards):
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 from ocaml_grpo.compile_server import build_server, parse_reply
+from ocaml_grpo.settings import cache_dir
 
 SOLUTION = """let rec fib n = if n < 2 then n else fib (n - 1) + fib (n - 2)
 let sum_squares xs = List.fold_left (fun acc x -> acc + x * x) 0 xs
@@ -46,7 +48,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=200)
     args = ap.parse_args()
-    exe = build_server()
+    exe = build_server(cache_dir(os.environ))
     work = Path(tempfile.mkdtemp(prefix="bench-cs-"))
     (work / "solution.ml").write_text(SOLUTION)
     request = "\t".join([str(work), "c", "a", "solution.ml"])

@@ -128,7 +128,7 @@ def main() -> None:
         exercises = [p for p in load_problems(args.exercises) if p.solution and not p.requires]
     else:
         print(f"note: {args.exercises} not found: the no-loop corpus is built from {args.problems}")
-    cfg = RewardConfig.from_env()
+    cfg = RewardConfig.from_env(os.environ)
     scorer = RewardScorer(replace(cfg, min_lines=0))
     wall = scorer.grader.sandbox.limits.cpu_s  # the naive pipeline's per-run limit
     print(f"cores={os.cpu_count()} workers={cfg.workers} cpu_limit={wall}s compiler={scorer.grader.compiler}  "

@@ -34,7 +34,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from ocaml_grpo import demo
-from ocaml_grpo.demo_model import ensure_learner_model
+from ocaml_grpo.demo_model import ensure_learner_model, learner_model_dir
+from ocaml_grpo.settings import cache_dir
 from ocaml_grpo.group_stats import group_stat, learnable
 from ocaml_grpo.learning_log import parse_learning_log, series
 from ocaml_grpo.problems import BUNDLED, load_problems, read_rows
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / MARK).touch()  # a rerun may start this directory over
     t0 = time.time()
     group = int(RECIPE.generations)
-    model = ensure_learner_model()
+    model = ensure_learner_model(learner_model_dir(cache_dir(os.environ)))
     echo = lambda l: l.startswith(("[SFT]", "selection", "probed", "problem states", "done in", "warning"))  # noqa: E731
 
     # SFT: stage 1 memorises MASTERED, stage 2 adds PARTIAL and stops half-way.

@@ -44,7 +44,8 @@ from pathlib import Path
 import torch
 
 from bench.bench_rewards import variants
-from ocaml_grpo.demo_model import PLUMBING_MODEL_DIR, ensure_plumbing_model
+from ocaml_grpo.demo_model import ensure_plumbing_model, plumbing_model_dir
+from ocaml_grpo.settings import cache_dir
 from ocaml_grpo.generation_engines import ENGINES, engine_kwargs
 from ocaml_grpo.problems import Problem, load_problems
 from ocaml_grpo.prompting import END_MARKER, chat_messages, prompt_ids, prompt_token_count
@@ -60,11 +61,11 @@ CPU_CONFIG = dict(prompts=2, generations=2, completion=32, max_prompt=4096)
 
 def qwen_shaped_model_dir() -> Path:
     """Random-weight Qwen2.5-1.5B-shaped model with the demo tokenizer (ids it does not know decode to '')."""
-    path = PLUMBING_MODEL_DIR.parent / "bench-qwen2.5-1.5b-shape"
+    path = cache_dir(os.environ) / "bench-qwen2.5-1.5b-shape"
     if not (path / "config.json").exists():
         from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
         print(f"building the random Qwen2.5-1.5B-shaped model once into {path}", flush=True)
-        tok = AutoTokenizer.from_pretrained(ensure_plumbing_model())
+        tok = AutoTokenizer.from_pretrained(ensure_plumbing_model(plumbing_model_dir(cache_dir(os.environ))))
         cfg = Qwen2Config(**QWEN_15B_SHAPE, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                           pad_token_id=tok.pad_token_id)
         torch.manual_seed(0)
@@ -76,7 +77,7 @@ def qwen_shaped_model_dir() -> Path:
 def resolve_model(name: str) -> tuple[Path, bool]:
     """(model dir, random weights?) for `tiny`, `qwen1.5b-shape` or a local path."""
     if name == "tiny":
-        return ensure_plumbing_model(), True
+        return ensure_plumbing_model(plumbing_model_dir(cache_dir(os.environ))), True
     if name == "qwen1.5b-shape":
         return qwen_shaped_model_dir(), True
     if not (Path(name) / "config.json").exists():
@@ -125,7 +126,7 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
             rows.append({"prompt": chat_messages(p.prompt), **p.to_row()})
             prompt_lens.append(n)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if on_gpu else torch.float32)
-    scorer = RewardScorer(replace(RewardConfig.from_env(), min_lines=0))  # stand-ins are short; grade them all
+    scorer = RewardScorer(replace(RewardConfig.from_env(os.environ), min_lines=0))  # stand-ins are short; grade them all
     reward_fn = make_syntax_aware_reward(None, a.completion, scorer=scorer)
     reward_times: list[float] = []
     reward_means: list[float] = []

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from ocaml_grpo.settings import cache_dir
 from ocaml_sandbox import Sandbox, Spawned, ToolchainError
 
 OCAML_DIR = Path(__file__).resolve().parent / "ocaml"
@@ -61,18 +60,17 @@ def _read_line(proc: Spawned, deadline: float) -> bytes | None:
         line += c
 
 
-def _tool_output(argv: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, capture_output=True, text=True, env=dict(env))
+def _tool_output(argv: list[str], env: dict | None) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, env=env)
 
 
-def build_server(source: Path = SERVER_SOURCE, cache: Path | None = None,
-                 environ: Mapping[str, str] | None = None) -> Path:
+def build_server(cache: Path, source: Path = SERVER_SOURCE, environ: Mapping[str, str] | None = None) -> Path:
     """The server binary, built with `ocamlfind ocamlopt` on first use and cached under a key of
     its source and the compiler's version (a compiler upgrade rebuilds it). A missing piece of
-    the toolchain is a ToolchainError that names the Debian package to install."""
-    env = dict(os.environ if environ is None else environ)
-    cache = cache or cache_dir(env)
-    if not shutil.which("ocamlfind", path=env.get("PATH")):
+    the toolchain is a ToolchainError that names the Debian package to install. `environ`: the
+    toolchain's environment (None: this process's, inherited)."""
+    env = None if environ is None else dict(environ)
+    if not shutil.which("ocamlfind", path=env.get("PATH") if env is not None else None):
         raise ToolchainError("the compile server needs `ocamlfind`, not found on PATH. "
                              "Install it: apt-get install -y ocaml-findlib")
     version = _tool_output(["ocamlfind", "ocamlopt", "-version"], env)
@@ -250,8 +248,8 @@ def _reply_size(buf: bytearray) -> int:
 class ServerPool:
     """One server per compile slot: taking a server is taking a slot."""
 
-    def __init__(self, sandbox: Sandbox, root: Path, size: int, exe: Path | None = None):
-        self.exe = exe or build_server()
+    def __init__(self, sandbox: Sandbox, root: Path, size: int, exe: Path):
+        self.exe = exe
         self.servers = [CompileServer(sandbox, self.exe, root) for _ in range(size)]
         self._free: queue.SimpleQueue[CompileServer] = queue.SimpleQueue()
         for s in self.servers:

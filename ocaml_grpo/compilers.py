@@ -165,7 +165,7 @@ class Compilers:
         self.slots = threading.BoundedSemaphore(cores)
         # Built (or found in the cache) now: a missing piece of the toolchain is an error at
         # start-up, never a silent switch to another path.
-        self.exe = build_server()
+        self.exe = build_server(Path(sandbox.config.cache))
         self.tool_in_box = SERVER_IN_BOX if sandbox.isolated else str(self.exe)
         self._root = root
         self._servers = ServerPool(sandbox, root, cores, self.exe) if kind == "server" else None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -29,12 +30,12 @@ from typing import Callable
 from ocaml_grpo import ocaml_source as src
 from ocaml_grpo.completions import assemble_solution, invalid_entry_point_note
 from ocaml_grpo.problems import Problem, load_problems
-from ocaml_grpo.settings import Auto, Setting, Text, cache_dir, default_workers
+from ocaml_grpo.settings import Auto, Setting, Text, cache_dir
 from ocaml_grpo.grader import OcamlGrader
 from ocaml_grpo.jsonl import append, read_jsonl
 from ocaml_sandbox import Sandbox, SandboxConfig
 
-AUDIT_SETTINGS = [Setting("AUDIT_CACHE_DIR", "auto", Auto(Text, lambda: str(cache_dir()), "$XDG_CACHE_HOME/ocaml-grpo"),
+AUDIT_SETTINGS = [Setting("AUDIT_CACHE_DIR", "auto", Auto(Text, lambda env: str(cache_dir(env)), "$XDG_CACHE_HOME/ocaml-grpo"),
                           "where audit results are cached by content hash")]
 AUDIT_VERSION = "2"  # bump when the grader's notion of "compiles" or the stub assembly changes
 CHUNK = 16  # problems per sandbox call
@@ -104,7 +105,7 @@ def audit_problems(problems: list[Problem], output_dir: str | Path | None = None
                    sandbox: SandboxConfig | None = None) -> AuditResult:
     """cache_dir: AUDIT_CACHE_DIR as the command resolved it; sandbox: the sandbox's settings for
     a grader of the audit's own (when `grader` is None)."""
-    workers = workers or default_workers()
+    workers = workers or os.cpu_count() or 1
     records: dict[int, AuditRecord] = {}
     seen: set[str] = set()
     to_compile: list[tuple[int, Problem, str, list[str]]] = []

@@ -30,12 +30,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ocaml_grpo import models
-from ocaml_grpo.demo_model import ensure_learner_model
+from ocaml_grpo.demo_model import ensure_learner_model, learner_model_dir
 from ocaml_grpo.evaluation import generate_hf, grade_completions
 from ocaml_grpo.learning_log import parse_learning_log, series
 from ocaml_grpo.problems import BUNDLED, load_problems, read_rows
 from ocaml_grpo.prompting import chat_messages
 from ocaml_grpo.reward_config import RewardConfig
+from ocaml_grpo.settings import cache_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "train.py"
@@ -229,7 +230,7 @@ def main(argv: list[str], make_scorer) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # this process samples too (before/after table)
     print(f"demo: SFT warm start then GRPO on {len(recipe.train_ids)} bundled problems "
           f"({', '.join(recipe.train_ids)}); held out: {', '.join(recipe.heldout_ids)}; output in {out}")
-    model_dir = ensure_learner_model()
+    model_dir = ensure_learner_model(learner_model_dir(cache_dir(os.environ)))
     problems = write_problems(recipe, out / "problems.jsonl")
     sft_out, grpo_out = out / "sft", out / "grpo"
     t_sft = run_stage("SFT warm start", [str(TRAIN), "sft"], sft_env(recipe, model_dir, problems, sft_out), out,

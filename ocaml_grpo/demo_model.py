@@ -4,9 +4,9 @@
     python -m ocaml_grpo.demo_model --learner PATH    # the learner model of `python train.py demo`
 
 Two models, both built here and cached under ~/.cache/ocaml-grpo/:
-- the plumbing model (PLUMBING_MODEL_DIR, 186k parameters, Qwen2): fast random weights for the tests
+- the plumbing model (plumbing_model_dir, 186k parameters, Qwen2): fast random weights for the tests
   and benchmarks that exercise the machinery, never expected to write OCaml;
-- the learner model (LEARNER_MODEL_DIR, 441k parameters, Llama layout with Qwen2's module names):
+- the learner model (learner_model_dir, 441k parameters, Llama layout with Qwen2's module names):
   the one `python train.py demo` warm-starts with SFT and then improves with GRPO on 2 CPU cores.
   Its tokenizer is trained on the prompts and answers of the bundled set without splitting words
   (lines are its longest tokens), so the prompt's fixed instructions and worked examples cost ~112
@@ -26,7 +26,6 @@ from pathlib import Path
 
 from ocaml_grpo.problems import BUNDLED, read_rows
 from ocaml_grpo.prompting import answer_text, user_message
-from ocaml_grpo.settings import cache_dir
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Same shape as Qwen2.5's template (system default, <|im_start|>role ... <|im_end|>), minus tools.
@@ -39,9 +38,6 @@ CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
-CACHE_DIR = cache_dir()
-PLUMBING_MODEL_DIR = CACHE_DIR / "demo-qwen2-tiny"
-LEARNER_MODEL_DIR = CACHE_DIR / "demo-learner"
 VERSION = "1"  # bump when the recipe changes so cached copies are rebuilt
 LEARNER_VERSION = "learner-1"
 # The learner: hidden 96, 3 layers, 4 heads (2 key/value heads), 2,000-token vocabulary: 441k parameters.
@@ -59,7 +55,16 @@ def _corpus() -> list[str]:
     return texts
 
 
-def ensure_plumbing_model(path: str | Path = PLUMBING_MODEL_DIR) -> Path:
+def plumbing_model_dir(cache: Path) -> Path:
+    """Where the plumbing model is kept, under the project's cache directory (settings.cache_dir)."""
+    return Path(cache) / "demo-qwen2-tiny"
+
+
+def learner_model_dir(cache: Path) -> Path:
+    return Path(cache) / "demo-learner"
+
+
+def ensure_plumbing_model(path: str | Path) -> Path:
     """Build the plumbing model once; later calls reuse the cached copy."""
     if not is_built(path):
         print(f"building the plumbing model once into {path}")
@@ -67,7 +72,7 @@ def ensure_plumbing_model(path: str | Path = PLUMBING_MODEL_DIR) -> Path:
     return Path(path)
 
 
-def ensure_learner_model(path: str | Path = LEARNER_MODEL_DIR) -> Path:
+def ensure_learner_model(path: str | Path) -> Path:
     """Build the learner model once; later calls reuse the cached copy."""
     if not is_built(path, LEARNER_VERSION):
         print(f"building the demo learner model once into {path}")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,7 +129,8 @@ def _load_hub_rows(name: str, split: str) -> list[dict]:
         import datasets
         ds = datasets.load_dataset(name, split=split)
     except Exception as e:  # offline, unknown id, no cache: all end the same way for the user
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
+        from huggingface_hub import constants  # the hub library's own reading of HF_HUB_OFFLINE
+        offline = constants.HF_HUB_OFFLINE
         raise DatasetError(
             f"could not load dataset {name!r} from the Hugging Face hub"
             f"{' (offline mode)' if offline else ''}: {type(e).__name__}: {str(e)[:300]}\n"

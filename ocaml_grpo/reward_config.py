@@ -54,7 +54,7 @@ class RewardConfig:
     weights: Weights = field(default_factory=Weights)
     runaway_multiplier: float = 0.3
     min_lines: int = 8
-    workers: int = field(default_factory=default_workers)
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1)  # REWARD_WORKERS resolves per process
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)  # where and how the grader compiles and runs
 
     @classmethod
@@ -67,10 +67,10 @@ class RewardConfig:
                    SandboxConfig.from_settings(values))
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "RewardConfig":
+    def from_env(cls, environ: Mapping[str, str]) -> "RewardConfig":
         """For the commands that read only the reward's and the sandbox's settings (rewards.py,
         evaluate.py, bench): the one place these are read from an environment."""
-        values, errors = resolve(REWARD_SETTINGS + SANDBOX_SETTINGS, os.environ if environ is None else environ)
+        values, errors = resolve(REWARD_SETTINGS + SANDBOX_SETTINGS, environ)
         if errors:
             raise ValueError("; ".join(errors))
         return cls.from_settings(values)

@@ -17,11 +17,10 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 Parser = Callable[[str], Any]
 
 
-def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+def cache_dir(environ: Mapping[str, str]) -> Path:
     """Where the project caches what it builds (demo models, the compile server):
     $XDG_CACHE_HOME/ocaml-grpo, by default ~/.cache/ocaml-grpo."""
-    env = os.environ if environ is None else environ
-    return Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ocaml-grpo"
+    return Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ocaml-grpo"
 
 
 class Setting(NamedTuple):
@@ -38,7 +37,7 @@ def resolve(settings: Sequence[Setting | tuple], environ: Mapping[str, str]) -> 
     for name, default, parse, meaning in settings:
         raw = environ.get(name, "").strip() or default
         try:
-            values[name] = parse(raw)
+            values[name] = parse(raw, environ) if getattr(parse, "reads_environ", False) else parse(raw)
         except ValueError:
             errors.append(f"{name}={raw!r} is invalid: expected {parse.accepts} ({meaning})")
     return values, errors
@@ -99,10 +98,10 @@ def describe(settings: Sequence[Setting | tuple]) -> str:
     return "\n".join(f"  {name}={default}\n      {meaning}; {parse.accepts}" for name, default, parse, meaning in settings)
 
 
-def default_workers() -> int:
+def default_workers(environ: Mapping[str, str]) -> int:
     """Cores per training process: N processes on one machine (accelerate launch sets
     LOCAL_WORLD_SIZE) share the cores instead of each taking all of them."""
-    return max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1)))
+    return max(1, (os.cpu_count() or 1) // max(1, int(environ.get("LOCAL_WORLD_SIZE") or 1)))
 
 
 # ----------------------------------------------------------------------------- parsers
@@ -174,11 +173,13 @@ def ModuleList(s: str) -> str:
 ModuleList.accepts = "comma-separated module names, e.g. q_proj,v_proj"
 
 
-def Auto(parse: Parser, auto: Callable[[], Any], when: str) -> Parser:
-    """`auto` (the default) computes the value at start-up; anything else goes to `parse`."""
-    def p(s: str) -> Any:
-        return auto() if s == "auto" else parse(s)
+def Auto(parse: Parser, auto: Callable[[Mapping[str, str]], Any], when: str) -> Parser:
+    """`auto` (the default) computes the value at start-up, from the environment being resolved;
+    anything else goes to `parse`."""
+    def p(s: str, environ: Mapping[str, str]) -> Any:
+        return auto(environ) if s == "auto" else parse(s)
     p.accepts = f"auto ({when}) or {parse.accepts}"
+    p.reads_environ = True
     return p
 
 

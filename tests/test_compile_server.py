@@ -14,6 +14,7 @@ from ocaml_grpo import compile_server as cs
 from ocaml_grpo.completions import assemble_solution
 from ocaml_grpo.grader import OcamlGrader
 from ocaml_grpo.problems import load_problems
+from ocaml_grpo.settings import cache_dir
 from ocaml_sandbox import Sandbox, ToolchainError
 from rewards import RewardConfig, RewardScorer
 
@@ -33,7 +34,7 @@ def server(sandbox, tmp_path):
     root = tmp_path / "root"
     root.mkdir()
     os.chmod(root, 0o755)
-    s = cs.CompileServer(sandbox, cs.build_server(), root)
+    s = cs.CompileServer(sandbox, cs.build_server(cache_dir(os.environ)), root)
     yield s
     s.stop()
 

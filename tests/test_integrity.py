@@ -3,6 +3,7 @@ the compiler's typed tree against an allowlist (deny by default, the solution's 
 matter), every compile request meets a fresh compiler, error classes come from the compiler's
 exceptions, lines are counted as OCaml's lexer counts them, and a blocked test program is stopped.
 Real compiler, real sandbox."""
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -12,13 +13,14 @@ import pytest
 from conftest import ADD, fenced
 from ocaml_grpo import ocaml_source as src
 from ocaml_grpo.compile_server import ALLOWLIST, build_server
+from ocaml_grpo.settings import cache_dir
 from ocaml_sandbox import Sandbox
 from rewards import RewardConfig, RewardScorer
 
 
 @pytest.fixture(scope="module")
 def tool() -> Path:
-    return build_server()
+    return build_server(cache_dir(os.environ))
 
 
 def denied(tool: Path, tmp_path: Path, code: str) -> list[str]:

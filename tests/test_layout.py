@@ -85,3 +85,19 @@ def test_every_settings_table_is_made_of_settings():
     from ocaml_grpo.settings import Setting
     from ocaml_grpo.train_config import CONFIG, SETTINGS, SFT_CONFIG
     assert [s for s in CONFIG + SETTINGS + SFT_CONFIG if not isinstance(s, Setting)] == []
+
+
+# The commands that live in the package: what `train.py sft|demo` and `evaluate.py --probe` run.
+COMMANDS_IN_PACKAGE = {"ocaml_grpo.sft", "ocaml_grpo.demo", "ocaml_grpo.probe"}
+
+
+def test_no_module_below_the_commands_reads_the_environment():
+    """Settings are resolved once, at a command's edge, and passed down as typed configs: nothing
+    below the commands names os.environ or os.getenv (the sandbox, the grader, the audit cache,
+    the reward's configuration, the models' helpers all receive what they need)."""
+    trees = project_modules()
+    below = [m for m in trees if m == "ocaml_sandbox" or (m.startswith("ocaml_grpo") and m not in COMMANDS_IN_PACKAGE)]
+    readers = sorted(m for m in below for node in ast.walk(trees[m])
+                     if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv")
+                     and isinstance(node.value, ast.Name) and node.value.id == "os")
+    assert "ocaml_grpo.settings" in below and readers == []

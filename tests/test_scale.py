@@ -88,7 +88,7 @@ def test_reward_workers_are_shared_between_local_processes(monkeypatch):
     workers = {}
     for n in ("1", "2", "3", "16"):
         monkeypatch.setenv("LOCAL_WORLD_SIZE", n)
-        workers[n] = RewardConfig.from_env().workers
+        workers[n] = RewardConfig.from_env(os.environ).workers
     assert workers == {"1": 8, "2": 4, "3": 2, "16": 1}
 
 
