@@ -239,10 +239,11 @@ class RewardLogger:
 # ---------------------------------------------------------------------------------------------
 # The TRL reward function.
 
-def make_syntax_aware_reward(output_dir: str | Path | None, max_completion_tokens: int | None = None,
-                             curriculum: bool = False, scorer: RewardScorer | None = None, rank: int = 0,
-                             group_size: int | None = None, on_groups=None):
-    """An async TRL reward function named `syntax_aware_reward` (TRL logs it under that name).
+def make_reward_function(output_dir: str | Path | None, max_completion_tokens: int | None = None,
+                         curriculum: bool = False, scorer: RewardScorer | None = None, rank: int = 0,
+                         group_size: int | None = None, on_groups=None):
+    """An async TRL reward function named `syntax_aware_reward`: TRL logs it under that name
+    (`rewards/syntax_aware_reward/mean`), the name users know from the run this grew out of.
     Dataset columns used: Problem.to_row's (`id`, `problem`: the OCaml prompt, `tests`;
     optional `requires`, `entry_point`). With `group_size` (TRL's num_generations: a
     batch is whole groups of that many consecutive completions) each group's kind is logged

@@ -254,10 +254,10 @@ with PartialState(cpu=not on_gpu).main_process_first():
             write_choices(out_dir, selection)
         if tracker:
             tracker.open(tracking_file)
-    reward_fn = rewards.make_syntax_aware_reward(out_dir, max_completion_tokens=cfg["GRPO_MAX_COMPLETION"],
-                                                 curriculum=cfg["REWARD_CURRICULUM"], scorer=scorer,
-                                                 rank=RANK, group_size=cfg["GRPO_NUM_GENERATIONS"],
-                                                 on_groups=shared_update(tracker) if tracker else None)
+    reward_fn = rewards.make_reward_function(out_dir, max_completion_tokens=cfg["GRPO_MAX_COMPLETION"],
+                                             curriculum=cfg["REWARD_CURRICULUM"], scorer=scorer,
+                                             rank=RANK, group_size=cfg["GRPO_NUM_GENERATIONS"],
+                                             on_groups=shared_update(tracker) if tracker else None)
 
 # ----------------------------------------------------------------------------- trainer
 G = cfg["GRPO_NUM_GENERATIONS"]

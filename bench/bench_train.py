@@ -49,7 +49,7 @@ from ocaml_grpo.settings import cache_dir
 from ocaml_grpo.generation_engines import ENGINES, engine_kwargs
 from ocaml_grpo.problems import Problem, load_problems
 from ocaml_grpo.prompting import END_MARKER, chat_messages, prompt_ids, prompt_token_count
-from rewards import RewardConfig, RewardScorer, make_syntax_aware_reward
+from rewards import RewardConfig, RewardScorer, make_reward_function
 
 QWEN_15B_SHAPE = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                       num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
@@ -127,7 +127,7 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
             prompt_lens.append(n)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if on_gpu else torch.float32)
     scorer = RewardScorer(replace(RewardConfig.from_env(os.environ), min_lines=0))  # stand-ins are short; grade them all
-    reward_fn = make_syntax_aware_reward(None, a.completion, scorer=scorer)
+    reward_fn = make_reward_function(None, a.completion, scorer=scorer)
     reward_times: list[float] = []
     reward_means: list[float] = []
     peak_used = [0.0]

@@ -52,7 +52,7 @@ def negate_rewards() -> None:
     (tests/test_learning.py's control). Patched here, so train.py holds no test-only branch."""
     import rewards  # the command's own import then finds this module, patched
 
-    make = rewards.make_syntax_aware_reward
+    make = rewards.make_reward_function
 
     def negated(*a, **kw):
         graded = make(*a, **kw)
@@ -60,7 +60,7 @@ def negate_rewards() -> None:
         async def syntax_aware_reward(*x, **k):
             return [None if r is None else -r for r in await graded(*x, **k)]
         return syntax_aware_reward
-    rewards.make_syntax_aware_reward = negated
+    rewards.make_reward_function = negated
 
 
 SETUPS = {"negate_rewards": negate_rewards}

@@ -21,7 +21,7 @@ from ocaml_grpo.learning_log import groups_line, metric_line
 from ocaml_grpo.probe import grade
 from ocaml_grpo.selection import ProblemStats, read_stats, sampling_differences, select
 from ocaml_grpo.tracking import TrackedSampler
-from rewards import make_syntax_aware_reward
+from rewards import make_reward_function
 
 RIGHT = fenced("let add a b = a + b")   # 1.0
 WRONG = fenced("let add a b = a - b")   # compiles, passes add 0 0 and add 7 0: 0.35 + 0.65 * 2/7
@@ -100,7 +100,7 @@ def test_groups_are_classified_per_group_whatever_the_batch(scorer):
     """A batch whose rewards differ overall but not within its first group: frac_zero_std is 0.5
     (TRL's batch-wide value under scale_rewards="batch" would be 0)."""
     logged, seen = {}, []
-    fn = make_syntax_aware_reward(None, group_size=2, scorer=scorer, on_groups=lambda step, gs: seen.extend(gs))
+    fn = make_reward_function(None, group_size=2, scorer=scorer, on_groups=lambda step, gs: seen.extend(gs))
     rewards = asyncio.run(fn([ADD.prompt] * 4, [RIGHT, RIGHT, RIGHT, WRONG], id=["add"] * 4, problem=[ADD.prompt] * 4,
                              tests=[ADD.tests] * 4, log_metric=logged.__setitem__))
     assert rewards[:3] == [1.0, 1.0, 1.0] and rewards[3] < 1
