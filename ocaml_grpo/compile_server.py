@@ -132,6 +132,11 @@ class Reply:
     denied: list[str] = field(default_factory=list)  # library paths the allowlist does not allow
 
     @classmethod
+    def timeout(cls) -> "Reply":
+        """A step stopped by the completion's compile budget."""
+        return cls(2, "compiler timed out", timed_out=True)
+
+    @classmethod
     def parse(cls, returncode: int, payload: str) -> "Reply":
         """The tool's reply payload: `key=value` lines, an empty line, then the compiler's output."""
         head, _, output = payload.partition("\n\n")
@@ -224,7 +229,7 @@ class CompileServer:
             while b"\n" not in buf or len(buf) < _reply_size(buf):
                 left = deadline - time.monotonic()
                 if left <= 0 or not select.select([fd], [], [], left)[0]:
-                    return [*replies, Reply(2, "compiler timed out", timed_out=True)]
+                    return [*replies, Reply.timeout()]
                 chunk = os.read(fd, READ_CHUNK)
                 if not chunk:
                     return None

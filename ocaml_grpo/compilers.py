@@ -75,7 +75,7 @@ class ServerSteps:
     def _request(self, fields: list[str]) -> list[Reply]:
         if self.budget.seconds <= 0:
             self.budget.exhausted = True
-            return [Reply(2, "compiler timed out", timed_out=True)]
+            return [Reply.timeout()]
         t0 = time.monotonic()
         replies = self.server.requests(self.workdir, fields, self.budget.seconds)
         self.budget.spend(t0, replies[-1].timed_out)
@@ -114,13 +114,13 @@ class OcamlcSteps:
     def _step(self, script: str, name: str) -> Reply:
         if self.budget.seconds <= 0:
             self.budget.exhausted = True
-            return Reply(2, "compiler timed out", timed_out=True)
+            return Reply.timeout()
         t0 = time.monotonic()
         res = self.c.run_script(script, self.workdir, self.budget.seconds)
         self.budget.spend(t0, res.timed_out)
         rc = _read(self.workdir / f"{name}.rc").strip()
         if res.timed_out or not rc:
-            return Reply(2, "compiler timed out", timed_out=True)
+            return Reply.timeout()
         out = _read(self.workdir / f"{name}.out")
         facts = _read(self.workdir / f"{name}.facts")
         if rc == "0":
@@ -161,13 +161,12 @@ class Compilers:
     def __init__(self, sandbox: Sandbox, root: Path, cores: int, kind: str):
         if kind not in ("server", "ocamlc"):
             raise ValueError(f"compiler {kind!r}: expected 'server' or 'ocamlc'")
-        self.sandbox, self.kind = sandbox, kind
+        self.sandbox = sandbox
         self.slots = threading.BoundedSemaphore(cores)
         # Built (or found in the cache) now: a missing piece of the toolchain is an error at
         # start-up, never a silent switch to another path.
         self.exe = build_server(Path(sandbox.config.cache))
         self.tool_in_box = SERVER_IN_BOX if sandbox.isolated else str(self.exe)
-        self._root = root
         self._servers = ServerPool(sandbox, root, cores, self.exe) if kind == "server" else None
 
     def close(self) -> None:
