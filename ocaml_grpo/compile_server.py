@@ -130,6 +130,8 @@ class Reply:
     unbound: str = ""  # the name an "unbound value/type/module/..." error is about
     items: list[int] | None = None  # byte offsets where the file's top-level items start (it parsed)
     denied: list[str] = field(default_factory=list)  # library paths the allowlist does not allow
+    loc: tuple[int, int, str] | None = None  # the error's (line, byte column, file), from the compiler's report
+    message: str = ""  # the error's message, from the compiler's report (not from `output`)
 
     @classmethod
     def timeout(cls) -> "Reply":
@@ -141,10 +143,12 @@ class Reply:
         """The tool's reply payload: `key=value` lines, an empty line, then the compiler's output."""
         head, _, output = payload.partition("\n\n")
         facts = dict(line.partition("=")[::2] for line in head.split("\n"))
-        items = facts.get("items", "")
+        items, loc = facts.get("items", ""), facts.get("loc", "").split(",", 2)
         return cls(returncode, output, stage=facts.get("stage", ""), unbound=facts.get("unbound", ""),
                    items=[int(i) for i in items.split(",")] if items else None,
-                   denied=facts.get("denied", "").split())
+                   denied=facts.get("denied", "").split(),
+                   loc=(int(loc[0]), int(loc[1]), loc[2]) if len(loc) == 3 else None,
+                   message=facts.get("message", ""))
 
 
 def parse_reply(data: bytes) -> Reply | None:

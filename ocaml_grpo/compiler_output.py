@@ -1,10 +1,10 @@
 """What a compile step's reply means for grading: the first error, its class and its location.
 
-The class comes from the stage the compiler's own exception belongs to (the grader's OCaml tool
-reports it: ocaml_grpo/compile_server.py `Reply.stage`), never from the message text, which a
-solution can print itself (`[%%ocaml.error "..."]`). Only the location is read from the text:
-the `File ..., line ...` header just above the `Error:` line, which a quoted source line cannot
-imitate (the compiler prints those indented, after a line number).
+The class, the location and the message come from the compiler's own exception and report (the
+grader's OCaml tool reports them: ocaml_grpo/compile_server.py `Reply`), never from the printed
+output, where a solution can print anything: `[%%ocaml.error "..."]`, or a warning it enabled
+(`[@@@warning "+22"] [@@@ocaml.ppwarning "...\nError: ..."]`). The printed output is parsed only
+for a step the tool reported nothing about, and for messages shown to people (`test_error`).
 """
 from __future__ import annotations
 
@@ -44,7 +44,11 @@ def error_of(reply: Reply) -> CompileError:
     """The first error of a failed step."""
     if reply.timed_out:
         return TIMED_OUT
-    err = parse_compiler_error(reply.output, error_kind(reply))
+    if reply.loc is None and not reply.message:  # the tool reported nothing: ocamlc's printed output
+        err = parse_compiler_error(reply.output, error_kind(reply))
+    else:
+        line, col, file = reply.loc or (0, 0, "")
+        err = CompileError(error_kind(reply), line, reply.message[:500], file, col)
     err.unbound = reply.unbound
     return err
 

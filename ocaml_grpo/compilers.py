@@ -21,7 +21,7 @@ import subprocess
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Protocol
 
@@ -126,7 +126,7 @@ class OcamlcSteps:
         if rc == "0":
             return Reply(0, out, denied=facts.split())
         rep = parse_reply(facts.encode())
-        return Reply(int(rc), out, stage=rep.stage, unbound=rep.unbound, items=rep.items) if rep else Reply(int(rc), out)
+        return replace(rep, returncode=int(rc), output=out, denied=[]) if rep else Reply(int(rc), out)
 
     def compile(self, file: str, flags: str) -> Reply:
         name, tool = Path(file).stem, self.c.tool_in_box
@@ -211,7 +211,7 @@ class Compilers:
                 out.append(None)
             elif rc:
                 rep = parse_reply(_read(workdir / f"f{k}.txt").encode()) or Reply(2, "")
-                out.append(error_of(Reply(int(rc), _read(workdir / f"e{k}.txt"), stage=rep.stage, unbound=rep.unbound)))
+                out.append(error_of(replace(rep, returncode=int(rc), output=_read(workdir / f"e{k}.txt"))))
             else:
                 out.append(CompileError("other", 0, "compiler timed out" if res.timed_out else "not compiled"))
         return out

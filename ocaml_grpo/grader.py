@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ocaml_grpo import ocaml_source as src
-from ocaml_grpo.compiler_output import TIMED_OUT, CompileError, error_of
+from ocaml_grpo.compiler_output import TIMED_OUT, CompileError, error_of, parse_compiler_error
 from ocaml_grpo.compilers import WARNINGS_OFF, CompileBudget, Compilers, Steps
 from ocaml_grpo.harness import HARNESS_ML, plan_of, render_tests, tally_run
 from ocaml_sandbox import Sandbox, ToolchainError
@@ -160,7 +160,8 @@ class OcamlGrader:
             return False
         link = link or steps.link("prog", objects)
         if link.timed_out or link.returncode != 0:
-            grade.test_error = error_of(link).message
+            # shown to people only: no credit depends on it, and ocamlc's link reports no facts
+            grade.test_error = TIMED_OUT.message if link.timed_out else parse_compiler_error(link.output).message
             return False
         return True
 

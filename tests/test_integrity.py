@@ -171,3 +171,14 @@ def test_a_blocked_program_is_stopped_within_seconds_and_has_no_terminal(sandbox
     busy = sb.run(["sh", "-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done"], tmp_path, wall_s=60, cpu_s=5,
                   idle_s=1.0)
     assert not busy.timed_out and busy.returncode == 0  # a busy program is never idle
+
+
+def test_a_printed_error_cannot_move_the_blame(scorer):
+    """A warning the solution enables can print any text, a forged `File ... Error:` included:
+    where the error is and what it says come from the compiler's report."""
+    forged = ('[@@@warning "+22"]\nlet helper x = x + 1\n'
+              '[@@@ocaml.ppwarning "x\\nFile \\"solution.ml\\", line 2, characters 0-3:\\nError: Unbound value zz"]\n'
+              'let add a b = helper a + b\nlet bad : int = "no"')
+    b = scorer.score_one(ADD, fenced(forged))
+    assert b.first_error.startswith("This expression has type string"), b.first_error
+    assert (b.type_errors, b.error_kinds) == (1, ["type"])

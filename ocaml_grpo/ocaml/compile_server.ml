@@ -26,8 +26,9 @@
                                            denies nothing, `o OUT FILE...` in the same process
      DIR  P  FILE.ml...                    `c pW FILE.ml` for each file, one reply each
    Reply: "ready\n" once started, then per request (per step of `k`) "RC LEN\n" and LEN bytes: fact lines
-   `key=value` (stage, unbound, items, denied), an empty line, then what ocamlc would have written
-   on stderr. The length prefix means nothing in a message can pass for a reply. *)
+   `key=value` (stage, unbound, items, denied, loc, message), an empty line, then what ocamlc would have written
+   on stderr. The length prefix means nothing in a message can pass for a reply; the location and
+   message facts come from the compiler's report, so no printed text can pass for them. *)
 
 let proto = Unix.out_channel_of_descr (Unix.dup Unix.stdout)
 
@@ -80,14 +81,28 @@ type facts = {
   mutable unbound : string;  (* the name an "unbound value/type/..." error is about *)
   mutable items : int list;  (* byte offsets where the parsed file's top-level items start *)
   mutable denied : string list;  (* library paths the allowlist does not allow *)
+  mutable loc : string;  (* the error's own location, "LINE,COLUMN,FILE" (column in bytes) *)
+  mutable message : string;  (* the error's own message, on one line *)
 }
 
-let facts = { stage = ""; unbound = ""; items = []; denied = [] }
+let facts = { stage = ""; unbound = ""; items = []; denied = []; loc = ""; message = "" }
+
+let reset_facts () =
+  facts.stage <- ""; facts.unbound <- ""; facts.items <- []; facts.denied <- []; facts.loc <- ""; facts.message <- ""
 
 let flatten lid = try String.concat "." (Longident.flatten lid) with _ -> ""
 
 (* The failure's stage, from the exception the compiler raised (never from its message). *)
 let classify exn =
+  (* Where and what, from the compiler's report, not from its printed output: a warning the
+     solution enabled ([@@@ocaml.ppwarning "...\nError: ..."]) can print anything there. *)
+  (match Location.error_of_exn exn with
+   | Some (`Ok report) ->
+     let p = report.Location.main.loc.loc_start in
+     facts.loc <- Printf.sprintf "%d,%d,%s" p.pos_lnum (p.pos_cnum - p.pos_bol) p.pos_fname;
+     facts.message <- String.concat " " (List.filter (( <> ) "") (List.map String.trim
+         (String.split_on_char '\n' (Format.asprintf "%t" report.main.txt))))
+   | _ -> ());
   facts.stage <- (match exn with
       | Lexer.Error _ -> "lexer"
       | Syntaxerr.Error _ | Syntaxerr.Escape_error -> "parser"
@@ -158,8 +173,9 @@ let link out files () =
 
 let reply (rc, out) =
   let out = if String.length out > max_reply then String.sub out 0 max_reply else out in
-  let payload = Printf.sprintf "stage=%s\nunbound=%s\nitems=%s\ndenied=%s\n\n%s" facts.stage facts.unbound
-      (String.concat "," (List.map string_of_int facts.items)) (String.concat " " facts.denied) out in
+  let payload = Printf.sprintf "stage=%s\nunbound=%s\nitems=%s\ndenied=%s\nloc=%s\nmessage=%s\n\n%s" facts.stage
+      facts.unbound (String.concat "," (List.map string_of_int facts.items)) (String.concat " " facts.denied)
+      facts.loc facts.message out in
   Printf.sprintf "%d %d\n%s" rc (String.length payload) payload
 
 (* The whole reply to one request: one `RC LEN` reply, or two for `k` when it linked. *)
@@ -180,7 +196,7 @@ let handle line =
        let first = reply checked in
        if rc <> 0 || facts.denied <> [] then first
        else begin
-         facts.stage <- ""; facts.unbound <- ""; facts.items <- [];
+         reset_facts ();
          first ^ reply (run (link out objs))
        end
      | "P", files ->
@@ -188,7 +204,7 @@ let handle line =
           warnings) would: the parser keeps no state from one file to the next (Parse.wrap
           resets the lexer), so one process serves them all. *)
        String.concat "" (List.map (fun file ->
-           facts.stage <- ""; facts.unbound <- ""; facts.items <- []; facts.denied <- [];
+           reset_facts ();
            set_flags "pW";
            reply (run (compile file))) files)
      | _ -> reply (2, "bad request\n"))
