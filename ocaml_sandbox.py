@@ -4,9 +4,10 @@ Isolation (bubblewrap): no network, no /proc, a scrubbed environment, a fresh PI
 (everything the program started dies with it), and, when we are root, an unprivileged uid per
 concurrent job (held machine-wide) so that the process-count limit counts. Compiles see a
 read-only /usr and write only the job's directory; model code sees only the bytecode runtime and
-its libraries (no shell, no interpreter), with small in-memory /work and /tmp. rlimits
-(prlimit) bound CPU seconds, address space, file size, processes and open files; a wall-clock
-guard kills the whole tree, and each run reports the CPU time it used.
+its libraries (no shell, no interpreter), with small in-memory /work and /tmp. rlimits bound CPU
+seconds, address space, file size, processes and open files, set by the sandbox's launcher
+(ocaml_grpo/launch.c, built with `cc` on first use), which also drops to the job's uid; a
+wall-clock guard kills the whole tree, and each run reports the CPU time it used.
 
 What is compiled and run, and how it is judged, is ocaml_grpo/grader.py's business.
 Environment: SANDBOX_SETTINGS below (`python train.py --help` lists them).
@@ -14,6 +15,7 @@ Environment: SANDBOX_SETTINGS below (`python train.py --help` lists them).
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import secrets
 import shutil
@@ -27,8 +29,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ocaml_grpo.settings import Auto, Choice, Float, Int, Setting, Text, cache_dir, resolve
+from ocaml_grpo.toolcache import ToolchainError, cached_binary
 
-RUN_TOOLS = ("ocamlrun", "prlimit", "setpriv", "nice")  # all that the model-code sandbox can execute
+LAUNCHER_SOURCE = Path(__file__).resolve().parent / "ocaml_grpo" / "launch.c"
+LAUNCHER_IN_BOX = "/opt/ocaml-grpo/launch"  # where both sandboxes see the launcher
 # A 32 MB minor heap: list-heavy tests on large inputs run ~1.7x faster in bytecode.
 RUNPARAM = "s=4M"
 UID_POOL_BASE, UID_POOL_SIZE = 61000, 256  # unprivileged uids lent to jobs (above the usual user range)
@@ -96,7 +100,7 @@ SANDBOX_SETTINGS = [
             "server: the grader compiles with a persistent compiler-libs process (same outputs as ocamlc); "
             "ocamlc: one ocamlc process per step (problems that `require` packages always use ocamlfind ocamlc)"),
     Setting("OCAML_CACHE_DIR", "auto", Auto(Text, lambda env: str(cache_dir(env)), "$XDG_CACHE_HOME/ocaml-grpo"),
-            "where the grader's OCaml tool (compile server and allowlist check) is built and kept"),
+            "where the grader's OCaml tool (compile server and allowlist check) and the sandbox's launcher are built and kept"),
     Setting("OCAML_SANDBOX_TMPDIR", "auto", Auto(Text, lambda env: memory_tmpdir(), "/dev/shm when it has 1 GiB free "
                                                  "and allows exec, else the system temp dir"),
             "where the grader's job directories go"),
@@ -124,10 +128,6 @@ def sandbox_config(environ: Mapping[str, str]) -> SandboxConfig:
     return SandboxConfig.from_settings(values)
 
 
-class ToolchainError(RuntimeError):
-    """The OCaml toolchain or the sandbox is missing or broken; the message says what to install."""
-
-
 @dataclass
 class RunResult:
     returncode: int
@@ -145,6 +145,23 @@ def _which_or_raise(tool: str, package: str) -> str:
     if not path:
         raise ToolchainError(f"`{tool}` not found on PATH. Install it: apt-get install -y {package}")
     return path
+
+
+def build_launcher(cache: Path) -> Path:
+    """The sandbox's launcher (ocaml_grpo/launch.c), built with `cc` on first use and cached."""
+    cc = _which_or_raise("cc", "gcc")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    source = LAUNCHER_SOURCE.read_text()
+
+    def build(tmp: Path) -> Path:
+        (tmp / "launch.c").write_text(source)
+        res = subprocess.run([cc, "-O2", "-Wall", "-o", "launch", "launch.c"], cwd=tmp, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise ToolchainError(f"building the sandbox's launcher with `{cc}` failed: "
+                                 f"{(res.stderr or res.stdout).strip()[-600:]}")
+        return tmp / "launch"
+
+    return cached_binary(cache, "launch", [source, version], build)
 
 
 class UidPool:
@@ -196,7 +213,9 @@ class Sandbox:
         self._capture_dir = memory_tmpdir()  # each call's stdout/stderr (None: the system temp dir)
         _which_or_raise("ocamlc", "ocaml-nox")
         _which_or_raise("ocamlfind", "ocaml-findlib")  # problems that `require` packages compile through it
-        _which_or_raise("prlimit", "util-linux")
+        self.launcher = str(build_launcher(Path(self.config.cache)))
+        # The bytecode runtime: what the model-code sandbox runs (test programs start with #!ocamlrun)
+        self._ocamlrun = os.path.realpath(_which_or_raise("ocamlrun", "ocaml-nox"))
         if self.isolated:
             _which_or_raise("bwrap", "bubblewrap")
             with tempfile.TemporaryDirectory(prefix="ocaml-probe-") as probe_dir:
@@ -216,14 +235,9 @@ class Sandbox:
     def _command(self, argv: list[str], workdir: Path, cpu_s: int, uid: int | None, nice: int,
                  program: Path | None, program_fd: int | None, ro_binds: tuple[tuple[str, str], ...] = ()) -> list[str]:
         lim = self.limits
-        cmd = [
-            "prlimit", f"--cpu={cpu_s}:{cpu_s}", f"--as={lim.memory_mb << 20}:{lim.memory_mb << 20}",
-            f"--fsize={lim.file_mb << 20}:{lim.file_mb << 20}", f"--nofile={lim.max_files}:{lim.max_files}",
-        ]
-        if uid is not None:
-            cmd += [f"--nproc={lim.max_procs}:{lim.max_procs}", "--",
-                    "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs"]
-        cmd += ["--"] + (["nice", "-n", str(nice)] if nice else []) + argv
+        cmd = [LAUNCHER_IN_BOX if self.isolated else self.launcher, str(cpu_s), str(lim.memory_mb << 20),
+               str(lim.file_mb << 20), str(lim.max_files), str(lim.max_procs), "-" if uid is None else str(uid),
+               str(nice), "--", *argv]
         if not self.isolated:
             return cmd
         box = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
@@ -232,25 +246,22 @@ class Sandbox:
             box.append("--unshare-user")
         if program is None:
             # The toolchain (trusted, runs no model code): all of /usr, the job directory writable.
-            box += ["--ro-bind", "/usr", "/usr"] + _root_links(("bin", "sbin", "lib", "lib64", "lib32"))
+            box += ["--ro-bind", "/usr", "/usr", *_root_links(("bin", "sbin", "lib", "lib64", "lib32"))]
             box += ["--perms", "0755", "--dir", "/etc"]  # else bwrap makes it 0700: unreadable after the uid drop
             for f in ("/etc/ocamlfind.conf", "/etc/findlib.conf", "/etc/ld.so.cache", "/etc/ld.so.conf"):
                 box += ["--ro-bind-try", f, f]
             box += ["--bind", str(workdir), "/work"]
-            for host, inside in ro_binds:  # a trusted tool of ours (the compile server)
-                parents = [str(p) for p in reversed(Path(inside).parents) if str(p) != "/"]
-                box += [a for d in parents for a in ("--perms", "0755", "--dir", d)] + ["--ro-bind", host, inside]
+            box += _tool_binds(((self.launcher, LAUNCHER_IN_BOX), *ro_binds))  # ours: the launcher, the compile server
         else:
-            # Model code: the bytecode runtime, its libraries and the launch chain, nothing else:
+            # Model code: the bytecode runtime, its libraries and the launcher, nothing else:
             # no shell, no interpreters (a child could read its parent's memory), no compilers.
             # /work and /tmp are small private tmpfs, so nothing reaches the host's disk.
             box += ["--perms", "0755", "--dir", "/usr", "--perms", "0755", "--dir", "/usr/bin",
                     "--ro-bind", "/usr/lib", "/usr/lib", "--ro-bind-try", "/usr/lib64", "/usr/lib64",
                     "--ro-bind-try", "/usr/local/lib", "/usr/local/lib"]
-            box += _root_links(("lib", "lib64", "lib32")) + (["--symlink", "usr/bin", "/bin"] if Path("/bin").is_symlink() else [])
-            for tool in RUN_TOOLS:
-                path = os.path.realpath(shutil.which(tool) or f"/usr/bin/{tool}")
-                box += ["--ro-bind", path, f"/usr/bin/{tool}"]
+            box += [*_root_links(("lib", "lib64", "lib32"))] + (["--symlink", "usr/bin", "/bin"] if _BIN_IS_LINK else [])
+            # all the model-code sandbox can execute: the launcher, and the runtime it starts
+            box += ["--ro-bind", self._ocamlrun, "/usr/bin/ocamlrun"] + _tool_binds(((self.launcher, LAUNCHER_IN_BOX),))
             # The program is copied in (bwrap closes that descriptor), so the harness can delete
             # it before model code runs: nothing can read the tests' constants from the binary.
             box += ["--perms", "0777", "--size", str(RUN_WORK_FILES * lim.file_mb << 20), "--tmpfs", "/work",
@@ -276,8 +287,7 @@ class Sandbox:
         uid = self._uids.acquire() if self._uids else None
         try:
             if uid is not None:
-                for p in [workdir, *workdir.rglob("*")]:
-                    os.chown(p, uid, uid)
+                _chown_tree(workdir, uid, uid)
             env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LC_ALL": "C", "OCAMLRUNPARAM": RUNPARAM}
             program_fd = os.open(program, os.O_RDONLY) if program is not None and self.isolated else None
             if program_fd is not None:
@@ -322,15 +332,13 @@ class Sandbox:
         """Let a spawned process write `path` and everything in it (skipped when the directory is
         its already: then so is every file not written since by us, which it only reads)."""
         if spawned.uid is not None and os.stat(path).st_uid != spawned.uid:
-            for p in [path, *path.rglob("*")]:
-                os.chown(p, spawned.uid, spawned.uid)
+            _chown_tree(path, spawned.uid, spawned.uid)
 
     def disown(self, path: Path) -> None:
         """Take `path` and everything in it back from whichever spawned process owned it: a
         long-lived one goes on to serve other jobs and must not be able to change this one's."""
         if self._server_uids is not None:
-            for p in [path, *path.rglob("*")]:
-                os.chown(p, os.getuid(), os.getgid())
+            _chown_tree(path, os.getuid(), os.getgid())
 
 
 @dataclass
@@ -438,16 +446,37 @@ def _wait_with_usage(proc: subprocess.Popen, wall_s: float, uid: int | None,
     return proc.returncode, usage.ru_utime + usage.ru_stime, timed_out
 
 
-def _root_links(dirs: tuple[str, ...]) -> list[str]:
+def _chown_tree(path: Path, uid: int, gid: int) -> None:
+    """`path` and everything under it (links themselves, never what they point to)."""
+    os.chown(path, uid, gid, follow_symlinks=False)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
+
+
+def _tool_binds(tools: tuple[tuple[str, str], ...]) -> list[str]:
+    """Read-only binds of our own tools (host path, path inside), their directories created."""
+    out: list[str] = []
+    for host, inside in tools:
+        parents = [str(p) for p in reversed(Path(inside).parents) if str(p) != "/"]
+        out += [a for d in parents for a in ("--perms", "0755", "--dir", d)] + ["--ro-bind", host, inside]
+    return out
+
+
+_BIN_IS_LINK = Path("/bin").is_symlink()  # merged /usr
+
+
+@functools.lru_cache(maxsize=4)  # the host's layout: read once, not per call
+def _root_links(dirs: tuple[str, ...]) -> tuple[str, ...]:
     """/bin, /lib... as on the host: symlinks into /usr (merged /usr) or read-only binds."""
-    out = []
+    out: list[str] = []
     for d in dirs:
         p = Path("/") / d
         if p.is_symlink():
             out += ["--symlink", os.readlink(p), f"/{d}"]
         elif p.is_dir():
             out += ["--ro-bind", str(p), f"/{d}"]
-    return out
+    return tuple(out)
 
 
 def _read_capped(f, limit: int) -> str:

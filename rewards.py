@@ -112,7 +112,7 @@ class RewardScorer:
     def __init__(self, config: RewardConfig | None = None, grader: OcamlGrader | None = None,
                  cache_size: int = 50_000):
         self.config = config or RewardConfig()
-        self.grader = grader or OcamlGrader(Sandbox(self.config.sandbox), max_parallel_compiles=self.config.workers)
+        self.grader = grader or OcamlGrader(Sandbox(self.config.sandbox), cores=self.config.workers)
         # Runs mostly wait on subprocesses; more threads than cores lets infinite loops time
         # out side by side while compiles stay bounded by the grader's compile slots.
         self.pool = ThreadPoolExecutor(max_workers=max(32, 8 * self.config.workers), thread_name_prefix="reward")

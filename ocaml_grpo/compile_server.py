@@ -17,8 +17,6 @@ path the same facts (ocaml_grpo/compilers.py).
 """
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import os
 import queue
 import select
@@ -31,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from ocaml_sandbox import Sandbox, Spawned, ToolchainError
+from ocaml_grpo.toolcache import ToolchainError, cached_binary
+from ocaml_sandbox import Sandbox, Spawned
 
 OCAML_DIR = Path(__file__).resolve().parent / "ocaml"
 SERVER_SOURCE = OCAML_DIR / "compile_server.ml"
@@ -65,10 +64,10 @@ def _tool_output(argv: list[str], env: dict | None) -> subprocess.CompletedProce
 
 
 def build_server(cache: Path, source: Path = SERVER_SOURCE, environ: Mapping[str, str] | None = None) -> Path:
-    """The server binary, built with `ocamlfind ocamlopt` on first use and cached under a key of
-    its source and the compiler's version (a compiler upgrade rebuilds it). A missing piece of
-    the toolchain is a ToolchainError that names the Debian package to install. `environ`: the
-    toolchain's environment (None: this process's, inherited)."""
+    """The server binary, built with `ocamlfind ocamlopt` on first use and cached (toolcache) under
+    a key of its source and the compiler's version. A missing piece of the toolchain is a
+    ToolchainError that names the Debian package to install. `environ`: the toolchain's
+    environment (None: this process's, inherited)."""
     env = None if environ is None else dict(environ)
     if not shutil.which("ocamlfind", path=env.get("PATH") if env is not None else None):
         raise ToolchainError("the compile server needs `ocamlfind`, not found on PATH. "
@@ -80,37 +79,22 @@ def build_server(cache: Path, source: Path = SERVER_SOURCE, environ: Mapping[str
                              f"{why}. Install it: apt-get install -y ocaml-nox")
     sources = {"allowlist_data.ml": _allowlist_module(ALLOWLIST.read_text()),
                "allowlist.ml": (OCAML_DIR / "allowlist.ml").read_text(), "compile_server.ml": source.read_text()}
-    key = hashlib.sha256("\0".join([*sources.values(), version.stdout.strip()]).encode()).hexdigest()[:16]
-    exe = cache / f"compile_server-{key}"
-    if exe.exists():
-        return exe
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        lock = open(cache / ".build.lock", "w")  # several trainer ranks may start at once
-    except OSError as e:
-        raise ToolchainError(f"cannot write the compile server's cache directory {cache} ({e}); "
-                             "point XDG_CACHE_HOME at a writable directory") from e
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if exe.exists():
-            return exe
-        missing = [p for p in SERVER_PACKAGES.split(",")
-                   if _tool_output(["ocamlfind", "query", p], env).returncode != 0]
+
+    def build(tmp: Path) -> Path:
+        missing = [p for p in SERVER_PACKAGES.split(",") if _tool_output(["ocamlfind", "query", p], env).returncode != 0]
         if missing:
             raise ToolchainError(f"the compile server needs the OCaml package(s) {', '.join(missing)} "
                                  "(ocamlfind cannot find them). Install them: apt-get install -y ocaml-compiler-libs")
-        with tempfile.TemporaryDirectory(dir=cache) as tmp:
-            for name, text in sources.items():
-                (Path(tmp) / name).write_text(text)
-            res = subprocess.run(["ocamlfind", "ocamlopt", "-package", SERVER_PACKAGES, "-linkpkg", *sources,
-                                  "-o", "compile_server"], cwd=tmp, capture_output=True,
-                                 text=True, env=env)
-            if res.returncode != 0:
-                raise ToolchainError("building the compile server failed (`ocamlfind ocamlopt -package "
-                                     f"{SERVER_PACKAGES}`): {(res.stderr or res.stdout).strip()[-600:]}")
-            os.chmod(Path(tmp) / "compile_server", 0o755)
-            os.replace(Path(tmp) / "compile_server", exe)
-    return exe
+        for name, text in sources.items():
+            (tmp / name).write_text(text)
+        res = subprocess.run(["ocamlfind", "ocamlopt", "-package", SERVER_PACKAGES, "-linkpkg", *sources,
+                              "-o", "compile_server"], cwd=tmp, capture_output=True, text=True, env=env)
+        if res.returncode != 0:
+            raise ToolchainError("building the compile server failed (`ocamlfind ocamlopt -package "
+                                 f"{SERVER_PACKAGES}`): {(res.stderr or res.stdout).strip()[-600:]}")
+        return tmp / "compile_server"
+
+    return cached_binary(cache, "compile_server", [*sources.values(), version.stdout.strip()], build)
 
 
 def _allowlist_module(text: str) -> str:

@@ -79,8 +79,9 @@ def assemble_solution(code: str, prompt: str, entry_point: str = "") -> tuple[st
     entry = entry_point_for(prompt, entry_point)
     if sig is None:
         return code, [entry] if entry else []
-    code_names = {n for ph in src.split_phrases(code) for n in ph.names}
-    if entry and any(entry in src.defined_values(ph.text) for ph in src.split_phrases(code)):
+    code_phrases = src.split_phrases(code)
+    code_names = {n for ph in code_phrases for n in ph.names}
+    if entry and any(entry in ph.values for ph in code_phrases):
         # Keep the prompt's definitions (types, exceptions, modules) the answer does not restate;
         # drop its prose and any stray text.
         kept = [ph.text for ph in src.split_phrases(sig.preamble)

@@ -137,7 +137,7 @@ def audit_problems(problems: list[Problem], output_dir: str | Path | None = None
 
     if to_compile:
         own_grader = grader is None
-        grader = grader or OcamlGrader(Sandbox(sandbox), max_parallel_compiles=workers)
+        grader = grader or OcamlGrader(Sandbox(sandbox), cores=workers)
         by_requires: dict[tuple, list] = collections.defaultdict(list)
         for item in to_compile:
             by_requires[tuple(sorted(item[1].requires))].append(item)

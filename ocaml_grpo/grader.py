@@ -64,15 +64,15 @@ class OcamlGrader:
     MAX_CHECKS = 10  # bound on compiler calls spent counting errors in one solution
 
     def __init__(self, sandbox: Sandbox | None = None, tmp_root: str | None = None,
-                 max_parallel_compiles: int | None = None, compiler: str | None = None, check_library: bool = True):
+                 cores: int | None = None, compiler: str | None = None, check_library: bool = True):
         self.sandbox = sandbox or Sandbox()
         # False only in the sandbox's own tests: code the allowlist stops must still be contained.
         self.check_library = check_library
         self.compiler = compiler or self.sandbox.config.compiler
-        cores = max_parallel_compiles or os.cpu_count() or 1
+        cores = cores or os.cpu_count() or 1  # the cores this grader may use (REWARD_WORKERS)
         # Test runs are CPU-bound: bounded by the cores, so a test run gets a core to itself and
         # a correct but slow answer never loses its verdict to neighbours that loop (a loop is
-        # stopped by its CPU limit, not by the wall clock). Compiles are bounded the same way.
+        # stopped by its CPU limit, not by the wall clock).
         self._run_slots = threading.BoundedSemaphore(cores)
         self.tmp_root = Path(tempfile.mkdtemp(prefix="ocaml-grader-", dir=tmp_root or self.sandbox.config.tmpdir))
         os.chmod(self.tmp_root, 0o755)
@@ -89,7 +89,10 @@ class OcamlGrader:
             raise ToolchainError(f"ocamlc is installed but cannot compile a trivial module: {res.stderr.strip()[:400]}")
         self._counter = 0
         self._lock = threading.Lock()
-        self.compilers = Compilers(self.sandbox, self.tmp_root, cores, self.compiler)
+        # One compile slot more than the cores: a grading holds its compile server while it reads
+        # one reply and writes its next request, and the extra server keeps the cores busy then
+        # (measured: ~5% more completions per second on the no-loop benchmark).
+        self.compilers = Compilers(self.sandbox, self.tmp_root, cores + 1, self.compiler)
         weakref.finalize(self, self.compilers.close)
 
     def close(self) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import functools
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 TOP_LEVEL_KEYWORDS = {"let", "type", "module", "open", "exception", "external", "include", "class"}
 OPENERS = {"(", "[", "{", "begin", "struct", "sig", "object"}
@@ -27,20 +27,20 @@ _CHAR_BODY = r"(?:\r?\n|(?![\\'\n\r])[\x00-\x7f]|\\[\\'\"ntbr ]|\\[0-9]{3}|\\o[0
 CHAR_RE = re.compile(r"'" + _CHAR_BODY + r"'")
 COMMENT_CHAR_RE = re.compile(r"''|'" + _CHAR_BODY + r"'")  # inside comments '' is skipped too
 LINE_DIRECTIVE_RE = re.compile(r"(?m)^[ \t]*#[ \t]*[0-9].*$")
-# Scanning shortcuts (the lexer runs on every completion and test file): a run of blanks; the
-# next place a comment can change state (in the order _skip_comment tests them); a string's body.
-BLANKS_RE = re.compile(r"[ \t\r\n\f]+")
+# Scanning shortcuts (the lexer runs on every completion and test file): the next place a
+# comment can change state (in the order _skip_comment tests them); a string's body.
 COMMENT_EVENT_RE = re.compile(r"""\(\*|\*\)|"|\{|'""")
 STRING_BODY_RE = re.compile(r'(?:[^"\\]|\\[\s\S])*')
-# One step of `tokenize`: its cases as alternatives, tried in the same order.
-TOKEN_RE = re.compile("|".join([
-    r"(?P<blank>[ \t\r\n\f]+)", r"(?P<comment>\(\*)", r'(?P<string>")',
+# One step of `tokenize`: the blanks before a token (possessive: never given back to `.`), then
+# its cases as alternatives (an identifier first: the commonest, and no other case starts with a letter).
+TOKEN_RE = re.compile(r"[ \t\r\n\f]*+(?:" + "|".join([
+    r"(?P<ident>[A-Za-z_][A-Za-z0-9_']*)", r"(?P<comment>\(\*)", r'(?P<string>")',
     r"(?P<quoted>\{(?:%%?[A-Za-z0-9_']+(?:\.[A-Za-z0-9_']+)*[ \t]*)?(?P<qid>[a-z_]*)\|)",
-    r"(?P<char>'" + _CHAR_BODY + "')", r"(?P<quote>')", r"(?P<ident>[A-Za-z_][A-Za-z0-9_']*)",
-    r"(?P<number>[0-9][0-9a-zA-Z_.']*)", r"(?P<symbol>;;|[()\[\]{};,]|[!$%&*+\-./:<=>?@^|~#]+|.)"]), re.S)
+    r"(?P<char>'" + _CHAR_BODY + "')", r"(?P<quote>')",
+    r"(?P<number>[0-9][0-9a-zA-Z_.']*)", r"(?P<symbol>;;|[()\[\]{};,]|[!$%&*+\-./:<=>?@^|~#]+|.)"]) + ")", re.S)
 
 
-@dataclass
+@dataclass(slots=True)
 class Token:
     kind: str  # "ident", "symbol", "string", "char", "comment"
     text: str
@@ -70,14 +70,14 @@ def _cached_tokens(src: str) -> tuple[Token, ...]:
 
 def _tokens(src: str) -> tuple[Token, ...]:
     tokens: list[Token] = []
-    newlines = [m.start() for m in re.finditer("\n", src)]
+    line, line_start, counted = 1, 0, 0  # the line of offset `counted`, and where that line starts
     i, n = 0, len(src)
     while i < n:
         m = TOKEN_RE.match(src, i)
+        if m is None:  # only blanks left
+            break
         kind = m.lastgroup
-        if kind == "blank":
-            i = m.end()
-            continue
+        i = m.start(kind)
         if kind == "comment":  # `(*)` opens a comment too, as in OCaml
             end = _skip_comment(src, i + 2)
         elif kind == "string":
@@ -88,8 +88,12 @@ def _tokens(src: str) -> tuple[Token, ...]:
             kind, end = "symbol", m.end()
         else:
             end = m.end()
-        k = bisect.bisect_left(newlines, i)  # newlines before the token
-        tokens.append(Token(kind, src[i:end], i, k + 1, i - (newlines[k - 1] + 1 if k else 0)))
+        newlines = src.count("\n", counted, i)
+        if newlines:
+            line += newlines
+            line_start = src.rindex("\n", counted, i) + 1
+        counted = i
+        tokens.append(Token(kind, src[i:end], i, line, i - line_start))
         i = end
     return tuple(tokens)
 
@@ -163,12 +167,13 @@ def count_code_lines(src: str) -> int:
     return sum(1 for ln in strip_comments(src).split("\n") if ln.strip(OCAML_BLANKS))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Phrase:
     text: str
     line: int  # first line in the original source (1-based)
-    names: list[str] = field(default_factory=list)  # values/types/modules it defines
+    names: tuple[str, ...] = ()  # values/types/modules it defines
     start: int = 0  # offset of its first character in the original source
+    values: tuple[str, ...] = ()  # the values among its names (`let` / `and`)
 
 
 def _depth_changes(tok: Token) -> int:
@@ -188,6 +193,15 @@ def split_phrases(src: str) -> list[Phrase]:
     A column-0 `let` that is closed by its own `in` is an expression (badly indented
     `let ... in`), so it is merged back into the phrase before it.
     """
+    return list(_cached_phrases(src) if len(src) <= TOKEN_CACHE_MAX_CHARS else _phrases(src))
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_phrases(src: str) -> tuple[Phrase, ...]:
+    return _phrases(src)  # a grading splits the prompt, the answer and the solution more than once
+
+
+def _phrases(src: str) -> tuple[Phrase, ...]:
     toks = code_tokens(src)
     cuts: list[int] = []  # token indexes where phrases start
     depth = 0
@@ -209,11 +223,11 @@ def split_phrases(src: str) -> list[Phrase]:
         if kept and toks[k].text == "let" and _is_let_in(toks[k:end]):
             continue
         kept.append(k)
-    offsets = [0]
-    for ln in src.splitlines(keepends=True):
-        offsets.append(offsets[-1] + len(ln))
+    offsets = [0]  # where each line starts, lines as the lexer counts them (only \n ends one)
+    for ln in src.split("\n"):
+        offsets.append(offsets[-1] + len(ln) + 1)
     # whole first lines, comments before a phrase on its line included
-    return phrases_from_starts(src, [offsets[toks[k].line - 1] for k in kept])
+    return tuple(phrases_from_starts(src, [offsets[toks[k].line - 1] for k in kept]))
 
 
 def phrases_from_starts(src: str, starts: list[int]) -> list[Phrase]:
@@ -221,13 +235,24 @@ def phrases_from_starts(src: str, starts: list[int]) -> list[Phrase]:
     to the first. Used with the lexer's cuts, or with the compiler's own structure items."""
     starts = sorted({s for s in starts if 0 <= s < len(src)}) or [0]
     starts[0] = 0
+    tokens_between = _token_slicer(src)
     phrases = []
     for idx, start in enumerate(starts):
         end = starts[idx + 1] if idx + 1 < len(starts) else len(src)
         text = src[start:end]
         if text.strip():
-            phrases.append(Phrase(text=text, line=src.count("\n", 0, start) + 1, names=defined_names(text), start=start))
+            bindings = _bindings_in(tokens_between(start, end))
+            phrases.append(Phrase(text=text, line=src.count("\n", 0, start) + 1, names=tuple(n for _, n in bindings),
+                                  start=start, values=tuple(_values(bindings))))
     return phrases
+
+
+def _token_slicer(src: str):
+    """`between(start, end)`: the code tokens of src that start in [start, end), lexed in context
+    (a comment or string that runs into a phrase stays one token), with offsets into src."""
+    toks = code_tokens(src)
+    offsets = [t.start for t in toks]
+    return lambda start, end: toks[bisect.bisect_left(offsets, start):bisect.bisect_left(offsets, end)]
 
 
 def _is_let_in(toks: list[Token]) -> bool:
@@ -253,8 +278,12 @@ def defined_names(phrase: str) -> list[str]:
 
 def defined_values(phrase: str) -> list[str]:
     """Values a top-level phrase binds with `let` / `and` (`let[@inline never] rec f`, `let%ext f`)."""
+    return _values(_bindings(phrase))
+
+
+def _values(bindings: list[tuple[str, str]]) -> list[str]:
     values, in_let = [], False
-    for keyword, name in _bindings(phrase):
+    for keyword, name in bindings:
         in_let = keyword == "let" or (keyword == "and" and in_let)
         if in_let:
             values.append(name)
@@ -262,9 +291,12 @@ def defined_values(phrase: str) -> list[str]:
 
 
 def _bindings(phrase: str) -> list[tuple[str, str]]:
-    """(keyword, name) for each definition at depth 0. A `let` closed by its own `in` is an
-    expression, not a definition (its names, and those of its `and`s, are local)."""
-    toks = code_tokens(phrase)
+    return _bindings_in(code_tokens(phrase))
+
+
+def _bindings_in(toks: list[Token] | tuple[Token, ...]) -> list[tuple[str, str]]:
+    """(keyword, name) for each definition at depth 0 of a phrase's code tokens. A `let` closed by
+    its own `in` is an expression, not a definition (its names, and those of its `and`s, are local)."""
     found: list[tuple[str, str, int]] = []  # keyword, name, index of the let it belongs to (-1: none)
     open_lets: list[int] = []  # depth-0 lets not yet closed by an `in`
     local: set[int] = set()
@@ -365,8 +397,9 @@ def parse_assert_tests(tests: str) -> TestPlan | None:
     (then they are graded all-or-nothing)."""
     items: list[str | TestBlock] = []
     n = 0
+    tokens_between = _token_slicer(tests)
     for ph in split_phrases(tests):
-        block = _parse_unit_let(ph.text)
+        block = _parse_unit_let(tests, tokens_between(ph.start, ph.start + len(ph.text)))
         if block is None:
             items.append(ph.text)
             continue
@@ -380,8 +413,8 @@ def assertion_count(plan: TestPlan | None) -> int:
     return plan.n_assertions if plan else 1
 
 
-def _parse_unit_let(text: str) -> TestBlock | None:
-    toks = code_tokens(text)
+def _parse_unit_let(text: str, toks: list[Token]) -> TestBlock | None:
+    """One phrase's `let () = ...` block, from its code tokens (offsets into `text`)."""
     if len(toks) < 5 or [t.text for t in toks[:4]] != ["let", "(", ")", "="]:
         return None
     end = len(toks)

@@ -72,7 +72,7 @@ def sandbox_scorer():
     """The same grader with the library allowlist off: for the tests of the sandbox alone, which
     must hold even for code the allowlist would stop (files, Sys.command, exit)."""
     s = RewardScorer(RewardConfig(min_lines=0, workers=2),
-                     grader=OcamlGrader(Sandbox(), max_parallel_compiles=2, check_library=False))
+                     grader=OcamlGrader(Sandbox(), cores=2, check_library=False))
     yield s
     s.close()
 

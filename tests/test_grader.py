@@ -256,7 +256,7 @@ def surviving_job_processes() -> list[str]:
 
 def test_infinite_loop_and_fork_bomb_finish_within_the_limit():
     config = RewardConfig.from_env({"OCAML_WALL_LIMIT_S": "2", "MIN_NON_EMPTY_LINES": "0", "REWARD_WORKERS": "2"})
-    s = RewardScorer(config, grader=OcamlGrader(Sandbox(config.sandbox), max_parallel_compiles=2, check_library=False))
+    s = RewardScorer(config, grader=OcamlGrader(Sandbox(config.sandbox), cores=2, check_library=False))
     try:
         t0 = time.monotonic()
         loop = s.score_one(ADD, fenced("let add a b = if a = 2 then (while true do () done; 0) else a + b"))
@@ -323,6 +323,28 @@ def test_uids_are_never_shared_between_processes():
     uid = held_a.pop()
     a.release(uid)
     assert b.acquire() == uid  # the only free one left
+
+
+LIMITS_PROBE = ("import json, os, resource as r; print(json.dumps([[r.getrlimit(getattr(r, 'RLIMIT_' + k)) for k in "
+                "('CPU', 'AS', 'FSIZE', 'NOFILE', 'NPROC')], os.getresuid(), os.getresgid(), os.getgroups(), "
+                "os.getpriority(os.PRIO_PROCESS, 0)]))")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop needs root")
+def test_the_launcher_sets_every_limit_then_drops_to_the_job_uid(tmp_path):
+    """ocaml_grpo/launch.c: soft = hard limits, real/effective/saved uid and gid the job's, no
+    supplementary groups, the nice value; nothing runs when its arguments are wrong."""
+    sb = Sandbox()
+    lim = sb.limits
+    r = sb.run(["python3", "-c", LIMITS_PROBE], tmp_path, wall_s=20, cpu_s=3, nice=7)
+    assert r.returncode == 0, r.stderr
+    limits, uids, gids, groups, nice = json.loads(r.stdout)
+    assert limits == [[3, 3], [lim.memory_mb << 20] * 2, [lim.file_mb << 20] * 2, [lim.max_files] * 2,
+                      [lim.max_procs] * 2]
+    assert len(set(uids)) == 1 and UID_POOL_BASE <= uids[0] < UID_POOL_BASE + UID_POOL_SIZE
+    assert gids == uids and groups == [] and nice == 7
+    bad = subprocess.run([sb.launcher, "1", "x", "1", "1", "1", "-", "0", "--", "true"], capture_output=True, text=True)
+    assert bad.returncode == 127 and "address space limit: not a number: x" in bad.stderr
 
 
 def test_explicit_no_isolation_mode_still_grades_and_says_so(monkeypatch):

@@ -142,6 +142,10 @@ def test_lines_are_counted_as_ocamls_lexer_counts_them():
         assert s.score_one(ADD, fenced(one_line)).reward == 0.0
     finally:
         s.close()
+    # Phrases too: a form feed or U+2028 inside a line moves no phrase boundary.
+    text = "let a = 1\x0c(* x *)\nlet b = 2\nlet c = 3\u2028\nlet d = 4\n"
+    assert [(p.text, p.names) for p in src.split_phrases(text)] == [
+        ("let a = 1\x0c(* x *)\n", ("a",)), ("let b = 2\n", ("b",)), ("let c = 3\u2028\n", ("c",)), ("let d = 4\n", ("d",))]
 
 
 def test_a_lexer_error_is_a_syntax_error(scorer):

@@ -72,7 +72,7 @@ class FaultyGrader(OcamlGrader):
 
 def test_a_crashed_grading_is_none_for_trl_and_counted_through_log_metric(tmp_path, capsys):
     config = rewards.RewardConfig(min_lines=0, workers=1)
-    scorer = rewards.GuardedScorer(config, grader=FaultyGrader(Sandbox(), max_parallel_compiles=1))
+    scorer = rewards.GuardedScorer(config, grader=FaultyGrader(Sandbox(), cores=1))
     reward_fn = rewards.make_reward_function(tmp_path, scorer=scorer)
     metrics = defaultdict(list)
     completions = [fenced("let add a b = a + b"), fenced("let add a b = a + b (* CRASH *)"), fenced("let add a b = 0")]
