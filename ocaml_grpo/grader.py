@@ -2,8 +2,9 @@
 
 1. type check the solution alone; the compiler's typed tree decides which library code it
    reaches, against an allowlist (ocaml_grpo/ocaml/allowlist.txt): anything else earns no test
-   credit. If it fails, count independent errors phrase by phrase (the compiler's structure
-   items), within one compile limit for the whole completion;
+   credit (the compile server gives the same answer typing the solution once, inside the test
+   program of step 2). If it fails, count independent errors phrase by phrase (the compiler's
+   structure items), within one compile limit for the whole completion;
 2. link it with the tests, each assertion wrapped by a trusted harness module that is
    initialised *before* the solution and reports through a file descriptor with a secret nonce
    the solution never sees (fail-closed: only verified passes count);

@@ -92,14 +92,16 @@ def parse_events(text: str, nonce: str) -> list[tuple[str, int]]:
 
 
 def render_tests(solution: str, tests: str, plan: src.TestPlan | None, harness: str, entries: list[str]) -> str:
-    """One program: the harness alias, the solution as module `Solution`, then the tests.
+    """One program: the solution as module `Solution`, the harness alias, then the tests.
 
     Stdlib is opened after the solution, so a solution that redefines `=`, `List` or `exit`
-    cannot change what the tests mean. Each assertion runs inside the harness's `check`."""
+    cannot change what the tests mean. Each assertion runs inside the harness's `check`. The
+    solution sees nothing the program defines: it is typed there as it is alone (the compile
+    server types it only there when the program compiles)."""
     tag = secrets.token_hex(6)
-    alias, stdlib = f"H_{tag}", f"Stdlib_{tag}"  # names taken before the solution can shadow them
-    head = [f"module {alias} = {harness}", f"module {stdlib} = Stdlib", "module Solution = struct",
-            '# 1 "solution.ml"', solution, '# 1 "tests.ml"', "end", "open Solution", f"open! {stdlib}"]
+    alias, stdlib = f"H_{tag}", f"Stdlib_{tag}"  # names taken before `open Solution` can shadow them
+    head = ["module Solution = struct", '# 1 "solution.ml"', solution, '# 1 "tests.ml"', "end",
+            f"module {alias} = {harness}", f"module {stdlib} = Stdlib", "open Solution", f"open! {stdlib}"]
     head += [f"let {e} = Solution.{e}" for e in entries]
     body: list[str] = []
     if plan is None:

@@ -153,6 +153,19 @@ def test_a_lexer_error_is_a_syntax_error(scorer):
     assert b.syntax_errors == 1 and b.type_check == 0.0
 
 
+def test_an_answer_that_closes_its_module_early_gets_no_credit(scorer):
+    """The compile server types the answer once, as the test program's `Solution` module, and
+    checks the allowlist there. Text that ends that module early would put code outside it (and
+    outside the check); it parses in the test program but not alone, and only an answer that
+    parses alone reaches the test program."""
+    escape = "let add a b = a + b\nend\nlet () = ignore (Obj.magic 0 : int)\nmodule Rest = struct\nlet x = 1"
+    b = scorer.score_one(ADD, fenced(escape))
+    assert b.tests_passed == 0 and b.syntax_errors >= 1 and b.type_check == 0.0
+    # The same code inside the answer is denied by name, as any answer's.
+    inside = scorer.score_one(ADD, fenced("let add a b = ignore (Obj.magic 0 : int); a + b"))
+    assert inside.tests_passed == 0 and inside.forbidden == "Stdlib.Obj.magic"
+
+
 def test_a_printed_error_message_is_not_an_error_class(scorer):
     """[%%ocaml.error] prints any message: a fake syntax or unbound message earns nothing."""
     fake = scorer.score_one(ADD, fenced('let add a b = a + b\n[%%ocaml.error "Syntax error"]'))

@@ -22,8 +22,12 @@
                                            only, signature discarded), p = -stop-after parsing,
                                            W = ocamlc's default warnings instead of -w -a ...
      DIR  o  OUT  FILE...                  like `ocamlc -w -a -alert -all -o OUT FILE...`
-     DIR  k  FILE.ml  OUT  FILE...         `c a FILE.ml`, then, if it compiled and the allowlist
-                                           denies nothing, `o OUT FILE...` in the same process
+     DIR  k  FILE.ml  OUT  FILE...         what `c a FILE.ml`, then (if it compiled and the allowlist
+                                           denies nothing) `o OUT FILE...` would reply, with the
+                                           answer FILE.ml typed once: parsed alone, then typed and
+                                           checked as the `Solution` module of the test program
+                                           (FILE... holds it); checked alone, in a fresh child, only
+                                           when the test program fails outside the answer
      DIR  P  FILE.ml...                    `c pW FILE.ml` for each file, one reply each
    Reply: "ready\n" once started, then per request (per step of `k`) "RC LEN\n" and LEN bytes: fact lines
    `key=value` (stage, unbound, items, denied, loc, message), an empty line, then what ocamlc would have written
@@ -135,9 +139,20 @@ let run (f : unit -> unit) : int * string =
   Format.pp_print_flush ppf ();
   rc, Buffer.contents buf
 
+(* What the allowlist denies in a test program's `Solution` module: the answer, inlined (its
+   typed tree is what runs). No such module where the test program must hold one: denied. *)
+let solution_denied (str : Typedtree.structure) =
+  match List.find_map (fun (item : Typedtree.structure_item) -> match item.str_desc with
+      | Typedtree.Tstr_module { mb_id = Some id; mb_expr = { mod_desc = Tmod_structure s; _ }; _ }
+        when Ident.name id = "Solution" -> Some s
+      | _ -> None) str.str_items with
+  | Some s -> Allowlist.denied_paths s
+  | None -> ["Solution"]
+
 (* Compile_common.implementation, step by step: parse (recording where items start), type, check
-   the typed tree when asked, emit bytecode unless -i or -stop-after parsing. *)
-let compile ?(check = false) ?(includes = []) file () =
+   the typed tree (or a test program's Solution module) when asked, emit bytecode unless -i or
+   -stop-after parsing. *)
+let compile ?(check = false) ?(check_solution = false) ?(includes = []) file () =
   let output_prefix = Filename.remove_extension file in
   let parse_only = Clflags.(should_stop_after Compiler_pass.Parsing) in
   if not parse_only then init_path includes;
@@ -153,6 +168,7 @@ let compile ?(check = false) ?(includes = []) file () =
     if not parse_only then begin
       let typed = Compile_common.typecheck_impl info parsed in
       if check then facts.denied <- Allowlist.denied_paths typed.structure;
+      if check_solution then facts.denied <- solution_denied typed.structure;
       if not !Clflags.print_types then Compile.emit_bytecode info (Compile.to_bytecode info typed)
     end;
     Warnings.check_fatal ()
@@ -165,12 +181,21 @@ let set_flags flags =
     | 'W' -> Warnings.restore default_warnings
     | _ -> ()) flags
 
-let link out files () =
-  let objs = List.map (fun f ->
-      if Filename.check_suffix f ".ml" then (compile f (); Filename.remove_extension f ^ ".cmo") else f) files in
+let parse_alone file () =
+  Clflags.stop_after := Some Clflags.Compiler_pass.Parsing;
+  Fun.protect ~finally:(fun () -> Clflags.stop_after := None) (compile file)
+
+(* `ocamlc -o OUT FILE...` in two steps: compile the .ml files, then link. *)
+let compile_sources ?(check_solution = false) files () =
+  List.iter (fun f -> if Filename.check_suffix f ".ml" then compile ~check_solution f ()) files
+
+let bytelink out files () =
   init_path [];
-  Bytelink.link objs out;
+  Bytelink.link (List.map (fun f -> if Filename.check_suffix f ".ml" then Filename.remove_extension f ^ ".cmo" else f)
+                   files) out;
   Warnings.check_fatal ()
+
+let link out files () = compile_sources files (); bytelink out files ()
 
 let reply (rc, out) =
   let out = if String.length out > max_reply then String.sub out 0 max_reply else out in
@@ -179,7 +204,19 @@ let reply (rc, out) =
       facts.loc facts.message out in
   Printf.sprintf "%d %d\n%s" rc (String.length payload) payload
 
-(* The whole reply to one request: one `RC LEN` reply, or two for `k` when it linked. *)
+(* Whether the error just reported lies in FILE (the answer: the test program holds it under a
+   `# 1 "FILE"` line directive). *)
+let error_in file =
+  match String.index_opt facts.loc ',' with
+  | Some i -> (match String.index_from_opt facts.loc (i + 1) ',' with
+      | Some j -> String.sub facts.loc (j + 1) (String.length facts.loc - j - 1) = file
+      | None -> false)
+  | None -> false
+
+(* The whole reply to one request (one `RC LEN` reply, or two for `k` when it linked), with status
+   0; or, for a `k` whose test program did not compile, status 4 and that failure's reply: then a
+   fresh child checks the answer alone (`check_alone`, from serve_forked), since after a failed
+   compile this one's compiler is no longer what a new ocamlc would be. *)
 let handle line =
   match String.split_on_char '\t' line with
   | dir :: op :: args ->
@@ -187,28 +224,58 @@ let handle line =
     (match op, args with
      | "c", flags :: file :: includes ->
        set_flags flags;
-       reply (run (compile ~check:(String.contains flags 'a') ~includes file))
-     | "o", out :: files -> reply (run (link out files))
+       0, reply (run (compile ~check:(String.contains flags 'a') ~includes file))
+     | "o", out :: files -> 0, reply (run (link out files))
      | "k", file :: out :: objs ->
-       (* Check the solution (with the allowlist), then, only if it compiled and reaches nothing
-          off the list, build the test program: two compiles in one process, as one `ocamlc`
-          invocation compiles several files. *)
-       let (rc, _) as checked = run (compile ~check:true file) in
-       let first = reply checked in
-       if rc <> 0 || facts.denied <> [] then first
+       (* The answer is typed once, as the test program's `Solution` module: the typed tree that
+          runs is the one the allowlist checks. Only an answer that parses on its own gets there
+          (text that closed `struct ... end` early would parse in the test program, not alone).
+          Its reply is the check's: the answer's own items, what the allowlist denies; the
+          program is linked only if it denies nothing. The program holds nothing before the
+          answer, so an error inside the answer is the one the answer makes alone; any other
+          failure sends the answer to be checked alone (status 4). *)
+       let (prc, _) as parsed = run (parse_alone file) in
+       if prc <> 0 then 0, reply parsed
        else begin
+         let items = facts.items in
          reset_facts ();
-         first ^ reply (run (link out objs))
+         let (trc, _) as built = run (compile_sources ~check_solution:true objs) in
+         if trc <> 0 && error_in file then begin
+           (* inside the answer, typed in the same environment as alone: the answer's own error *)
+           facts.items <- items;
+           0, reply built
+         end
+         else if trc <> 0 then 4, reply built
+         else begin
+           facts.items <- items;
+           let first = reply (0, "") in
+           if facts.denied <> [] then 0, first
+           else begin
+             reset_facts ();
+             0, first ^ reply (run (bytelink out objs))
+           end
+         end
        end
      | "P", files ->
        (* Parse each file on its own, as `ocamlc -stop-after parsing -c F` (ocamlc's default
           warnings) would: the parser keeps no state from one file to the next (Parse.wrap
           resets the lexer), so one process serves them all. *)
-       String.concat "" (List.map (fun file ->
+       0, String.concat "" (List.map (fun file ->
            reset_facts ();
            set_flags "pW";
            reply (run (compile file))) files)
-     | _ -> reply (2, "bad request\n"))
+     | _ -> 0, reply (2, "bad request\n"))
+  | _ -> 0, reply (2, "bad request\n")
+
+(* A `k` whose test program did not compile: the answer alone, as `c a`; if it compiles and the
+   allowlist denies nothing, the test program's failure follows as the link's reply. *)
+let check_alone line tests_failure =
+  match String.split_on_char '\t' line with
+  | dir :: "k" :: file :: _ ->
+    Sys.chdir dir;
+    let (rc, _) as checked = run (compile ~check:true file) in
+    let first = reply checked in
+    if rc <> 0 || facts.denied <> [] then first else first ^ tests_failure
   | _ -> reply (2, "bad request\n")
 
 let rec write_all fd s off =
@@ -257,27 +324,36 @@ let hold_major_gc () =
 let stop_gc_timer () =
   ignore (Unix.setitimer Unix.ITIMER_PROF { Unix.it_interval = 0.; it_value = 0. })
 
-(* One request in a child of this pristine process. A child that dies without a whole reply
-   (killed, crashed) takes the server down with it: the client restarts it and re-runs the
-   request. *)
-let serve_forked line =
+(* One step of a request in a child of this pristine process: the child's status and what it
+   wrote. A child that dies without a whole reply (killed, crashed) takes the server down with it:
+   the client restarts it and re-runs the request. *)
+let in_child (f : unit -> int * string) : int * string =
   let r, w = Unix.pipe ~cloexec:true () in
   match Unix.fork () with
   | 0 ->
     Unix.close r;
     hold_major_gc ();
-    let reply = handle line in
+    let status, data = f () in
     stop_gc_timer ();
-    write_all w reply 0;
-    Unix._exit 0
+    write_all w data 0;
+    Unix._exit status
   | pid ->
     Unix.close w;
     let data = read_all r in
     Unix.close r;
     let rec wait () = try snd (Unix.waitpid [] pid) with Unix.Unix_error (Unix.EINTR, _, _) -> wait () in
     (match wait () with
-     | Unix.WEXITED 0 when data <> "" -> output_string proto data; flush proto
+     | Unix.WEXITED status when data <> "" -> status, data
      | _ -> exit 3)
+
+let serve_forked line =
+  let data = match in_child (fun () -> handle line) with
+    | 0, data -> data
+    | 4, tests_failure -> (match in_child (fun () -> 0, check_alone line tests_failure) with
+        | 0, data -> data
+        | _ -> exit 3)
+    | _ -> exit 3 in
+  output_string proto data; flush proto
 
 (* Every value of a library module, its submodules' too, by canonical path (functors as `F()`):
    what tests/test_allowlist.py compares the list with. *)
@@ -303,7 +379,10 @@ let print_values path includes =
 let () =
   match Array.to_list Sys.argv with
   | _ :: "--values" :: path :: includes -> print_values path includes
-  | [_; "--once"; request] -> output_string proto (handle request); flush proto
+  | [_; "--once"; request] ->
+    (* `k` needs a second fresh process when its test program fails: the server's, not this mode *)
+    output_string proto (match handle request with 0, data -> data | _ -> reply (2, "k: use the server\n"));
+    flush proto
   | [_; "--check-cmt"; file] ->
     (match (Cmt_format.read_cmt file).cmt_annots with
      | Cmt_format.Implementation str ->
