@@ -86,14 +86,14 @@ type facts = {
   mutable unbound : string;  (* the name an "unbound value/type/..." error is about *)
   mutable items : int list;  (* byte offsets where the parsed file's top-level items start *)
   mutable denied : string list;  (* library paths the allowlist does not allow *)
-  mutable loc : string;  (* the error's own location, "LINE,COLUMN,FILE" (column in bytes) *)
+  mutable loc : Lexing.position option;  (* where the error starts (replied "LINE,COLUMN,FILE", column in bytes) *)
   mutable message : string;  (* the error's own message, on one line *)
 }
 
-let facts = { stage = ""; unbound = ""; items = []; denied = []; loc = ""; message = "" }
+let facts = { stage = ""; unbound = ""; items = []; denied = []; loc = None; message = "" }
 
 let reset_facts () =
-  facts.stage <- ""; facts.unbound <- ""; facts.items <- []; facts.denied <- []; facts.loc <- ""; facts.message <- ""
+  facts.stage <- ""; facts.unbound <- ""; facts.items <- []; facts.denied <- []; facts.loc <- None; facts.message <- ""
 
 let flatten lid = try String.concat "." (Longident.flatten lid) with _ -> ""
 
@@ -103,8 +103,7 @@ let classify exn =
      solution enabled ([@@@ocaml.ppwarning "...\nError: ..."]) can print anything there. *)
   (match Location.error_of_exn exn with
    | Some (`Ok report) ->
-     let p = report.Location.main.loc.loc_start in
-     facts.loc <- Printf.sprintf "%d,%d,%s" p.pos_lnum (p.pos_cnum - p.pos_bol) p.pos_fname;
+     facts.loc <- Some report.Location.main.loc.loc_start;
      facts.message <- String.concat " " (List.filter (( <> ) "") (List.map String.trim
          (String.split_on_char '\n' (Format.asprintf "%t" report.main.txt))))
    | _ -> ());
@@ -201,17 +200,14 @@ let reply (rc, out) =
   let out = if String.length out > max_reply then String.sub out 0 max_reply else out in
   let payload = Printf.sprintf "stage=%s\nunbound=%s\nitems=%s\ndenied=%s\nloc=%s\nmessage=%s\n\n%s" facts.stage
       facts.unbound (String.concat "," (List.map string_of_int facts.items)) (String.concat " " facts.denied)
-      facts.loc facts.message out in
+      (match facts.loc with
+       | Some p -> Printf.sprintf "%d,%d,%s" p.pos_lnum (p.pos_cnum - p.pos_bol) p.pos_fname
+       | None -> "") facts.message out in
   Printf.sprintf "%d %d\n%s" rc (String.length payload) payload
 
 (* Whether the error just reported lies in FILE (the answer: the test program holds it under a
    `# 1 "FILE"` line directive). *)
-let error_in file =
-  match String.index_opt facts.loc ',' with
-  | Some i -> (match String.index_from_opt facts.loc (i + 1) ',' with
-      | Some j -> String.sub facts.loc (j + 1) (String.length facts.loc - j - 1) = file
-      | None -> false)
-  | None -> false
+let error_in file = match facts.loc with Some p -> p.pos_fname = file | None -> false
 
 (* The whole reply to one request (one `RC LEN` reply, or two for `k` when it linked), with status
    0; or, for a `k` whose test program did not compile, status 4 and that failure's reply: then a
