@@ -39,6 +39,9 @@ let finish () = emit "D" 0
 """
 
 
+_plan_lock = threading.Lock()
+
+
 def plan_of(tests: str) -> src.TestPlan | None:
     """The tests' per-assertion plan, parsed once per problem (every completion of a GRPO group
     shares its tests; the Python lexer takes ~1-10 ms on a test file). Read-only. One parse at a
@@ -46,9 +49,6 @@ def plan_of(tests: str) -> src.TestPlan | None:
     5 parses per problem on the no-loop benchmark, 0.3 s of CPU), which holds the GIL anyway."""
     with _plan_lock:
         return _parsed_plan(tests)
-
-
-_plan_lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=1024)

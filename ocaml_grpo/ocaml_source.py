@@ -227,15 +227,20 @@ def _phrases(src: str) -> tuple[Phrase, ...]:
     for ln in src.split("\n"):
         offsets.append(offsets[-1] + len(ln) + 1)
     # whole first lines, comments before a phrase on its line included
-    return tuple(phrases_from_starts(src, [offsets[toks[k].line - 1] for k in kept]))
+    return tuple(_phrases_at(src, [offsets[toks[k].line - 1] for k in kept], toks))
 
 
 def phrases_from_starts(src: str, starts: list[int]) -> list[Phrase]:
     """The phrases beginning at these offsets, each running to the next; leading comments belong
     to the first. Used with the lexer's cuts, or with the compiler's own structure items."""
+    return _phrases_at(src, starts, code_tokens(src))
+
+
+def _phrases_at(src: str, starts: list[int], toks: list[Token]) -> list[Phrase]:
+    """phrases_from_starts, with src's code tokens already lexed."""
     starts = sorted({s for s in starts if 0 <= s < len(src)}) or [0]
     starts[0] = 0
-    tokens_between = _token_slicer(src)
+    tokens_between = _token_slicer(toks)
     phrases = []
     for idx, start in enumerate(starts):
         end = starts[idx + 1] if idx + 1 < len(starts) else len(src)
@@ -247,10 +252,9 @@ def phrases_from_starts(src: str, starts: list[int]) -> list[Phrase]:
     return phrases
 
 
-def _token_slicer(src: str):
-    """`between(start, end)`: the code tokens of src that start in [start, end), lexed in context
-    (a comment or string that runs into a phrase stays one token), with offsets into src."""
-    toks = code_tokens(src)
+def _token_slicer(toks: list[Token]):
+    """`between(start, end)`: those of a text's code tokens that start in [start, end): lexed in
+    context (a comment or string that runs into a phrase stays one token), offsets into the text."""
     offsets = [t.start for t in toks]
     return lambda start, end: toks[bisect.bisect_left(offsets, start):bisect.bisect_left(offsets, end)]
 
@@ -397,7 +401,7 @@ def parse_assert_tests(tests: str) -> TestPlan | None:
     (then they are graded all-or-nothing)."""
     items: list[str | TestBlock] = []
     n = 0
-    tokens_between = _token_slicer(tests)
+    tokens_between = _token_slicer(code_tokens(tests))
     for ph in split_phrases(tests):
         block = _parse_unit_let(tests, tokens_between(ph.start, ph.start + len(ph.text)))
         if block is None:
