@@ -455,12 +455,9 @@ def _chown_tree(path: Path, uid: int, gid: int) -> None:
 
 
 def _tool_binds(tools: tuple[tuple[str, str], ...]) -> list[str]:
-    """Read-only binds of our own tools (host path, path inside), their directories created."""
-    out: list[str] = []
-    for host, inside in tools:
-        parents = [str(p) for p in reversed(Path(inside).parents) if str(p) != "/"]
-        out += [a for d in parents for a in ("--perms", "0755", "--dir", d)] + ["--ro-bind", host, inside]
-    return out
+    """Read-only binds of our own tools (host path, path inside), their directories created once."""
+    dirs = dict.fromkeys(str(p) for _, inside in tools for p in reversed(Path(inside).parents) if str(p) != "/")
+    return [a for d in dirs for a in ("--perms", "0755", "--dir", d)] + [a for t in tools for a in ("--ro-bind", *t)]
 
 
 _BIN_IS_LINK = Path("/bin").is_symlink()  # merged /usr

@@ -157,7 +157,8 @@ class OcamlcSteps:
 
 
 class Compilers:
-    """The compile slots (one per core), the tool binary, and the servers when they are used."""
+    """The compile slots (the grader asks for one more than its cores), the tool binary, and the
+    servers when they are used."""
 
     def __init__(self, sandbox: Sandbox, root: Path, cores: int, kind: str):
         if kind not in ("server", "ocamlc"):

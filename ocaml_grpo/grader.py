@@ -92,7 +92,7 @@ class OcamlGrader:
         self._lock = threading.Lock()
         # One compile slot more than the cores: a grading holds its compile server while it reads
         # one reply and writes its next request, and the extra server keeps the cores busy then
-        # (measured: ~5% more completions per second on the no-loop benchmark).
+        # (no-loop benchmark, two scorers alternated: 1.44 s with 2 servers, 1.39 s with 3).
         self.compilers = Compilers(self.sandbox, self.tmp_root, cores + 1, self.compiler)
         weakref.finalize(self, self.compilers.close)
 
