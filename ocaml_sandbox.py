@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ocaml_grpo.settings import Auto, Choice, Float, Int, Setting, Text, cache_dir, resolve
 from ocaml_grpo.toolcache import ToolchainError, cached_binary
@@ -277,12 +277,14 @@ class Sandbox:
 
     def run(self, argv: list[str], workdir: Path, *, wall_s: float, cpu_s: int | None = None,
             pass_fds: tuple[int, ...] = (), nice: int = 0, program: Path | None = None,
-            ro_binds: tuple[tuple[str, str], ...] = (), idle_s: float | None = None) -> RunResult:
+            ro_binds: tuple[tuple[str, str], ...] = (), idle_s: float | None = None,
+            on_start: Callable[[], None] | None = None) -> RunResult:
         """Run argv inside `workdir` (seen as /work) under every limit; never raises on the
         program's behaviour: a crash or timeout is in the result. With `program`, run model code:
         that file alone is visible, as /work/prog, in the stripped-down sandbox. With `idle_s`,
         a run whose processes all stay blocked (none running or runnable) that long is stopped
-        as timed out (with a job uid, i.e. as root: its processes are found by uid)."""
+        as timed out (with a job uid, i.e. as root: its processes are found by uid). `on_start` is
+        called once the process is started (e.g. to close this side's copies of its pipes)."""
         cpu_s = int(cpu_s or self.limits.cpu_s)
         uid = self._uids.acquire() if self._uids else None
         try:
@@ -302,6 +304,8 @@ class Sandbox:
                 finally:
                     if program_fd is not None:
                         os.close(program_fd)
+                    if on_start is not None:
+                        on_start()
                 status, cpu_s, timed_out = _wait_with_usage(proc, wall_s, uid, idle_s)
                 return RunResult(status, _read_capped(out, self.limits.output_bytes),
                                  _read_capped(err, self.limits.output_bytes), timed_out, cpu_s)

@@ -63,6 +63,7 @@ class Breakdown:
     runaway: bool = False
     gated_min_lines: bool = False
     forbidden: str | None = None
+    unverifiable: str | None = None  # the tests cannot run outside the answer's process: no test credit
     code_lines: int = 0
     elapsed_ms: float = 0.0
     cached: bool = False
@@ -84,7 +85,8 @@ class Breakdown:
 # Scoring.
 
 def type_check_fraction(grade: Grade) -> float:
-    if grade.syntax_errors:
+    # a syntax error, or an entry point missing or not of the prompt's type: nothing typed as asked
+    if grade.syntax_errors or any(e.kind == "entry" for e in grade.compile_errors):
         return 0.0
     n = len(grade.compile_errors)
     return 1.0 if n == 0 else 0.5 / n
@@ -97,7 +99,7 @@ def score_grade(grade: Grade, b: Breakdown, w: Weights) -> None:
     b.first_error = grade.compile_errors[0].message if grade.compile_errors else grade.test_error
     b.compiled, b.tests_compiled = grade.compiled, grade.tests_compiled
     b.tests_passed, b.tests_total, b.timed_out = grade.tests_passed, grade.tests_total, grade.timed_out
-    b.forbidden = grade.forbidden
+    b.forbidden, b.unverifiable = grade.forbidden, grade.unverifiable
     b.type_check = w.type_check * type_check_fraction(grade)
     compile_frac = 1.0 if grade.compiled else 0.5 * grade.phrases_ok / max(1, grade.phrases_total)
     b.compile = w.compile * compile_frac
@@ -126,8 +128,8 @@ class RewardScorer:
         self.grader.close()
 
     def _grade_cached(self, problem: Problem, solution: str, entries: list[str]) -> tuple[Grade, bool]:
-        key = hashlib.sha256("\0".join([problem.id, problem.tests, ",".join(problem.requires), ",".join(entries),
-                                        solution]).encode()).hexdigest()
+        key = hashlib.sha256("\0".join([problem.id, problem.prompt, problem.tests, ",".join(problem.requires),
+                                        ",".join(entries), solution]).encode()).hexdigest()
         while True:
             with self._lock:
                 if key in self._cache:
@@ -139,7 +141,7 @@ class RewardScorer:
                     break
             event.wait()  # the same code is being graded by another thread: share its result
         try:
-            grade = self.grader.grade(solution, problem.tests, problem.requires, entries)
+            grade = self.grader.grade(solution, problem.tests, problem.requires, entries, problem.prompt)
             with self._lock:
                 self._cache[key] = grade
                 while len(self._cache) > self._cache_size:

@@ -45,7 +45,7 @@ def main() -> int:
     try:
         for p, completion, label in jobs:
             solution, entries = assemble_solution(extract_code(completion), p.prompt, p.entry_point)
-            a, b = (asdict(g.grade(solution, p.tests, p.requires, entries)) for g in graders.values())
+            a, b = (asdict(g.grade(solution, p.tests, p.requires, entries, p.prompt)) for g in graders.values())
             if a != b:
                 differ += 1
                 fields = {k: (a[k], b[k]) for k in a if a[k] != b[k]}

@@ -19,6 +19,7 @@ SYNTAX_STAGES = ("lexer", "parser")
 @dataclass
 class CompileError:
     kind: str  # "syntax" (lexer, parser) | "type" | "unbound" (a type error about a missing name) | "link" | "other"
+    #   | "entry" (the entry point missing or not of the prompt's type) | "unverifiable" (the audit: no wire)
     line: int  # 0: the compiler named no location
     message: str
     file: str = ""

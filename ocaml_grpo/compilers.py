@@ -151,8 +151,12 @@ class OcamlcSteps:
         return replies
 
     def link(self, out: str, files: list[str]) -> Reply:
+        # ocamlc's link prints no facts: after a failure the tool builds it again for them (where
+        # the error lies: an oracle's entry point that does not match is the answer's error)
+        once = "\t".join([self.c.box_dir(self.workdir), "o", out, *files])
+        facts = f"{self.c.tool_in_box} --once {shlex.quote(once)} >{out}.facts" if not self.requires else f": >{out}.facts"
         script = (f"{shlex.join(self._ocamlc('', True))} -o {out} {' '.join(files)} >/dev/null 2>{out}.out; "
-                  f"echo $? >{out}.rc\n")
+                  f"rc=$?; echo $rc >{out}.rc; [ $rc = 0 ] || {facts}\n")
         return self._step(script, out)
 
 
@@ -191,29 +195,29 @@ class Compilers:
         finally:
             self.sandbox.disown(workdir)
 
-    def compile_batch(self, workdir: Path, harness: str, n: int, requires: tuple[str, ...],
+    def compile_batch(self, workdir: Path, wire: str, files: list[str], requires: tuple[str, ...],
                       limit: float) -> list[CompileError | None]:
-        """Compile p0.ml .. p{n-1}.ml (test programs, against `harness`.ml) in one sandbox call:
-        None for each that compiles, else its first error."""
+        """Compile each of `files` (programs using the `wire` unit, `wire`.ml in workdir) in one
+        sandbox call: None for each that compiles, else its first error."""
         steps = OcamlcSteps(self, workdir, CompileBudget(limit), requires)
         comp = shlex.join(steps._ocamlc("", False))
-        facts = [self.tool_in_box, "--once", "\t".join([self.box_dir(workdir), "c", "-", "p$k.ml",
+        facts = [self.tool_in_box, "--once", "\t".join([self.box_dir(workdir), "c", "-", "$f",
                                                          *package_dirs(requires)])]
-        once = " ".join(shlex.quote(a) if "$k" not in a else f'"{a}"' for a in facts)
-        script = (f"{comp} -c {harness}.ml >h.out 2>&1 || exit 3\n"
-                  f"for k in $(seq 0 {n - 1}); do {comp} -c p$k.ml >e$k.txt 2>&1; rc=$?; echo $rc >r$k.txt; "
-                  f"[ $rc = 0 ] || {once} >f$k.txt; done\n")
+        once = " ".join(shlex.quote(a) if "$f" not in a else f'"{a}"' for a in facts)
+        script = (f"{comp} -c {wire}.ml >h.out 2>&1 || exit 3\n"
+                  f"for f in {' '.join(files)}; do {comp} -c $f >$f.err 2>&1; rc=$?; echo $rc >$f.rc; "
+                  f"[ $rc = 0 ] || {once} >$f.facts; done\n")
         res = self.run_script(script, workdir, limit)
-        if res.returncode == 3:  # the harness itself did not build: a toolchain or package problem
-            return [parse_compiler_error(_read(workdir / "h.out"))] * n
+        if res.returncode == 3:  # the wire itself did not build: a toolchain or package problem
+            return [parse_compiler_error(_read(workdir / "h.out"))] * len(files)
         out: list[CompileError | None] = []
-        for k in range(n):
-            rc = _read(workdir / f"r{k}.txt").strip()
+        for f in files:
+            rc = _read(workdir / f"{f}.rc").strip()
             if rc == "0":
                 out.append(None)
             elif rc:
-                rep = parse_reply(_read(workdir / f"f{k}.txt").encode()) or Reply(2, "")
-                out.append(error_of(replace(rep, returncode=int(rc), output=_read(workdir / f"e{k}.txt"))))
+                rep = parse_reply(_read(workdir / f"{f}.facts").encode()) or Reply(2, "")
+                out.append(error_of(replace(rep, returncode=int(rc), output=_read(workdir / f"{f}.err"))))
             else:
                 out.append(CompileError("other", 0, "compiler timed out" if res.timed_out else "not compiled"))
         return out

@@ -81,13 +81,21 @@ def assemble_solution(code: str, prompt: str, entry_point: str = "") -> tuple[st
         return code, [entry] if entry else []
     code_phrases = src.split_phrases(code)
     code_names = {n for ph in code_phrases for n in ph.names}
-    if entry and any(entry in ph.values for ph in code_phrases):
+    if entry and (any(entry in ph.values for ph in code_phrases) or _is_definitions(code)):
         # Keep the prompt's definitions (types, exceptions, modules) the answer does not restate;
         # drop its prose and any stray text.
         kept = [ph.text for ph in src.split_phrases(sig.preamble)
                 if _first_word(ph.text) in PREAMBLE_KEEP and not (set(ph.names) & code_names)]
         return "".join(kept).rstrip() + "\n\n" + code, [entry]
     return prompt.rstrip() + "\n" + code, [entry]
+
+
+def _is_definitions(code: str) -> bool:
+    """Top-level definitions, not an expression: however they bind the entry point (a typed
+    pattern `let (f : t) = ...`, `include` of the answer's own module), the oracle finds it by
+    name, or says which entry point is missing."""
+    toks = src.code_tokens(code)
+    return bool(toks) and toks[0].text in src.TOP_LEVEL_KEYWORDS and not src._is_let_in(toks)
 
 
 def _first_word(text: str) -> str:

@@ -37,7 +37,7 @@ from ocaml_sandbox import Sandbox, SandboxConfig
 
 AUDIT_SETTINGS = [Setting("AUDIT_CACHE_DIR", "auto", Auto(Text, lambda env: str(cache_dir(env)), "$XDG_CACHE_HOME/ocaml-grpo"),
                           "where audit results are cached by content hash")]
-AUDIT_VERSION = "2"  # bump when the grader's notion of "compiles" or the stub assembly changes
+AUDIT_VERSION = "3"  # bump when the grader's notion of "compiles" or the stub assembly changes
 CHUNK = 16  # problems per sandbox call
 
 
@@ -94,6 +94,8 @@ def _classify(err, p: Problem) -> tuple[str, str]:
     msg = err.message
     if "ocamlfind" in msg and "not found" in msg:
         return "missing_package", msg
+    if err.kind == "unverifiable":
+        return "unverifiable", msg
     if err.file == "solution.ml":
         return "prompt_does_not_compile", msg
     return f"tests_{err.kind}_error", msg
@@ -145,7 +147,8 @@ def audit_problems(problems: list[Problem], output_dir: str | Path | None = None
 
         def run_chunk(chunk):
             req, items = chunk
-            errors = grader.compile_tests([(stub, p.tests, entries) for _, p, stub, entries in items], list(req))
+            errors = grader.compile_tests([(stub, p.tests, entries, p.prompt) for _, p, stub, entries in items],
+                                          list(req))
             fresh = []
             for (i, p, _, _), err in zip(items, errors):
                 reason, msg = _classify(err, p) if err else ("", "")

@@ -5,15 +5,18 @@
    credit (the compile server gives the same answer typing the solution once, inside the test
    program of step 2). If it fails, count independent errors phrase by phrase (the compiler's
    structure items), within one compile limit for the whole completion;
-2. link it with the tests, each assertion wrapped by a trusted harness module that is
-   initialised *before* the solution and reports through a file descriptor with a secret nonce
-   the solution never sees (fail-closed: only verified passes count);
-3. run it, restarting after the assertion that crashed the process; runs are bounded by the
-   cores and judged by the CPU time they used.
+2. link it into the oracle (harness.render_oracle): the answer as module `Solution`, each entry
+   point bound at the prompt's type, serving calls with values and nothing else;
+3. run the oracle beside the trusted program (built once per problem: the prompt's definitions,
+   a stub per entry point that asks the oracle, the tests). The trusted program decides every
+   assertion and reports on a descriptor the oracle never holds; the oracle never holds an
+   expected value. A run restarts after the assertion during which the oracle died; runs are
+   bounded by the cores and judged by the CPU time the oracle used.
 Compile steps return values (`Reply`) from either path of ocaml_grpo/compilers.py.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import secrets
@@ -27,17 +30,20 @@ from pathlib import Path
 
 from ocaml_grpo import ocaml_source as src
 from ocaml_grpo.compiler_output import TIMED_OUT, CompileError, error_of, parse_compiler_error
-from ocaml_grpo.compilers import WARNINGS_OFF, CompileBudget, Compilers, Steps
-from ocaml_grpo.harness import HARNESS_ML, plan_of, render_tests, tally_run
+from ocaml_grpo.compilers import WARNINGS_OFF, CompileBudget, Compilers, OcamlcSteps, Steps
+from ocaml_grpo.harness import ENTRY_FILE, WIRE_ML, plan_of, render_oracle, render_trusted, tally_run
+from ocaml_grpo.oracle import Interface, Lambda, interface_of, lambda_unit_text, rewrite_tests, shippable
 from ocaml_sandbox import Sandbox, ToolchainError
 
 # Only a trigger for a second, `-i`, type check that decides (the message itself is text a
 # solution can print with [%%ocaml.error "..."]).
 NONGENERALIZABLE = "contains type variables that cannot be generalized"
 RUN_NICE = 15  # model code yields the CPU to compiles and to the trainer
-RESULTS_READ_CAP = 4 << 20  # bytes of harness result lines read back; a test program writes ~40 per assertion
+RESULTS_READ_CAP = 4 << 20  # bytes of result lines read back; the trusted program writes ~20 per assertion
 CPU_TIMEOUT_SLACK_S = 0.05  # a run that used its CPU budget less this much was stopped by the CPU limit
-IDLE_LIMIT_S = 2.0  # a test program blocked this long (using no CPU, e.g. reading a device) is stopped
+IDLE_LIMIT_S = 2.0  # an oracle blocked this long (using no CPU, e.g. reading a device) is stopped
+# The trusted program's CPU seconds beyond the oracle's: it builds the tests' inputs and reads replies.
+TRUSTED_CPU_EXTRA_S = 10
 
 
 @dataclass
@@ -53,10 +59,21 @@ class Grade:
     timed_out: bool = False
     forbidden: str | None = None  # first library path off the allowlist (or `external`): no test credit
     test_error: str | None = None  # first error compiling the tests against the solution
+    unverifiable: str | None = None  # why the tests cannot be run outside the answer's process: no test credit
 
     @property
     def syntax_errors(self) -> int:
         return sum(1 for e in self.compile_errors if e.kind == "syntax")
+
+
+@dataclass(frozen=True)
+class Trusted:
+    """A problem's trusted program, and the tests' closures compiled for its oracles."""
+    program: Path
+    error: str  # "" when it built
+    lambdas: tuple[Lambda, ...]
+    lambda_unit: str  # the closures' unit ("" when none ships)
+    lambda_dir: Path
 
 
 class OcamlGrader:
@@ -78,16 +95,19 @@ class OcamlGrader:
         self.tmp_root = Path(tempfile.mkdtemp(prefix="ocaml-grader-", dir=tmp_root or self.sandbox.config.tmpdir))
         os.chmod(self.tmp_root, 0o755)
         weakref.finalize(self, shutil.rmtree, self.tmp_root, True)  # also when close() is never called
-        # The harness is compiled once (this is also the toolchain probe) under a random unit
-        # name that solution code cannot guess (and could not use: it is not on the allowlist).
-        self.harness = f"grader_{secrets.token_hex(8)}"
-        self._harness_dir = self.tmp_root / "harness"
-        self._harness_dir.mkdir()
-        (self._harness_dir / f"{self.harness}.ml").write_text(HARNESS_ML)
-        res = subprocess.run(["ocamlc", *WARNINGS_OFF, "-c", f"{self.harness}.ml"], cwd=self._harness_dir,
+        # The wire is compiled once (this is also the toolchain probe) under a random unit name
+        # that answer code cannot guess (and could not use: it is not on the allowlist).
+        self.wire = f"wire_{secrets.token_hex(8)}"
+        self._wire_dir = self.tmp_root / "wire"
+        self._wire_dir.mkdir()
+        (self._wire_dir / f"{self.wire}.ml").write_text(WIRE_ML)
+        res = subprocess.run(["ocamlc", *WARNINGS_OFF, "-c", f"{self.wire}.ml"], cwd=self._wire_dir,
                              capture_output=True, text=True)
         if res.returncode != 0:
             raise ToolchainError(f"ocamlc is installed but cannot compile a trivial module: {res.stderr.strip()[:400]}")
+        # Trusted programs, one per problem, built on first use: the program file or why it failed.
+        self._trusted: dict[str, Path | str] = {}
+        self._trusted_locks: dict[str, threading.Lock] = {}
         self._counter = 0
         self._lock = threading.Lock()
         # One compile slot more than the cores: a grading holds its compile server while it reads
@@ -108,8 +128,11 @@ class OcamlGrader:
         d.mkdir()
         return d
 
-    def grade(self, solution: str, tests: str, requires: list[str] = (), entry_points: list[str] = ()) -> Grade:
-        """Type check, compile, and run the tests against one assembled solution."""
+    def grade(self, solution: str, tests: str, requires: list[str] = (), entry_points: list[str] = (),
+              prompt: str = "") -> Grade:
+        """Type check and compile one assembled solution, then run the tests against it. `prompt`
+        declares the entry points' types (oracle.interface_of); without a usable one the tests
+        cannot be run outside the answer's process, and earn nothing (Grade.unverifiable)."""
         workdir = self._new_job_dir()
         budget = CompileBudget(self.sandbox.limits.compile_s)
         try:
@@ -117,34 +140,46 @@ class OcamlGrader:
             solution = src.strip_line_directives(solution)
             plan = plan_of(tests)
             grade.tests_total = src.assertion_count(plan)
+            iface = interface_of(prompt, entry_points[0] if entry_points else "")
             (workdir / "solution.ml").write_text(solution)
-            for ext in (".cmi", ".cmo"):
-                shutil.copyfile(self._harness_dir / (self.harness + ext), workdir / (self.harness + ext))
-            (workdir / "tests.ml").write_text(render_tests(solution, tests, plan, self.harness.capitalize(),
-                                                           list(entry_points)))
+            objects, trusted = None, None
+            if iface.unverifiable:
+                grade.unverifiable = iface.unverifiable
+            else:
+                trusted = self._trusted_program(iface, tests, tuple(requires))
+                for d, unit in ((self._wire_dir, self.wire), (trusted.lambda_dir, trusted.lambda_unit)):
+                    if unit:
+                        for ext in (".cmi", ".cmo"):
+                            shutil.copyfile(d / (unit + ext), workdir / (unit + ext))
+                (workdir / "oracle.ml").write_text(render_oracle(solution, iface, self.wire.capitalize(),
+                                                                 trusted.lambdas, trusted.lambda_unit.capitalize()))
+                # An empty interface: nothing of the answer is exported, so its unused weak types are fine
+                (workdir / "oracle.mli").write_text("")
+                objects = [f"{self.wire}.cmo"] + ([f"{trusted.lambda_unit}.cmo"] if trusted.lambda_unit else [])
+                objects += ["oracle.mli", "oracle.ml"]
             with self.compilers.steps(workdir, budget, tuple(requires)) as steps:
-                linked = self._compile(steps, solution, grade, budget)
-            if linked:
+                linked = self._compile(steps, solution, grade, budget, objects, iface)
+            if linked and trusted is not None:
+                if trusted.error:
+                    grade.test_error = trusted.error
+                    return grade
                 grade.tests_compiled = True
-                # The program runs alone in a fresh directory: no sources to read answers from.
-                rundir = workdir / "run"
-                rundir.mkdir()
-                shutil.move(workdir / "prog", rundir / "prog")
-                passed, finished, grade.timed_out = self._execute(rundir, grade.tests_total)
+                passed, finished, grade.timed_out = self._execute(workdir, workdir / "prog", trusted.program,
+                                                                  grade.tests_total)
                 grade.tests_passed = len(passed) if plan else int(finished)
             return grade
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    def _compile(self, steps: Steps, solution: str, grade: Grade, budget: CompileBudget) -> bool:
-        """Steps 1 and 2 (see the module docstring); True when the test program was built."""
+    def _compile(self, steps: Steps, solution: str, grade: Grade, budget: CompileBudget,
+                 objects: list[str] | None, iface: Interface) -> bool:
+        """Steps 1 and 2 (see the module docstring); True when the oracle was built."""
         phrases = src.split_phrases(solution)
         grade.phrases_total = max(1, len(phrases))
-        objects = [f"{self.harness}.cmo", "tests.ml"]
-        if self.check_library:
+        if self.check_library and objects:
             tc, link = steps.check_and_link("solution.ml", "prog", objects)
         else:
-            tc, link = steps.compile("solution.ml", ""), None
+            tc, link = steps.compile("solution.ml", "a" if self.check_library else ""), None
         # Typing got to the end: said by the compiler's exit status, never by its messages.
         # Weak type variables (`let f = List.map g`) are fine in a program, only not in a unit
         # without an interface, so the `-i` check decides that case.
@@ -162,12 +197,61 @@ class OcamlGrader:
         if tc.denied:
             grade.forbidden = tc.denied[0]
             return False
+        if not objects:
+            return False
         link = link or steps.link("prog", objects)
         if link.timed_out or link.returncode != 0:
-            # shown to people only: no credit depends on it, and ocamlc's link reports no facts
-            grade.test_error = TIMED_OUT.message if link.timed_out else parse_compiler_error(link.output).message
+            err = TIMED_OUT if link.timed_out else error_of(link)
+            if not link.timed_out and link.loc and link.loc[2] == ENTRY_FILE:
+                # The entry point is missing or not of the prompt's type: the answer's own error.
+                if err.kind == "unbound":
+                    msg = f"the answer does not define `{err.unbound.split('.')[-1]}`, an entry point of the prompt"
+                else:
+                    msg = f"an entry point does not have the prompt's type: {err.message}"
+                grade.compile_errors.append(CompileError("entry", 0, msg))  # it compiles, but not as asked
+                return False
+            # shown to people only: no credit depends on it
+            grade.test_error = err.message
             return False
         return True
+
+    def _trusted_program(self, iface: Interface, tests: str, requires: tuple[str, ...]) -> "Trusted":
+        """The problem's trusted program (and the tests' closures the oracle holds too), built once
+        in the toolchain sandbox and kept for the grader's life; a build failure is kept too (the
+        tests cannot run: no completion passes)."""
+        key = hashlib.sha256("\0".join([repr(iface), tests, *requires]).encode()).hexdigest()[:24]
+        with self._lock:
+            lock = self._trusted_locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._trusted:
+                self._trusted[key] = self._build_trusted(key, iface, tests, requires)
+            return self._trusted[key]
+
+    def _build_trusted(self, key: str, iface: Interface, tests: str, requires: tuple[str, ...]) -> "Trusted":
+        d = self.tmp_root / f"trusted-{key}"
+        d.mkdir()
+        for ext in (".cmi", ".cmo"):
+            shutil.copyfile(self._wire_dir / (self.wire + ext), d / (self.wire + ext))
+        steps = OcamlcSteps(self.compilers, d, CompileBudget(self.sandbox.limits.compile_s * 4), requires)
+        lambdas, unit = shippable(iface, tests), f"lam_{key[:16]}"
+        while lambdas:  # each closure that does not compile alone stays a handle
+            (d / f"{unit}.ml").write_text(lambda_unit_text(iface, lambdas))
+            rep = steps.compile(f"{unit}.ml", "")
+            if rep.returncode == 0 and not rep.timed_out:
+                break
+            bad = rep.loc[2] if rep.loc else ""
+            kept = tuple(lam for lam in lambdas if f"lambda_{lam.j}.ml" != bad)
+            lambdas = kept if len(kept) < len(lambdas) and not rep.timed_out else ()
+        text = render_trusted(iface, rewrite_tests(tests, lambdas, self.wire.capitalize()),
+                              plan_of(rewrite_tests(tests, lambdas, self.wire.capitalize())), self.wire.capitalize())
+        (d / "trusted.ml").write_text(text)
+        rep = steps.link("prog", [f"{self.wire}.cmo", "trusted.ml"])
+        self.sandbox.disown(d)
+        error = ""
+        if rep.timed_out or rep.returncode != 0:
+            error = "the tests do not compile against the prompt's entry points: " + (
+                TIMED_OUT.message if rep.timed_out else parse_compiler_error(rep.output).message)
+        return Trusted(d / "prog", error, lambdas, unit if lambdas else "", d)
 
     def _count_errors(self, steps: Steps, phrases: list[src.Phrase], first: CompileError, grade: Grade,
                       budget: CompileBudget) -> None:
@@ -231,72 +315,99 @@ class OcamlGrader:
             return TIMED_OUT
         return None if rep.returncode == 0 else error_of(rep)
 
-    def compile_tests(self, jobs: list[tuple[str, str, list[str]]], requires: list[str] = ()) -> list[CompileError | None]:
-        """Build the test program of each (solution, tests, entry points) without running it:
-        one sandbox call for the whole list (the dataset audit's hot path). None = it compiles."""
+    def compile_tests(self, jobs: list[tuple[str, str, list[str], str]], requires: list[str] = ()) -> list[CompileError | None]:
+        """Build both programs of each (solution, tests, entry points, prompt) without running
+        them: one sandbox call for the whole list (the dataset audit's hot path). None = both
+        compile; else the first error (kind "unverifiable" when the entry points have no wire)."""
         workdir = self._new_job_dir()
         try:
-            harness = f"grader_{secrets.token_hex(8)}"
-            (workdir / f"{harness}.ml").write_text(HARNESS_ML)
-            for k, (solution, tests, entries) in enumerate(jobs):
+            wire = f"wire_{secrets.token_hex(8)}"
+            (workdir / f"{wire}.ml").write_text(WIRE_ML)
+            files: list[str] = []
+            early: dict[int, CompileError] = {}
+            for k, (solution, tests, entries, prompt) in enumerate(jobs):
+                iface = interface_of(prompt, entries[0] if entries else "")
+                if iface.unverifiable:
+                    # the prompt's own error first, when it has one
+                    (workdir / f"s{k}.ml").write_text('# 1 "solution.ml"\n' + src.strip_line_directives(solution))
+                    files.append(f"s{k}.ml")
+                    early[k] = CompileError("unverifiable", 0, iface.unverifiable)
+                    continue
                 plan = src.parse_assert_tests(tests)
-                (workdir / f"p{k}.ml").write_text(render_tests(solution, tests, plan, harness.capitalize(), entries))
-            return self.compilers.compile_batch(workdir, harness, len(jobs), tuple(requires),
-                                                self.sandbox.limits.compile_s * max(1, len(jobs) / 4))
+                (workdir / f"t{k}.ml").write_text(render_trusted(iface, tests, plan, wire.capitalize()))
+                (workdir / f"u{k}.ml").write_text(render_oracle(src.strip_line_directives(solution), iface,
+                                                                wire.capitalize()))
+                (workdir / f"u{k}.mli").write_text("")
+                files.append(f"u{k}.mli")
+                files += [f"t{k}.ml", f"u{k}.ml"]
+            errors = dict(zip(files, self.compilers.compile_batch(
+                workdir, wire, files, tuple(requires), self.sandbox.limits.compile_s * max(1, len(files) / 8))))
+            return [errors.get(f"s{k}.ml") or early.get(k) or errors.get(f"t{k}.ml") or errors.get(f"u{k}.ml")
+                    for k in range(len(jobs))]
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    def _execute(self, rundir: Path, total: int) -> tuple[set[int], bool, bool]:
-        """Run the test program until it finishes, restarting after an assertion that killed
-        the process (exit, fatal error), while its CPU budget lasts.
+    def _execute(self, workdir: Path, oracle: Path, trusted: Path, total: int) -> tuple[set[int], bool, bool]:
+        """Run the oracle beside the trusted program until the tests finish, starting both again
+        after an assertion during which the oracle died (exit, fatal error) or broke the wire,
+        while the oracle's CPU budget lasts.
 
-        A run holds one of `cores` run slots, so it has a core to itself; its verdict is judged
-        by the CPU it used (the limit is shared by all restarts), with a wall-clock guard of
-        OCAML_WALL_LIMIT_S per run only for runs that do not use the CPU (blocked)."""
+        A run holds one of `cores` run slots, so the oracle has a core to itself; its verdict is
+        judged by the CPU the oracle used (the limit is shared by all restarts), with a wall-clock
+        guard of OCAML_WALL_LIMIT_S per run. The two talk over two pipes; the trusted program's
+        results go to a file the oracle cannot reach (another sandbox, another uid)."""
         lim = self.sandbox.limits
         cpu_left = float(lim.cpu_s)
-        nonce = secrets.token_hex(16)
         passed: set[int] = set()
         start, finished, timed_out = 0, False, False
+        udir, tdir = workdir / "oracle", workdir / "trusted"
+        for d, prog in ((udir, oracle), (tdir, trusted)):
+            d.mkdir()
+            shutil.copyfile(prog, d / "prog")  # each sandbox sees its own program, nothing else
+            os.chmod(d / "prog", 0o755)
         with self._run_slots:
             while True:
                 if cpu_left <= CPU_TIMEOUT_SLACK_S:
                     timed_out = True
                     break
-                # The results file is write-only for the program: nothing it starts can read the
-                # nonce back from it. The nonce arrives on a descriptor the harness closes first.
                 results_path = self.tmp_root / f"results-{secrets.token_hex(8)}"
                 rfd = os.open(results_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o600)
+                req_r, req_w = os.pipe()
+                rep_r, rep_w = os.pipe()
+                box: dict = {}
+
+                def closer(*fds: int):
+                    return lambda: [os.close(fd) for fd in fds]
+
+                def run_oracle(cpu: int = max(1, math.ceil(cpu_left))) -> None:
+                    box["res"] = self.sandbox.run(["./prog", str(req_r), str(rep_w)], udir, wall_s=lim.wall_s,
+                                                  cpu_s=cpu, pass_fds=(req_r, rep_w), nice=RUN_NICE,
+                                                  program=udir / "prog", idle_s=IDLE_LIMIT_S,
+                                                  on_start=closer(req_r, rep_w))
+                thread = threading.Thread(target=run_oracle, daemon=True)
                 try:
-                    with tempfile.TemporaryFile(dir=self.tmp_root) as secret:
-                        secret.write(f"{nonce}\n{start}\n".encode())
-                        secret.flush()
-                        secret.seek(0)
-                        sfd = secret.fileno()
-                        program = rundir / "prog"
-                        if not self.sandbox.isolated:  # the harness deletes the file it runs from
-                            program = rundir / "attempt"
-                            shutil.copy2(rundir / "prog", program)
-                        res = self.sandbox.run([f"./{program.name}", str(rfd), str(sfd)], rundir, wall_s=lim.wall_s,
-                                               cpu_s=max(1, math.ceil(cpu_left)), pass_fds=(rfd, sfd), nice=RUN_NICE,
-                                               program=program, idle_s=IDLE_LIMIT_S)
+                    thread.start()
+                    tres = self.sandbox.run(["./prog", str(rfd), str(req_w), str(rep_r), str(start)], tdir,
+                                            wall_s=lim.wall_s, cpu_s=lim.cpu_s + TRUSTED_CPU_EXTRA_S,
+                                            pass_fds=(rfd, req_w, rep_r), nice=RUN_NICE, program=tdir / "prog",
+                                            on_start=closer(rfd, req_w, rep_r))
                 finally:
-                    os.close(rfd)
+                    thread.join()
                 with open(results_path, "rb") as f:
-                    run = tally_run(f.read(RESULTS_READ_CAP).decode("ascii", "replace"), nonce, start, total)
+                    run = tally_run(f.read(RESULTS_READ_CAP).decode("ascii", "replace"), start, total)
                 results_path.unlink()
+                ures = box["res"]
                 passed |= run.passed
-                cpu_left -= res.cpu_s
-                if run.finished and res.returncode == 0 and not res.timed_out:
+                cpu_left -= ures.cpu_s
+                if run.finished and tres.returncode == 0 and not tres.timed_out:
                     finished = True
                     break
-                if res.timed_out or cpu_left <= CPU_TIMEOUT_SLACK_S:
+                if ures.timed_out or cpu_left <= CPU_TIMEOUT_SLACK_S:
                     timed_out = True
                     break
-                crashed_in = sorted(run.began - run.done)
-                if not crashed_in or crashed_in[-1] + 1 >= total:
+                if run.oracle_never_ready or run.oracle_lost_in is None or run.oracle_lost_in + 1 >= total:
                     break
-                start = crashed_in[-1] + 1
+                start = run.oracle_lost_in + 1
         return passed, finished, timed_out
 
 

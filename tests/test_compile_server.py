@@ -204,7 +204,7 @@ def test_an_honest_grade_does_not_depend_on_its_group_mates():
 def _graded(completion: str) -> tuple:
     solution, entries = assemble_solution(completion.split("```ocaml\n")[1].split("\n```")[0], ADD.prompt,
                                           ADD.entry_point)
-    return solution, ADD.tests, [], entries
+    return solution, ADD.tests, [], entries, ADD.prompt
 
 
 @pytest.mark.parametrize("code", [BLOW_UP.replace("let bad : int =", "let add a b = a + b\nlet bad : int ="),
@@ -260,7 +260,7 @@ def test_both_compilers_give_the_same_grades():
                      (p, f"{head}\n  let x = 1 +. 2.0 in\n  ignore x;\n  failwith \"no\"")]
         for p, code in jobs:
             sol, entries = assemble_solution(code, p.prompt, p.entry_point)
-            ga, gb = a.grade(sol, p.tests, p.requires, entries), b.grade(sol, p.tests, p.requires, entries)
+            ga, gb = a.grade(sol, p.tests, p.requires, entries, p.prompt), b.grade(sol, p.tests, p.requires, entries, p.prompt)
             assert asdict(ga) == asdict(gb), p.id
     finally:
         a.close()

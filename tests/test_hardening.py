@@ -72,19 +72,18 @@ def test_comments_are_where_the_compiler_sees_them(tmp_path, code):
 # ---------------------------------------------------------------------------------------------
 # 2. The pass count is bounded by the tests.
 
-def test_no_forged_result_line_can_pass_more_than_the_tests(scorer):
+def test_no_result_line_can_pass_more_than_the_tests(scorer):
+    """The trusted program alone writes the results; still, a count never exceeds the run's range."""
     rng = random.Random(14)
-    nonce = "n" * 32
     for _ in range(2000):
         total, start = rng.randint(1, 12), 0
         start = rng.randint(0, total - 1)
         lines = []
         for _ in range(rng.randint(0, 60)):
-            tag = rng.choice("SPFDX")
+            tag = rng.choice("SPFDKIX")
             i = rng.choice([rng.randint(-5, 40), 10**9, -(10**9)])
-            who = rng.choice([nonce, nonce, "x" * 32, ""])
-            lines.append(f"{who} {tag} {i}")
-        run = tally_run("\n".join(lines), nonce, start, total)
+            lines.append(f"{tag} {i}" if rng.random() < 0.9 else f"x {tag} {i}")
+        run = tally_run("\n".join(lines), start, total)
         assert run.passed <= set(range(start, total)) and run.began <= set(range(start, total))
         # and the reward's test share never exceeds its weight, whatever the grade says
         g = Grade(compiled=True, tests_compiled=True, tests_total=total, tests_passed=rng.randint(0, 10 * total))

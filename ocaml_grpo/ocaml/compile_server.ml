@@ -184,14 +184,27 @@ let parse_alone file () =
   Clflags.stop_after := Some Clflags.Compiler_pass.Parsing;
   Fun.protect ~finally:(fun () -> Clflags.stop_after := None) (compile file)
 
-(* `ocamlc -o OUT FILE...` in two steps: compile the .ml files, then link. *)
+(* `ocamlc -c FILE.mli`, as ocamlc compiles an interface given on a link's command line. *)
+let compile_interface file () =
+  init_path [];
+  let output_prefix = Filename.remove_extension file in
+  let module_name = Compenv.module_of_filename file output_prefix in
+  Env.set_unit_name module_name;
+  Compile_common.interface { Compile_common.source_file = file; module_name; output_prefix;
+                             env = Compmisc.initial_env (); ppf_dump = Format.err_formatter; tool_name = "ocamlc";
+                             native = false }
+
+(* `ocamlc -o OUT FILE...` in two steps: compile the .mli and .ml files in order, then link. *)
 let compile_sources ?(check_solution = false) files () =
-  List.iter (fun f -> if Filename.check_suffix f ".ml" then compile ~check_solution f ()) files
+  List.iter (fun f ->
+      if Filename.check_suffix f ".ml" then compile ~check_solution f ()
+      else if Filename.check_suffix f ".mli" then compile_interface f ()) files
 
 let bytelink out files () =
   init_path [];
-  Bytelink.link (List.map (fun f -> if Filename.check_suffix f ".ml" then Filename.remove_extension f ^ ".cmo" else f)
-                   files) out;
+  Bytelink.link (List.filter_map (fun f ->
+      if Filename.check_suffix f ".ml" then Some (Filename.remove_extension f ^ ".cmo")
+      else if Filename.check_suffix f ".mli" then None else Some f) files) out;
   Warnings.check_fatal ()
 
 let link out files () = compile_sources files (); bytelink out files ()

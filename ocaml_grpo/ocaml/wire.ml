@@ -1,0 +1,370 @@
+(* The wire between the two programs of a grading (ocaml_grpo/oracle.py generates the code that
+   uses it; docs/grader.md says why there are two):
+
+   - the trusted program T holds the tests, with each entry point replaced by a stub of the
+     prompt's type that asks the oracle; it decides every assertion and reports on a descriptor
+     the answer's process never holds;
+   - the oracle U holds the answer: it answers calls with values and nothing else, and never holds
+     an expected value.
+
+   Both link this unit (under a random name, off the allowlist). Messages are frames
+   "KIND LEN\n" + LEN bytes: C (call: a handle, then the arguments), R (the return value), X (an
+   exception), Y (U is initialised). Calls go both ways: a function value crossing the wire stays
+   in its sender's table and reaches the receiver as a handle (the tests' closures passed to a
+   higher-order entry point, a function an entry point returns).
+
+   Values are written by their type: ints, floats (their 64 bits), strings (length, then bytes),
+   lists, options, results, tuples, the prompt's own types (constructor indexes, fields in order).
+   Every reader is bounds-checked: T parses what U writes as hostile data, and any malformed
+   frame ends the oracle (see `broken`), never T. No Marshal, no input_value. *)
+
+exception Bad  (* a malformed frame or value *)
+
+(* ---------------------------------------------------------------- writing *)
+
+let w_int b n = Buffer.add_string b (string_of_int n); Buffer.add_char b ' '
+let w_bool b x = Buffer.add_string b (if x then "T " else "F ")
+let w_char b c = w_int b (Char.code c)
+let w_unit b () = Buffer.add_string b "U "
+let w_float b f = Buffer.add_string b (Int64.to_string (Int64.bits_of_float f)); Buffer.add_char b ' '
+let w_int32 b x = Buffer.add_string b (Int32.to_string x); Buffer.add_char b ' '
+let w_int64 b x = Buffer.add_string b (Int64.to_string x); Buffer.add_char b ' '
+let w_string b s = w_int b (String.length s); Buffer.add_string b s; Buffer.add_char b ' '
+let w_bytes b s = w_string b (Bytes.to_string s)
+let w_list w b l = Buffer.add_string b "[ "; List.iter (w b) l; Buffer.add_string b "] "
+let w_array w b a = Buffer.add_string b "[ "; Array.iter (w b) a; Buffer.add_string b "] "
+let w_option w b = function None -> Buffer.add_string b "N " | Some x -> Buffer.add_string b "S "; w b x
+let w_result wo we b = function
+  | Ok x -> Buffer.add_string b "O "; wo b x
+  | Error e -> Buffer.add_string b "E "; we b e
+let w_tag = w_int  (* a constructor's index in the prompt's declaration *)
+let w_ptag = w_string  (* a polymorphic variant's tag name *)
+
+(* ---------------------------------------------------------------- reading *)
+
+type reader = { s : string; mutable pos : int }
+
+let reader s = { s; pos = 0 }
+
+let token r =
+  match String.index_from_opt r.s r.pos ' ' with
+  | Some j -> let t = String.sub r.s r.pos (j - r.pos) in r.pos <- j + 1; t
+  | None -> raise Bad
+
+let r_int r = match int_of_string_opt (token r) with Some n -> n | None -> raise Bad
+let r_bool r = match token r with "T" -> true | "F" -> false | _ -> raise Bad
+let r_char r = let n = r_int r in if n < 0 || n > 255 then raise Bad else Char.chr n
+let r_unit r = if token r <> "U" then raise Bad
+let r_float r = match Int64.of_string_opt (token r) with Some x -> Int64.float_of_bits x | None -> raise Bad
+let r_int32 r = match Int32.of_string_opt (token r) with Some x -> x | None -> raise Bad
+let r_int64 r = match Int64.of_string_opt (token r) with Some x -> x | None -> raise Bad
+
+let r_string r =
+  let n = r_int r in
+  if n < 0 || n > String.length r.s - r.pos - 1 then raise Bad;
+  let s = String.sub r.s r.pos n in
+  r.pos <- r.pos + n;
+  if r.s.[r.pos] <> ' ' then raise Bad;
+  r.pos <- r.pos + 1;
+  s
+
+let r_bytes r = Bytes.of_string (r_string r)
+
+(* Every reader takes at least two bytes, so a list of n elements needs 2n bytes of frame. *)
+let closes r =
+  if r.pos + 1 < String.length r.s && r.s.[r.pos] = ']' && r.s.[r.pos + 1] = ' ' then (r.pos <- r.pos + 2; true)
+  else false
+
+let r_list rd r =
+  if token r <> "[" then raise Bad;
+  let rec go acc = if closes r then List.rev acc else go (rd r :: acc) in
+  go []
+
+let r_array rd r = Array.of_list (r_list rd r)
+let r_option rd r = match token r with "N" -> None | "S" -> Some (rd r) | _ -> raise Bad
+let r_result ro re r = match token r with "O" -> Ok (ro r) | "E" -> Error (re r) | _ -> raise Bad
+let r_tag = r_int
+let r_ptag = r_string
+let r_end r = if r.pos <> String.length r.s then raise Bad
+
+(* An array argument the entry point may have changed in place: the oracle sends it back. *)
+let blit_back (a : 'a array) (b : 'a array) =
+  if Array.length a <> Array.length b then raise Bad;
+  Array.blit b 0 a 0 (Array.length a)
+
+let bytes_back (a : bytes) (b : bytes) =
+  if Bytes.length a <> Bytes.length b then raise Bad;
+  Bytes.blit b 0 a 0 (Bytes.length a)
+
+(* ---------------------------------------------------------------- type variables *)
+
+(* The oracle sees a value of a type variable as a token: its rank among the values of that
+   variable in the call's arguments, so `=`, `compare` and sorting mean in the oracle what they
+   mean on the values (a polymorphic answer can do nothing else with them). *)
+module Tok : sig
+  type t
+  val w : Buffer.t -> t -> unit
+  val r : reader -> t
+end = struct
+  type t = int
+  let w = w_int
+  let r = r_int
+end
+
+type tokens = { pools : Obj.t list array; mutable sorted : Obj.t array array; mutable collecting : bool }
+
+let tokens n = { pools = Array.make n []; sorted = [||]; collecting = true }
+
+let rank (a : Obj.t array) (o : Obj.t) =
+  let rec go lo hi =
+    if lo >= hi then raise Bad
+    else
+      let mid = (lo + hi) / 2 in
+      let c = compare o a.(mid) in
+      if c = 0 then mid else if c < 0 then go lo mid else go (mid + 1) hi in
+  go 0 (Array.length a)
+
+let w_var tb i b v =
+  let o = Obj.repr v in
+  if tb.collecting then tb.pools.(i) <- o :: tb.pools.(i) else w_int b (rank tb.sorted.(i) o)
+
+(* Run the arguments' writer once to collect every value of each variable, then rank them. *)
+let seal tb write =
+  write (Buffer.create 16);
+  tb.sorted <- Array.map (fun l -> Array.of_list (List.sort_uniq compare l)) tb.pools;
+  tb.collecting <- false
+
+let r_var tb i r =
+  let k = r_int r and a = tb.sorted.(i) in
+  if k < 0 || k >= Array.length a then raise Bad else Obj.obj a.(k)
+
+(* ---------------------------------------------------------------- frames *)
+
+let max_frame = 32 lsl 20
+let req_in = ref stdin
+let rep_out = ref stdout
+
+(* What a side does when the wire breaks (the peer died, or wrote a malformed frame): T reports
+   the assertion it was in and stops; the oracle exits. Set by each side's start. *)
+let broken : (unit -> unit) ref = ref (fun () -> exit 2)
+let fail () = !broken (); exit 2
+
+let send kind payload =
+  try
+    output_char !rep_out kind; output_char !rep_out ' ';
+    output_string !rep_out (string_of_int (String.length payload)); output_char !rep_out '\n';
+    output_string !rep_out payload; flush !rep_out
+  with Sys_error _ -> fail ()
+
+(* The next frame, or None at the end of the input. Its header is read a byte at a time (at most
+   24), its length checked before anything is allocated. *)
+let read_frame () =
+  let ic = !req_in in
+  match input_char ic with
+  | exception End_of_file -> None
+  | kind ->
+    let b = Buffer.create 16 in
+    let rec header () =
+      match input_char ic with
+      | '\n' -> ()
+      | c when Buffer.length b < 24 -> Buffer.add_char b c; header ()
+      | _ -> raise Bad in
+    (try
+       header ();
+       let h = Buffer.contents b in
+       if String.length h < 2 || h.[0] <> ' ' then raise Bad;
+       match int_of_string_opt (String.sub h 1 (String.length h - 1)) with
+       | Some n when n >= 0 && n <= max_frame -> Some (kind, really_input_string ic n)
+       | _ -> raise Bad
+     with Bad | End_of_file | Sys_error _ -> fail ())
+
+(* ---------------------------------------------------------------- calls *)
+
+(* This side's functions the peer may call: invokers reading their arguments and writing their
+   result. *)
+let table : (reader -> Buffer.t -> unit) array ref = ref [||]
+let count = ref 0
+
+let register (f : reader -> Buffer.t -> unit) =
+  if !count = Array.length !table then begin
+    let t = Array.make (max 8 (2 * !count)) f in
+    Array.blit !table 0 t 0 !count;
+    table := t
+  end;
+  !table.(!count) <- f;
+  incr count;
+  !count - 1
+
+let w_fun b f = w_int b (register f)
+
+(* A closure of the tests' text that the oracle holds too, compiled from the same text (oracle.py,
+   `shippable`): sent as its number instead of a handle, so a callback costs no round trip. The
+   tests mark it where it is written (`shipped`); it is found again by physical equality. *)
+let shipped_fns : (Obj.t * int * int) list ref = ref []
+
+let shipped site j f =
+  let recent = List.filteri (fun i _ -> i < 31) !shipped_fns in
+  shipped_fns := (Obj.repr f, site, j) :: recent;
+  f
+
+let w_fun_at b site o f =
+  match List.find_opt (fun (o', s, _) -> o' == o && s = site) !shipped_fns with
+  | Some (_, _, j) -> w_int b (- j - 1)
+  | None -> w_fun b f
+
+(* Exceptions: Stdlib's that tests name, the prompt's own (set by the generated code), a
+   callback's exception carried back to the side that raised it, and anything else as Unnamed
+   (which no test can name: this unit's name is random). *)
+exception Unnamed
+exception Foreign of int  (* in the oracle: an exception the trusted side's closure raised *)
+
+let prompt_exn_w : (Buffer.t -> exn -> bool) ref = ref (fun _ _ -> false)
+let prompt_exn_r : (int -> reader -> exn) ref = ref (fun _ _ -> raise Bad)
+let raised : exn array ref = ref [||]  (* T: its closures' exceptions, by number *)
+
+let keep_raised e =
+  raised := Array.append !raised [| e |];
+  Array.length !raised - 1
+
+let encode_exn e =
+  let b = Buffer.create 16 in
+  (match e with
+   | Failure s -> Buffer.add_string b "F "; w_string b s
+   | Invalid_argument s -> Buffer.add_string b "I "; w_string b s
+   | Sys_error s -> Buffer.add_string b "Y "; w_string b s
+   | Not_found -> Buffer.add_string b "N "
+   | Division_by_zero -> Buffer.add_string b "Z "
+   | End_of_file -> Buffer.add_string b "E "
+   | Exit -> Buffer.add_string b "x "
+   | Stack_overflow -> Buffer.add_string b "S "
+   | Out_of_memory -> Buffer.add_string b "M "
+   | Foreign k -> Buffer.add_string b "K "; w_int b k
+   | e ->
+     let p = Buffer.create 16 in
+     if !prompt_exn_w p e then (Buffer.add_string b "P "; Buffer.add_buffer b p) else Buffer.add_string b "? ");
+  Buffer.contents b
+
+let decode_exn ~trusted s =
+  let r = reader s in
+  let e = match token r with
+    | "F" -> Failure (r_string r)
+    | "I" -> Invalid_argument (r_string r)
+    | "Y" -> Sys_error (r_string r)
+    | "N" -> Not_found
+    | "Z" -> Division_by_zero
+    | "E" -> End_of_file
+    | "x" -> Exit
+    | "S" -> Stack_overflow
+    | "M" -> Out_of_memory
+    | "K" ->
+      let k = r_int r in
+      if not trusted then Foreign k
+      else if k >= 0 && k < Array.length !raised then !raised.(k)
+      else raise Bad
+    | "P" -> let k = r_int r in !prompt_exn_r k r
+    | "?" -> Unnamed
+    | _ -> raise Bad in
+  r_end r;
+  e
+
+let trusted = ref false
+
+(* Serve one call of the peer's: run the invoker, reply R or X. On the trusted side an exception
+   while reading the oracle's arguments is a broken wire; the tests' own exception goes back as
+   a number (it is re-raised if the oracle lets it through). *)
+let serve_one payload =
+  let r = reader payload in
+  let h = try r_int r with Bad -> fail () in
+  if h < 0 || h >= !count then fail ();
+  let b = Buffer.create 64 in
+  match !table.(h) r b with
+  | () -> send 'R' (Buffer.contents b)
+  | exception Bad when !trusted -> fail ()
+  | exception e ->
+    let e = if !trusted then Foreign (keep_raised e) else e in
+    send 'X' (encode_exn e)
+
+let rec wait read =
+  match read_frame () with
+  | None -> fail ()
+  | Some ('R', p) ->
+    (match let r = reader p in let v = read r in r_end r; v with
+     | v -> v
+     | exception _ -> fail ())
+  | Some ('X', p) -> raise (match decode_exn ~trusted:!trusted p with e -> e | exception _ -> fail ())
+  | Some ('C', p) -> serve_one p; wait read
+  | Some _ -> fail ()
+
+(* The oracle says it is initialised before its first call: one that dies before (the answer's
+   top level failed) fails every assertion, with no fresh oracle to retry on. *)
+let is_ready = ref false
+let await_ready () =
+  if not !is_ready then (match read_frame () with Some ('Y', "") -> is_ready := true | _ -> fail ())
+
+let call h write read =
+  await_ready ();
+  let b = Buffer.create 64 in
+  w_int b h;
+  write b;
+  send 'C' (Buffer.contents b);
+  wait read
+
+(* A function value of the peer's, as a handle: calls go to the peer. *)
+let r_handle r = r_int r
+
+external fd_in : int -> in_channel = "caml_ml_open_descriptor_in"
+external fd_out : int -> out_channel = "caml_ml_open_descriptor_out"
+
+let ignore_sigpipe () = Sys.set_signal Sys.sigpipe Sys.Signal_ignore
+
+(* ---------------------------------------------------------------- the trusted side *)
+
+let results = ref stdout
+let start = ref 0
+let current = ref (-1)
+
+let emit tag i =
+  output_string !results tag; output_char !results ' ';
+  output_string !results (string_of_int i); output_char !results '\n';
+  flush !results
+
+(* argv: RESULTS_FD REQUESTS_OUT_FD REPLIES_IN_FD START *)
+let start_trusted () =
+  ignore_sigpipe ();
+  trusted := true;
+  results := fd_out (int_of_string Sys.argv.(1));
+  rep_out := fd_out (int_of_string Sys.argv.(2));
+  req_in := fd_in (int_of_string Sys.argv.(3));
+  start := int_of_string Sys.argv.(4);
+  (* the oracle is gone or lied about the wire: the assertion under way is marked, nothing after
+     it runs on this oracle (the grader starts a fresh one after it) *)
+  broken := fun () -> (if !is_ready then emit "K" !current else emit "I" 0); exit 0
+
+let check i f =
+  if i >= !start then begin
+    current := i;
+    emit "S" i;
+    (match f () with
+     | () -> emit "P" i
+     | exception _ -> emit "F" i);
+    current := -1
+  end
+
+let finish () = emit "D" 0
+
+(* ---------------------------------------------------------------- the oracle *)
+
+(* argv: REQUESTS_IN_FD REPLIES_OUT_FD. Runs after the answer's initialisation. *)
+let serve () =
+  ignore_sigpipe ();
+  req_in := fd_in (int_of_string Sys.argv.(1));
+  rep_out := fd_out (int_of_string Sys.argv.(2));
+  broken := (fun () -> exit 2);
+  is_ready := true;  (* this side never waits for it *)
+  send 'Y' "";
+  let rec loop () =
+    match read_frame () with
+    | None -> exit 0
+    | Some ('C', p) -> serve_one p; loop ()
+    | Some _ -> exit 2 in
+  loop ()

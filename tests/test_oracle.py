@@ -1,0 +1,148 @@
+"""Reward integrity, round 4: the verdict is decided where model code never runs, and the tests
+see only the entry points, at the prompt's types. Real compiler, real sandbox, two processes."""
+import pytest
+
+from conftest import ADD, fenced
+from ocaml_grpo import oracle
+from ocaml_grpo.completions import assemble_solution
+from ocaml_grpo.harness import render_oracle, render_trusted
+from ocaml_grpo.problems import Problem
+from ocaml_grpo import ocaml_source as src
+
+IS_EVEN = Problem(id="is_even", prompt="(** Whether n is even. *)\nlet is_even (n : int) : bool =",
+                  tests="let () =\n  assert (is_even 2 = true);\n  assert (is_even 3 = false);\n"
+                        "  assert (is_even 0 = true);\n  assert (is_even (-7) = false)\n;;")
+DEDUP = Problem(id="dedup", prompt="(** Sorted, without duplicates. *)\nlet dedup (xs : 'a list) : 'a list =",
+                tests='let () =\n  assert (dedup [3; 1; 3; 2] = [1; 2; 3]);\n  assert (dedup ["b"; "a"; "b"] = ["a"; "b"]);\n'
+                      '  assert (dedup [] = ([] : float list));\n  assert (dedup [(2, "x"); (1, "y"); (2, "x")] = [(1, "y"); (2, "x")])\n;;')
+TREE = Problem(id="tree", prompt="type 'a tree = Leaf | Node of 'a tree * 'a * 'a tree\n\n(** Mirror a tree. *)\n"
+                                 "let mirror (t : 'a tree) : 'a tree =",
+               tests="let () =\n  assert (mirror Leaf = (Leaf : int tree));\n"
+                     "  assert (mirror (Node (Node (Leaf, 1, Leaf), 2, Leaf)) = Node (Leaf, 2, Node (Leaf, 1, Leaf)));\n"
+                     "  assert (mirror (Node (Leaf, \"a\", Leaf)) = Node (Leaf, \"a\", Leaf))\n;;")
+RAISES = Problem(id="raises", prompt="exception Empty of string\n(** The head, or Empty. *)\nlet head (xs : int list) : int =",
+                 tests="let () =\n  assert (head [4; 5] = 4);\n"
+                       "  assert (try ignore (head []); false with Empty s -> s = \"empty\");\n"
+                       "  assert (try ignore (head [-1]); false with Invalid_argument _ -> true)\n;;")
+
+
+def score(scorer, code, problem=ADD):
+    return scorer.score_one(problem, fenced(code))
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Credit is decided where model code cannot reach.
+
+FORGE = '''external fd_out : int -> out_channel = "caml_ml_open_descriptor_out"
+let forge () =
+  for fd = 0 to 64 do
+    (try
+       let oc = fd_out fd in
+       for i = 0 to 8 do
+         output_string oc (Printf.sprintf "P %d\\nS %d\\nD 0\\nR 2\\n3 \\nY 0\\n" i i)
+       done;
+       flush oc
+     with _ -> ())
+  done
+let () = forge ()
+let add a b = forge (); ignore (Obj.repr (a, b)); 0
+'''
+
+
+def test_with_the_allowlist_off_writing_any_bytes_to_any_descriptor_earns_nothing_it_did_not_compute(sandbox_scorer):
+    # `external`, Obj, every descriptor: all allowed here (the allowlist is off). The answer
+    # returns 0, which is right for 2 of ADD's 7 assertions; nothing it writes can add to that.
+    b = score(sandbox_scorer, FORGE)
+    assert b.tests_total == 7 and b.tests_passed <= 2, b
+    # written only during calls (after the oracle said it was ready): the same bound
+    b = score(sandbox_scorer, FORGE.replace("let () = forge ()\n", ""))
+    assert b.tests_passed <= 2, b
+
+
+def test_the_oracle_never_holds_an_expected_value():
+    sol, entries = assemble_solution("let add a b = a + b", ADD.prompt)
+    iface = oracle.interface_of(ADD.prompt, entries[0])
+    u = render_oracle(sol, iface, "Wire_x")
+    t = render_trusted(iface, ADD.tests, src.parse_assert_tests(ADD.tests), "Wire_x")
+    assert "101" in t and "assert" in t
+    assert "101" not in u and "assert" not in u and "15" not in u
+
+
+def test_an_oracle_that_dies_in_one_call_fails_that_assertion_only(sandbox_scorer):
+    b = score(sandbox_scorer, "let add a b = if a = 2 then exit 0 else a + b")  # `exit`: allowlist off
+    assert (b.tests_passed, b.tests_total) == (6, 7)  # `add 2 2` alone
+
+
+def test_an_answer_whose_top_level_dies_fails_everything_without_restarts(sandbox_scorer):
+    b = score(sandbox_scorer, "let () = exit 3\nlet add a b = a + b")
+    assert b.tests_passed == 0 and b.compiled and b.elapsed_ms < 2000
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. The tests see only the entry points, at the prompt's types.
+
+def test_redefining_true_and_false_is_a_type_error_not_credit(scorer):
+    for code in ["type b = ..\ntype b += true\ntype b += false = true\nlet is_even (n : int) = true",
+                 "exception True\nlet is_even n = True"]:
+        b = score(scorer, code, IS_EVEN)
+        assert b.tests_passed == 0 and b.type_check == 0.0, (code, b)
+        assert "entry point" in (b.first_error or ""), b.first_error
+    assert score(scorer, "let is_even n = n mod 2 = 0", IS_EVEN).reward == 1.0
+
+
+def test_an_entry_point_of_the_wrong_type_gets_no_type_check_credit(scorer):
+    b = score(scorer, "let add = ()")
+    assert b.type_check == 0.0 and b.tests == 0.0 and b.error_kinds == ["entry"]
+    assert b.compiled and b.reward == pytest.approx(0.05 + 0.10)  # the END marker; it does compile
+
+
+def test_a_missing_entry_point_is_named(scorer):
+    b = score(scorer, "let plus a b = a + b")
+    assert "`add`" in b.first_error and b.tests_passed == 0 and b.type_check == 0.0
+
+
+@pytest.mark.parametrize("code", [
+    "let (add : int -> int -> int) = fun a b -> a + b",
+    "module M = struct let add a b = a + b end\ninclude M",
+    "let pairs = List.map (fun x -> (x, x))\nlet add a b = a + b",  # an unused weak-typed helper
+    "let ( + ) a b = a - b\nlet add a b = Stdlib.( + ) a b\nlet ( = ) _ _ = true",  # operators stay the answer's
+])
+def test_honest_answers_however_they_bind_the_entry_point_score_one(scorer, code):
+    b = score(scorer, code)
+    assert b.reward == 1.0, (b.first_error, b.test_error if hasattr(b, "test_error") else None)
+
+
+def test_a_polymorphic_entry_point_sees_tokens_that_compare_like_the_values(scorer):
+    assert score(scorer, "let dedup xs = List.sort_uniq compare xs", DEDUP).reward == 1.0
+    # a monomorphic answer is not the prompt's polymorphic entry point
+    b = score(scorer, "let dedup (xs : int list) = List.sort_uniq compare xs", DEDUP)
+    assert b.error_kinds == ["entry"] and b.tests_passed == 0
+
+
+def test_the_prompts_own_types_and_exceptions_cross_the_wire(scorer):
+    mirror = "let rec mirror t = match t with Leaf -> Leaf | Node (l, x, r) -> Node (mirror r, x, mirror l)"
+    assert score(scorer, mirror, TREE).reward == 1.0
+    head = 'let head xs = match xs with [] -> raise (Empty "empty") | x :: _ -> if x < 0 then invalid_arg "neg" else x'
+    assert score(scorer, head, RAISES).reward == 1.0
+    assert score(scorer, "exception Empty of string\n" + head, RAISES).reward == 1.0  # restated
+
+
+def test_unverifiable_interfaces_say_why_and_earn_no_test_credit(scorer):
+    p = Problem(id="abstract", prompt="type t\n(** Count. *)\nlet size (x : t) : int =",
+                tests="let () = assert (size (Obj.magic 0) = 0)\n;;")
+    b = score(scorer, "type t = int\nlet size x = x", p)
+    assert b.unverifiable and "type t" in b.unverifiable and b.tests == 0.0
+    assert oracle.interface_of("let f x : int =", "f").unverifiable  # an untyped parameter
+
+
+APPLY = Problem(id="apply", prompt="(** Apply f n times. *)\nlet apply_n (f : int -> int) (n : int) (x : int) : int =",
+                tests="let () =\n  assert (apply_n (fun x -> x + 1) 300_000 0 = 300_000);\n  assert (apply_n succ 3 1 = 4);\n"
+                      "  let k = ref 0 in\n  assert (apply_n (fun x -> incr k; x * 2) 3 1 = 8 && !k = 3)\n;;")
+
+
+def test_callbacks_run_in_the_oracle_when_the_tests_closure_is_closed_else_cross_back(scorer):
+    # 300k calls of a closed lambda (compiled into the oracle from the tests' text); a closure over
+    # the tests' own state (`k`) is called back across the wire, and its effects are the tests'.
+    b = score(scorer, "let apply_n f n x = let rec go i acc = if i = 0 then acc else go (i - 1) (f acc) in go n x",
+              APPLY)
+    assert b.reward == 1.0 and b.elapsed_ms < 4000, b
