@@ -278,13 +278,15 @@ class Sandbox:
     def run(self, argv: list[str], workdir: Path, *, wall_s: float, cpu_s: int | None = None,
             pass_fds: tuple[int, ...] = (), nice: int = 0, program: Path | None = None,
             ro_binds: tuple[tuple[str, str], ...] = (), idle_s: float | None = None,
-            on_start: Callable[[], None] | None = None) -> RunResult:
+            on_start: Callable[[int | None], None] | None = None,
+            idle_also: Callable[[], bool] | None = None) -> RunResult:
         """Run argv inside `workdir` (seen as /work) under every limit; never raises on the
         program's behaviour: a crash or timeout is in the result. With `program`, run model code:
         that file alone is visible, as /work/prog, in the stripped-down sandbox. With `idle_s`,
         a run whose processes all stay blocked (none running or runnable) that long is stopped
-        as timed out (with a job uid, i.e. as root: its processes are found by uid). `on_start` is
-        called once the process is started (e.g. to close this side's copies of its pipes)."""
+        as timed out (with a job uid, i.e. as root: its processes are found by uid), and only while
+        `idle_also()` holds too (a peer it waits on is blocked as well). `on_start(uid)` is called
+        once the process is started (e.g. to close this side's copies of its pipes)."""
         cpu_s = int(cpu_s or self.limits.cpu_s)
         uid = self._uids.acquire() if self._uids else None
         try:
@@ -305,8 +307,8 @@ class Sandbox:
                     if program_fd is not None:
                         os.close(program_fd)
                     if on_start is not None:
-                        on_start()
-                status, cpu_s, timed_out = _wait_with_usage(proc, wall_s, uid, idle_s)
+                        on_start(uid)
+                status, cpu_s, timed_out = _wait_with_usage(proc, wall_s, uid, idle_s, idle_also)
                 return RunResult(status, _read_capped(out, self.limits.output_bytes),
                                  _read_capped(err, self.limits.output_bytes), timed_out, cpu_s)
         finally:
@@ -396,7 +398,7 @@ def _kill_uid(uid: int | None) -> None:
                 pass
 
 
-def _blocked(uid: int) -> bool | None:
+def blocked(uid: int | None) -> bool | None:
     """Whether every process of the uid is blocked (sleeping or stopped, none running or
     runnable); None when it has none."""
     states = []
@@ -412,7 +414,7 @@ def _blocked(uid: int) -> bool | None:
 
 
 def _wait_with_usage(proc: subprocess.Popen, wall_s: float, uid: int | None,
-                     idle_s: float | None = None) -> tuple[int, float, bool]:
+                     idle_s: float | None = None, idle_also: Callable[[], bool] | None = None) -> tuple[int, float, bool]:
     """Wait for proc up to wall_s (or until it has been blocked for idle_s), then kill everything
     it started; reap it with wait4: (exit status, CPU seconds of it and every descendant it
     reaped, whether a guard fired). The CPU figure is what a time-out is judged by, so a run
@@ -429,7 +431,8 @@ def _wait_with_usage(proc: subprocess.Popen, wall_s: float, uid: int | None,
             if not waiter.is_alive():
                 break
             now = time.monotonic()
-            blocked_since = (blocked_since or now) if _blocked(uid) else None
+            idle = blocked(uid) and (idle_also is None or idle_also())
+            blocked_since = (blocked_since or now) if idle else None
             if blocked_since is not None and now - blocked_since >= idle_s:
                 break
     timed_out = waiter.is_alive()

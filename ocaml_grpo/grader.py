@@ -33,7 +33,7 @@ from ocaml_grpo.compiler_output import TIMED_OUT, CompileError, error_of, parse_
 from ocaml_grpo.compilers import WARNINGS_OFF, CompileBudget, Compilers, OcamlcSteps, Steps
 from ocaml_grpo.harness import ENTRY_FILE, WIRE_ML, plan_of, render_oracle, render_trusted, tally_run
 from ocaml_grpo.oracle import Interface, Lambda, interface_of, lambda_unit_text, rewrite_tests, shippable
-from ocaml_sandbox import Sandbox, ToolchainError
+from ocaml_sandbox import Sandbox, ToolchainError, blocked
 
 # Only a trigger for a second, `-i`, type check that decides (the message itself is text a
 # solution can print with [%%ocaml.error "..."]).
@@ -376,21 +376,32 @@ class OcamlGrader:
                 rep_r, rep_w = os.pipe()
                 box: dict = {}
 
-                def closer(*fds: int):
-                    return lambda: [os.close(fd) for fd in fds]
+                def closer(*fds: int, uid_box: dict | None = None):
+                    def close(uid: int | None) -> None:
+                        for fd in fds:
+                            os.close(fd)
+                        if uid_box is not None:
+                            uid_box["uid"] = uid
+                    return close
+
+                # The oracle waits on the trusted program between calls: it is idle only when both are.
+                trusted_uid: dict = {}
+
+                def trusted_blocked() -> bool:
+                    return "uid" not in trusted_uid or blocked(trusted_uid["uid"]) is not False
 
                 def run_oracle(cpu: int = max(1, math.ceil(cpu_left))) -> None:
                     box["res"] = self.sandbox.run(["./prog", str(req_r), str(rep_w)], udir, wall_s=lim.wall_s,
                                                   cpu_s=cpu, pass_fds=(req_r, rep_w), nice=RUN_NICE,
                                                   program=udir / "prog", idle_s=IDLE_LIMIT_S,
-                                                  on_start=closer(req_r, rep_w))
+                                                  on_start=closer(req_r, rep_w), idle_also=trusted_blocked)
                 thread = threading.Thread(target=run_oracle, daemon=True)
                 try:
                     thread.start()
                     tres = self.sandbox.run(["./prog", str(rfd), str(req_w), str(rep_r), str(start)], tdir,
                                             wall_s=lim.wall_s, cpu_s=lim.cpu_s + TRUSTED_CPU_EXTRA_S,
                                             pass_fds=(rfd, req_w, rep_r), nice=RUN_NICE, program=tdir / "prog",
-                                            on_start=closer(rfd, req_w, rep_r))
+                                            on_start=closer(rfd, req_w, rep_r, uid_box=trusted_uid))
                 finally:
                     thread.join()
                 with open(results_path, "rb") as f:

@@ -146,3 +146,13 @@ def test_callbacks_run_in_the_oracle_when_the_tests_closure_is_closed_else_cross
     b = score(scorer, "let apply_n f n x = let rec go i acc = if i = 0 then acc else go (i - 1) (f acc) in go n x",
               APPLY)
     assert b.reward == 1.0 and b.elapsed_ms < 4000, b
+
+
+def test_an_oracle_waiting_on_slow_tests_is_not_idle(scorer):
+    # the trusted program computes for seconds before its call: the oracle waits, blocked, longer
+    # than the idle limit (2 s), and is not stopped for it
+    slow = Problem(id="slow", prompt=ADD.prompt,
+                   tests="let () =\n  assert (let n = ref 0 in for _ = 1 to 400_000_000 do incr n done; "
+                         "add !n 1 = 400_000_001)\n;;")
+    b = score(scorer, "let add a b = a + b", slow)
+    assert b.tests_passed == 1 and not b.timed_out, b
