@@ -32,7 +32,8 @@ from ocaml_grpo import ocaml_source as src
 from ocaml_grpo.compiler_output import TIMED_OUT, CompileError, error_of, parse_compiler_error
 from ocaml_grpo.compilers import WARNINGS_OFF, CompileBudget, Compilers, OcamlcSteps, Steps
 from ocaml_grpo.harness import ENTRY_FILE, WIRE_ML, plan_of, render_oracle, render_trusted, tally_run
-from ocaml_grpo.oracle import Interface, Lambda, interface_of, lambda_unit_text, rewrite_tests, shippable
+from ocaml_grpo.entry_interface import Interface, interface_of
+from ocaml_grpo.oracle import Lambda, lambda_unit_text, rewrite_tests, shippable
 from ocaml_sandbox import Sandbox, ToolchainError, blocked
 
 # Only a trigger for a second, `-i`, type check that decides (the message itself is text a

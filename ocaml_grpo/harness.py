@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ocaml_grpo import ocaml_source as src
-from ocaml_grpo.oracle import Interface, Lambda, oracle_server, trusted_stubs
+from ocaml_grpo.entry_interface import Interface
+from ocaml_grpo.oracle import Lambda, oracle_server, trusted_stubs
 
 WIRE_ML = (Path(__file__).resolve().parent / "ocaml" / "wire.ml").read_text()
 ENTRY_FILE = "entry.ml"  # where the oracle binds the entry points: an error there is the answer's

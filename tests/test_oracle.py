@@ -3,7 +3,7 @@ see only the entry points, at the prompt's types. Real compiler, real sandbox, t
 import pytest
 
 from conftest import ADD, fenced
-from ocaml_grpo import oracle
+from ocaml_grpo.entry_interface import interface_of
 from ocaml_grpo.completions import assemble_solution
 from ocaml_grpo.harness import render_oracle, render_trusted
 from ocaml_grpo.problems import Problem
@@ -61,7 +61,7 @@ def test_with_the_allowlist_off_writing_any_bytes_to_any_descriptor_earns_nothin
 
 def test_the_oracle_never_holds_an_expected_value():
     sol, entries = assemble_solution("let add a b = a + b", ADD.prompt)
-    iface = oracle.interface_of(ADD.prompt, entries[0])
+    iface = interface_of(ADD.prompt, entries[0])
     u = render_oracle(sol, iface, "Wire_x")
     t = render_trusted(iface, ADD.tests, src.parse_assert_tests(ADD.tests), "Wire_x")
     assert "101" in t and "assert" in t
@@ -132,7 +132,7 @@ def test_unverifiable_interfaces_say_why_and_earn_no_test_credit(scorer):
                 tests="let () = assert (size (Obj.magic 0) = 0)\n;;")
     b = score(scorer, "type t = int\nlet size x = x", p)
     assert b.unverifiable and "type t" in b.unverifiable and b.tests == 0.0
-    assert oracle.interface_of("let f x : int =", "f").unverifiable  # an untyped parameter
+    assert interface_of("let f x : int =", "f").unverifiable  # an untyped parameter
 
 
 APPLY = Problem(id="apply", prompt="(** Apply f n times. *)\nlet apply_n (f : int -> int) (n : int) (x : int) : int =",

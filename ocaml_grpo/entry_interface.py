@@ -1,0 +1,446 @@
+"""The entry points' interface, read from the prompt: each entry point's parameters and result,
+the prompt's own types and exceptions, and whether all of it has a wire format (ocaml/wire.ml).
+
+What has none (an abstract type, a library type such as `Hashtbl.t`, a type variable inside a
+function type, a mutable field) makes the problem unverifiable: `Interface.unverifiable` says why,
+and such a problem earns no test credit. The types are read from the prompt's text; everything
+generated from them is checked by the compiler at both ends (oracle.py).
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+from ocaml_grpo import ocaml_source as src
+
+BUILTINS = {"int", "float", "bool", "char", "string", "bytes", "unit", "int32", "int64", "list", "array",
+            "option", "result"}
+ALIASES = {"Result.t": "result", "Stdlib.result": "result", "Stdlib.Result.t": "result", "List.t": "list",
+           "Option.t": "option", "Array.t": "array", "String.t": "string", "Int.t": "int", "Float.t": "float",
+           "Bool.t": "bool", "Char.t": "char", "Bytes.t": "bytes", "Int64.t": "int64", "Int32.t": "int32"}
+# Where a definition phrase of the prompt is kept for the trusted program (prose is not).
+PREAMBLE_KEEP = {"type", "exception", "module", "open", "include", "let", "class"}
+
+TOKEN_RE = re.compile(r"\s*(?:(?P<var>'[A-Za-z_][A-Za-z0-9_']*)|(?P<tag>`[A-Za-z_][A-Za-z0-9_']*)"
+                      r"|(?P<id>[A-Za-z_][A-Za-z0-9_']*(?:\.[A-Za-z_][A-Za-z0-9_']*)*)|(?P<sym>->|[()*,\[\]|:;{}=~?<>.]))")
+
+
+KEYWORDS = {"of", "and", "mutable", "private", "type", "exception", "let", "val", "module", "open", "nonrec"}
+DEFINITION_START = re.compile(r"(?m)^(?=(?:type|exception|let|module|open|include|class)\b)")
+# Exercism's prompts list the interface to implement in a comment: `val name : type` lines.
+INTERFACE_RE = re.compile(r"Implement the following interface[^\n]*\n([\s\S]*?)\*\)")
+
+
+class Unverifiable(Exception):
+    """The interface has no wire format (the message says what)."""
+
+
+# Types: ("var", name) | ("con", name, (args...)) | ("tuple", (items...)) | ("arrow", label, arg, res)
+#      | ("poly", ((tag, type or None), ...))
+Type = tuple
+
+
+@dataclass(frozen=True)
+class TypeDef:
+    name: str
+    params: tuple[str, ...]
+    kind: str  # alias | variant | record | poly
+    body: object  # alias: Type; variant: ((ctor, (types...)), ...); record: ((field, Type), ...); poly: tags
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    params: tuple[tuple[str, Type], ...]  # (label: "" or the ~label's name, type)
+    result: Type
+
+    def vars(self) -> list[str]:
+        out: list[str] = []
+        for t in [p for _, p in self.params] + [self.result]:
+            _collect_vars(t, out)
+        return out
+
+
+@dataclass(frozen=True)
+class Interface:
+    entries: tuple[Entry, ...] = ()
+    types: tuple[TypeDef, ...] = ()
+    exceptions: tuple[tuple[str, tuple[Type, ...]], ...] = ()
+    preamble: str = ""  # the prompt's definitions, for the trusted program
+    unverifiable: str = ""  # why the tests cannot run against an oracle ("" when they can)
+
+    @property
+    def names(self) -> list[str]:
+        return [e.name for e in self.entries]
+
+
+def _collect_vars(t: Type, out: list[str]) -> None:
+    if t[0] == "var":
+        if t[1] not in out:
+            out.append(t[1])
+    elif t[0] == "con":
+        for a in t[2]:
+            _collect_vars(a, out)
+    elif t[0] == "tuple":
+        for a in t[1]:
+            _collect_vars(a, out)
+    elif t[0] == "arrow":
+        _collect_vars(t[2], out)
+        _collect_vars(t[3], out)
+    elif t[0] == "poly":
+        for _, a in t[1]:
+            if a is not None:
+                _collect_vars(a, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading types from the prompt's text (the compiler checks what is generated from it, at both ends).
+
+class _Tokens:
+    def __init__(self, text: str):
+        self.toks: list[str] = []
+        pos, text = 0, text.rstrip()
+        while pos < len(text):
+            m = TOKEN_RE.match(text, pos)
+            if not m or m.end() == pos:
+                raise Unverifiable(f"cannot read the type text {text[pos:pos + 30]!r}")
+            self.toks.append(m.group(m.lastgroup))
+            pos = m.end()
+            while pos < len(text) and text[pos].isspace():
+                pos += 1
+        self.i = 0
+
+    def peek(self, k: int = 0) -> str:
+        return self.toks[self.i + k] if self.i + k < len(self.toks) else ""
+
+    def take(self, want: str | None = None) -> str:
+        t = self.peek()
+        if want is not None and t != want:
+            raise Unverifiable(f"expected {want!r} in a type, found {t or 'the end'!r}")
+        self.i += 1
+        return t
+
+
+def _is_ident(t: str) -> bool:
+    return bool(t) and (t[0].isalpha() or t[0] == "_")
+
+
+def _parse_type(tk: _Tokens) -> Type:
+    label = ""
+    if tk.peek() == "?" and _is_ident(tk.peek(1)) and tk.peek(2) == ":":
+        label = "?" + tk.peek(1)
+        tk.i += 3
+    elif _is_ident(tk.peek()) and tk.peek(1) == ":":
+        label = tk.peek()
+        tk.i += 2
+    left = _parse_tuple(tk)
+    if tk.peek() == "->":
+        tk.take()
+        return ("arrow", label, left, _parse_type(tk))
+    if label:
+        raise Unverifiable(f"a labelled type {label}: without an arrow")
+    return left
+
+
+def _parse_tuple(tk: _Tokens) -> Type:
+    items = [_parse_app(tk)]
+    while tk.peek() == "*":
+        tk.take()
+        items.append(_parse_app(tk))
+    return items[0] if len(items) == 1 else ("tuple", tuple(items))
+
+
+def _parse_app(tk: _Tokens) -> Type:
+    if tk.peek() == "(":
+        tk.take()
+        args = [_parse_type(tk)]
+        while tk.peek() == ",":
+            tk.take()
+            args.append(_parse_type(tk))
+        tk.take(")")
+        if len(args) > 1:
+            if not _is_ident(tk.peek()):
+                raise Unverifiable("a type argument list without its type constructor")
+            t: Type = ("con", tk.take(), tuple(args))
+        else:
+            t = args[0]
+    elif tk.peek() == "[":
+        t = _parse_poly(tk)
+    elif tk.peek().startswith("'"):
+        t = ("var", tk.take()[1:])
+    elif _is_ident(tk.peek()) and tk.peek() not in KEYWORDS:
+        t = ("con", tk.take(), ())
+    else:
+        raise Unverifiable(f"cannot read a type at {tk.peek() or 'the end'!r}")
+    while _is_ident(tk.peek()) and tk.peek() not in KEYWORDS:
+        t = ("con", tk.take(), (t,))
+    return t
+
+
+def _parse_poly(tk: _Tokens) -> Type:
+    tk.take("[")
+    if tk.peek() in ("<", ">"):
+        raise Unverifiable("an open polymorphic variant type")
+    if tk.peek() == "|":
+        tk.take()
+    tags = []
+    while True:
+        tag = tk.take()
+        if not tag.startswith("`"):
+            raise Unverifiable(f"a polymorphic variant tag expected, found {tag!r}")
+        arg = None
+        if tk.peek() == "of":
+            tk.take()
+            arg = _parse_type(tk)
+        tags.append((tag[1:], arg))
+        if tk.peek() != "|":
+            break
+        tk.take()
+    tk.take("]")
+    return ("poly", tuple(tags))
+
+
+def _parse_typedefs(text: str) -> list[TypeDef]:
+    tk = _Tokens(text)
+    tk.take("type")
+    if tk.peek() == "nonrec":
+        tk.take()
+    defs = []
+    while True:
+        params: list[str] = []
+        if tk.peek().startswith("'"):
+            params = [tk.take()[1:]]
+        elif tk.peek() == "(":
+            tk.take()
+            while True:
+                params.append(tk.take()[1:])
+                if tk.peek() != ",":
+                    break
+                tk.take()
+            tk.take(")")
+        name = tk.take()
+        if not _is_ident(name):
+            raise Unverifiable(f"cannot read the type definition of {name!r}")
+        if tk.peek() != "=":
+            defs.append(TypeDef(name, tuple(params), "abstract", None))
+        else:
+            tk.take("=")
+            if tk.peek() == "private":
+                raise Unverifiable(f"type {name} is private")
+            defs.append(_parse_body(tk, name, tuple(params)))
+        if tk.peek() != "and":
+            break
+        tk.take()
+    if tk.peek():
+        raise Unverifiable(f"cannot read the type definition at {tk.peek()!r}")
+    return defs
+
+
+def _parse_body(tk: _Tokens, name: str, params: tuple[str, ...]) -> TypeDef:
+    if tk.peek() == "{":
+        tk.take()
+        fields = []
+        while tk.peek() != "}":
+            if tk.peek() == "mutable":
+                raise Unverifiable(f"type {name} has a mutable field")
+            fname = tk.take()
+            tk.take(":")
+            fields.append((fname, _parse_type(tk)))
+            if tk.peek() == ";":
+                tk.take()
+        tk.take("}")
+        return TypeDef(name, params, "record", tuple(fields))
+    if tk.peek() == "|" or (tk.peek()[:1].isupper() and "." not in tk.peek()):
+        ctors = []
+        if tk.peek() == "|":
+            tk.take()
+        while True:
+            ctor = tk.take()
+            if not ctor[:1].isupper():
+                raise Unverifiable(f"cannot read a constructor of {name}: {ctor!r}")
+            args: tuple[Type, ...] = ()
+            if tk.peek() == "of":
+                tk.take()
+                if tk.peek() == "{":
+                    raise Unverifiable(f"type {name} has an inline record")
+                args = (_parse_app(tk),)
+                while tk.peek() == "*":
+                    tk.take()
+                    args += (_parse_app(tk),)
+            ctors.append((ctor, args))
+            if tk.peek() != "|":
+                break
+            tk.take()
+        return TypeDef(name, params, "variant", tuple(ctors))
+    t = _parse_type(tk)
+    if t[0] == "poly":
+        return TypeDef(name, params, "poly", t)
+    return TypeDef(name, params, "alias", t)
+
+
+def _parse_exception(text: str) -> tuple[str, tuple[Type, ...]]:
+    tk = _Tokens(text)
+    tk.take("exception")
+    name = tk.take()
+    args: tuple[Type, ...] = ()
+    if tk.peek() == "of":
+        tk.take()
+        args = (_parse_app(tk),)
+        while tk.peek() == "*":
+            tk.take()
+            args += (_parse_app(tk),)
+    if tk.peek():
+        raise Unverifiable(f"cannot read exception {name}")
+    return name, args
+
+
+def _parse_signature_line(line: str, entry: str) -> Entry:
+    tk = _Tokens(src.strip_comments(line))
+    tk.take("let")
+    if tk.peek() == "rec":
+        tk.take()
+    name = tk.take()
+    if name != entry:
+        raise Unverifiable(f"the signature line defines {name!r}, not the entry point {entry!r}")
+    params: list[tuple[str, Type]] = []
+    while tk.peek() not in (":", "=", ""):
+        label = ""
+        if tk.peek() == "?":
+            raise Unverifiable(f"entry point {entry} has an optional parameter")
+        if tk.peek() == "~":
+            tk.take()
+            if tk.peek() != "(":
+                raise Unverifiable(f"parameter ~{tk.peek()} of {entry} has no type")
+            label = tk.peek(1)
+        if tk.peek() != "(":
+            raise Unverifiable(f"parameter {tk.peek()} of {entry} has no type")
+        tk.take("(")
+        if tk.peek() == ")":
+            tk.take()
+            params.append(("", ("con", "unit", ())))
+            continue
+        tk.take()  # the parameter's name
+        tk.take(":")
+        params.append((label, _parse_type(tk)))
+        tk.take(")")
+    if tk.peek() != ":":
+        raise Unverifiable(f"entry point {entry} has no result type")
+    tk.take(":")
+    result = _parse_type(tk)
+    tk.take("=")
+    return Entry(name, tuple(params), result)
+
+
+VAL_RE = re.compile(r"(?m)^[ \t]*val[ \t]+([a-z_][A-Za-z0-9_']*)[ \t]*:[ \t]*((?:(?!^[ \t]*val[ \t])(?!\*\))[\s\S])*)")
+
+
+def _entry_of_val(name: str, text: str) -> Entry:
+    tk = _Tokens(text)
+    t = _parse_type(tk)
+    if tk.peek():
+        raise Unverifiable(f"cannot read the type of {name} at {tk.peek()!r}")
+    params = []
+    while t[0] == "arrow":
+        params.append((t[1], t[2]))
+        t = t[3]
+    return Entry(name, tuple(params), t)
+
+
+@functools.lru_cache(maxsize=1024)
+def interface_of(prompt: str, entry: str) -> Interface:
+    """The entry point's interface and the prompt's definitions (cached: a group shares its prompt)."""
+    sig = src.parse_signature(prompt)
+    if sig is None or not entry:
+        return Interface(unverifiable="the prompt has no `let name ... =` signature line")
+    kept = [ph.text for ph in src.split_phrases(sig.preamble) if _first_word(ph.text) in PREAMBLE_KEEP]
+    preamble = "".join(kept)
+    try:
+        types, exceptions = [], []
+        for text in kept:
+            for code in DEFINITION_START.split(src.strip_comments(text)):
+                code = code.strip().rstrip(";").strip()
+                if _first_word(code) == "type":
+                    types += _parse_typedefs(code)
+                elif _first_word(code) == "exception":
+                    exceptions.append(_parse_exception(code))
+        e = _parse_signature_line(sig.signature.strip().splitlines()[0], entry)
+        # The interface a prompt lists (`val name : type` lines, as Exercism's do) declares more
+        # entry points the tests may call.
+        entries = {e.name: e}
+        listed = INTERFACE_RE.search(prompt)
+        for m in VAL_RE.finditer(listed.group(1) if listed else ""):
+            if m.group(1) not in entries:
+                entries[m.group(1)] = _entry_of_val(m.group(1), m.group(2))
+        iface = Interface(tuple(entries.values()), tuple(types), tuple(exceptions), preamble)
+        _check(iface)
+        return iface
+    except Unverifiable as why:
+        return Interface(preamble=preamble, unverifiable=str(why))
+
+
+def _first_word(text: str) -> str:
+    toks = src.code_tokens(text)
+    return toks[0].text if toks else ""
+
+
+# ---------------------------------------------------------------------------------------------
+# What has a wire format.
+
+def _check(iface: Interface) -> None:
+    defs = {d.name: d for d in iface.types}
+
+    def ok(t: Type, in_arrow: bool, params: tuple[str, ...] | None) -> None:
+        kind = t[0]
+        if kind == "var":
+            if in_arrow:
+                raise Unverifiable("a type variable inside a function type")
+            if params is not None and t[1] not in params:
+                raise Unverifiable(f"type variable '{t[1]} is unbound")
+        elif kind == "con":
+            name = ALIASES.get(t[1], t[1])
+            if t[1] in defs:
+                d = defs[t[1]]
+                if d.kind == "abstract":
+                    raise Unverifiable(f"type {d.name} is abstract: its values cannot cross the wire")
+                if len(d.params) != len(t[2]):
+                    raise Unverifiable(f"type {d.name} takes {len(d.params)} arguments")
+            elif name not in BUILTINS:
+                raise Unverifiable(f"type {t[1]} has no wire format (a library's or an abstract type)")
+            for a in t[2]:
+                ok(a, in_arrow, params)
+        elif kind == "tuple":
+            for a in t[1]:
+                ok(a, in_arrow, params)
+        elif kind == "arrow":
+            if t[1]:
+                raise Unverifiable("a labelled function type inside a value")
+            ok(t[2], True, params)
+            ok(t[3], True, params)
+        elif kind == "poly":
+            for _, a in t[1]:
+                if a is not None:
+                    ok(a, in_arrow, params)
+
+    for d in iface.types:
+        if d.kind == "alias":
+            ok(d.body, False, d.params)
+        elif d.kind == "poly":
+            ok(d.body, False, d.params)
+        elif d.kind == "variant":
+            for _, args in d.body:
+                for a in args:
+                    ok(a, False, d.params)
+        elif d.kind == "record":
+            for _, a in d.body:
+                ok(a, False, d.params)
+    for _, args in iface.exceptions:
+        for a in args:
+            ok(a, False, ())
+    for e in iface.entries:
+        for _, p in e.params:
+            ok(p, False, None)
+        ok(e.result, False, None)
+        # an entry point's own arrows are curried parameters only
+        if e.result[0] == "arrow" and any(v for v in e.vars()):
+            raise Unverifiable("a polymorphic entry point that returns a function")
