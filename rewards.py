@@ -3,12 +3,12 @@
     python rewards.py score PROBLEMS COMPLETIONS [--workers N]   # one JSON line per completion
     python rewards.py audit DATASET [--json]                     # which problems can ever pass
 
-Reward (weights from REWARD_SETTINGS below): structural 0.05 (the END marker is present), type check
+Reward (weights from REWARD_SETTINGS below): structural 0.05 (the END marker ends the answer), type check
 0.20 graduated by error count (0 errors: full; n type errors: 1/(2n); any syntax error: 0),
 compile 0.10 (compiles: full; else half the share of phrases that compile), tests 0.65 x the
 fraction of assertions passed (only when the program links with the tests).
 Rules: fewer than MIN_NON_EMPTY_LINES code lines -> 0; a completion that hit the maximum
-completion length without the END marker is multiplied by RUNAWAY_PENALTY_MULTIPLIER.
+completion length is multiplied by RUNAWAY_PENALTY_MULTIPLIER.
 
 This module must not import torch or trl: the CLI starts in well under a second.
 """
@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ocaml_grpo import dataset_audit, group_stats, ocaml_source as src
-from ocaml_grpo.completions import assemble_solution, completion_text, extract_code
+from ocaml_grpo.completions import assemble_solution, completion_text, extract_code, has_end_marker
 from ocaml_grpo.jsonl import JsonlWriter
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo.prompting import END_MARKER
@@ -60,6 +60,7 @@ class Breakdown:
     tests_passed: int = 0
     tests_total: int = 0
     timed_out: bool = False
+    compile_timed_out: bool = False
     runaway: bool = False
     gated_min_lines: bool = False
     forbidden: str | None = None
@@ -103,6 +104,9 @@ def score_grade(grade: Grade, b: Breakdown, w: Weights) -> None:
     b.type_check = w.type_check * type_check_fraction(grade)
     compile_frac = 1.0 if grade.compiled else 0.5 * grade.phrases_ok / max(1, grade.phrases_total)
     b.compile = w.compile * compile_frac
+    if grade.compile_timed_out:  # a check that did not finish proves nothing about the code
+        b.type_check = b.compile = 0.0
+    b.compile_timed_out = grade.compile_timed_out
     if grade.tests_compiled and grade.tests_total and not grade.forbidden:
         b.tests = w.tests * min(max(grade.tests_passed, 0), grade.tests_total) / grade.tests_total
 
@@ -158,10 +162,11 @@ class RewardScorer:
         w = weights or cfg.weights
         text = completion_text(completion)
         b = Breakdown(problem_id=problem.id, isolated=self.grader.sandbox.isolated)
-        b.has_end_marker = END_MARKER in text
+        b.has_end_marker = has_end_marker(text, END_MARKER)
         b.structural = w.structural if b.has_end_marker else 0.0
+        # reaching the maximum length is a runaway whatever the text holds (a marker included)
         b.runaway = (completion_tokens is not None and max_completion_tokens is not None
-                     and completion_tokens >= max_completion_tokens and not b.has_end_marker)
+                     and completion_tokens >= max_completion_tokens)
         code = extract_code(text)
         b.code_lines = src.count_code_lines(code)
         if b.code_lines < cfg.min_lines or not code.strip():
@@ -335,7 +340,7 @@ def cmd_score(args) -> int:
     cfg = RewardConfig.from_env(os.environ)
     if args.workers:
         cfg = replace(cfg, workers=args.workers)
-    scorer = RewardScorer(cfg)
+    scorer = GuardedScorer(cfg)  # a completion the grader fails on is that line's None, not the batch's
     if not scorer.grader.sandbox.isolated:
         print("WARNING: " + scorer.grader.sandbox.describe(), file=sys.stderr)
     try:

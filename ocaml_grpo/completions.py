@@ -10,7 +10,8 @@ import re
 
 from ocaml_grpo import ocaml_source as src
 
-FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+FENCE = "```"
+FENCE_TAG_RE = re.compile(r"[ \t]*([A-Za-z0-9_+-]*)")
 OCAML_TAGS = {"", "ocaml", "ml", "caml", "ocaml-repl"}
 # The prompt's definitions an answer that restates the function still needs in front of it.
 PREAMBLE_KEEP = {"type", "exception", "module", "open", "include", "let", "class"}
@@ -30,25 +31,62 @@ def is_value_name(name: str) -> bool:
 
 
 def completion_text(completion) -> str:
-    """TRL passes plain strings, or (conversational) a list of messages."""
+    """TRL passes plain strings, or (conversational) a list of messages. Text that is not valid
+    Unicode (a lone surrogate is valid JSON) is made so here, once: U+FFFD in its place."""
     if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list):
-        return "".join(m.get("content", "") for m in completion if isinstance(m, dict))
-    if isinstance(completion, dict):
-        return str(completion.get("content", ""))
-    return str(completion)
+        text = completion
+    elif isinstance(completion, list):
+        text = "".join(str(m.get("content", "")) for m in completion if isinstance(m, dict))
+    elif isinstance(completion, dict):
+        text = str(completion.get("content", ""))
+    else:
+        text = str(completion)
+    return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
+def fenced_blocks(text: str) -> tuple[list[tuple[str, str]], int]:
+    """Each fenced block's (tag, body), and where the last one ends (-1: none; len(text): it
+    never closed). An unclosed fence (a runaway completion) runs to the end. One pass with
+    str.find: linear in the text, whatever it holds (a regular expression backtracked
+    quadratically on 250k backticks)."""
+    blocks, pos, end = [], 0, -1
+    while (i := text.find(FENCE, pos)) >= 0:
+        nl = text.find("\n", i + len(FENCE))
+        if nl < 0:
+            break
+        tag = FENCE_TAG_RE.match(text, i + len(FENCE), nl).group(1)
+        j = text.find(FENCE, nl + 1)
+        blocks.append((tag, text[nl + 1:j if j >= 0 else len(text)]))
+        if j < 0:
+            end = len(text)
+            break
+        pos = end = j + len(FENCE)
+    return blocks, end
 
 
 def extract_code(text: str) -> str:
     """Fenced blocks tagged ocaml/ml or untagged (joined), else the raw text. An unclosed
     fence (a runaway completion) counts up to the end."""
-    blocks = [m.group(2) for m in FENCE_RE.finditer(text) if m.group(1).lower() in OCAML_TAGS]
+    blocks = [body for tag, body in fenced_blocks(text)[0] if tag.lower() in OCAML_TAGS]
     if blocks:
         return "\n".join(b.rstrip() for b in blocks) + "\n"
-    if "```" in text:  # only other languages fenced: nothing OCaml to grade
+    if FENCE in text:  # only other languages fenced: nothing OCaml to grade
         return ""
     return text
+
+
+def has_end_marker(text: str, marker: str) -> bool:
+    """The marker counts only after the last code block, on a line of its own (a marker written
+    before the code, or inside it, does not: an answer could put it first and ramble on). Without
+    fences the code is the whole text, so the marker must be its last line."""
+    end = fenced_blocks(text)[1]
+    if end >= len(text):
+        return False
+    after = text[end:] if end >= 0 else text
+    lines = [ln.strip() for ln in after.splitlines() if ln.strip()]
+    if end >= 0:
+        return marker in lines
+    return bool(lines) and lines[-1] == marker
 
 
 def entry_point_for(prompt: str, entry_point: str = "") -> str:

@@ -61,6 +61,7 @@ class Grade:
     forbidden: str | None = None  # first library path off the allowlist (or `external`): no test credit
     test_error: str | None = None  # first error compiling the tests against the solution
     unverifiable: str | None = None  # why the tests cannot be run outside the answer's process: no test credit
+    compile_timed_out: bool = False  # a check ran out of the compile budget: no type-check or compile credit
 
     @property
     def syntax_errors(self) -> int:
@@ -160,6 +161,7 @@ class OcamlGrader:
                 objects += ["oracle.mli", "oracle.ml"]
             with self.compilers.steps(workdir, budget, tuple(requires)) as steps:
                 linked = self._compile(steps, solution, grade, budget, objects, iface)
+            grade.compile_timed_out = budget.exhausted
             if linked and trusted is not None:
                 if trusted.error:
                     grade.test_error = trusted.error
@@ -285,7 +287,10 @@ class OcamlGrader:
                 grade.compile_errors.append(err)
                 pending = []
                 break
-            if not (err.unbound and err.unbound.split(".")[0] in skipped_names):
+            # Forgiven only when it follows from what a skipped phrase declared: the unbound name is
+            # one it bound (`helper`, or module `M` in "Unbound module M"), never a name inside a
+            # module it merely shares a name with (`List.mapp` after a broken `module List = ...`).
+            if not (err.unbound and err.unbound in skipped_names):
                 grade.compile_errors.append(err)
             skipped_names.update(phrases[j].names)
             if err.kind != "syntax":  # typing is in order: everything before j is fine

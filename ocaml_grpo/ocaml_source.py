@@ -136,11 +136,20 @@ def _skip_string(src: str, i: int) -> int:
 
 
 def strip_line_directives(src: str) -> str:
-    """Blank every line that OCaml could read as a line directive (`# 900 "solution.ml"`): they
-    move the compiler's error locations, which error counting maps back to phrases. The match is
-    wider than the compiler's (any line starting with `#` and a digit, indented or inside a
-    string), so no directive survives; line numbers are kept."""
-    return LINE_DIRECTIVE_RE.sub("", src)
+    """Blank every line that OCaml's lexer would read as a line directive (`# 900 "solution.ml"`):
+    they move the compiler's error locations, which error counting maps back to phrases. Only
+    where the lexer would see one: a line inside a string, a quoted string or a comment is text
+    (a string table whose lines start with `#` and a digit stays as written). The match is wider
+    than the compiler's otherwise (any line starting with `#` and a digit); line numbers are kept."""
+    if "#" not in src:
+        return src
+    inside = [(t.start, t.start + len(t.text)) for t in tokenize(src) if t.kind in ("string", "comment")]
+    starts = [a for a, _ in inside]
+
+    def blank(m: re.Match) -> str:
+        k = bisect.bisect_right(starts, m.start()) - 1
+        return m.group(0) if k >= 0 and inside[k][0] < m.start() < inside[k][1] else ""
+    return LINE_DIRECTIVE_RE.sub(blank, src)
 
 
 def code_tokens(src: str) -> list[Token]:

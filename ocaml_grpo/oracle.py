@@ -379,7 +379,7 @@ def _atom(toks: list, pos: int) -> tuple[int, int] | None:
             if depth == 0:
                 return pos, q
         return None
-    if t.kind in ("string", "char") or (t.kind == "ident" and t.text[0].isdigit()):
+    if t.kind in ("string", "char") or t.text[:1].isdigit():  # a literal (numbers lex as symbols)
         return pos, pos
     if t.kind == "ident" and t.text not in NOT_AN_ARGUMENT and (t.text[0].islower() or t.text[0] == "_"
                                                                  or t.text[0].isdigit()):
