@@ -36,7 +36,7 @@ def denied(tool: Path, tmp_path: Path, code: str) -> list[str]:
 ROUTES = {
     "module O = Obj\nlet f x = O.repr x": "Stdlib.Obj.repr",
     "open Obj\nlet f x = repr x": "Stdlib.Obj.repr",
-    "include Stdlib\nlet f x = x": "Stdlib",
+    "include Stdlib\nlet f x = x": "Stdlib.stdin",  # exported: the entry points are bound from there
     "module S = Stdlib\nlet f s = S.Marshal.to_string s []": "Stdlib.Marshal.to_string",
     "module B = Bytes\nlet f b = B.unsafe_get b 0": "Stdlib.Bytes.unsafe_get",
     "let f () = input_value stdin": "Stdlib.input_value",
@@ -52,13 +52,24 @@ ROUTES = {
     'let f () = Sys.command "true"': "Stdlib.Sys.command",
     "let f () = Gc.compact ()": "Stdlib.Gc.compact",
     "let f e = Parsing.peek_val e 0": "Stdlib.Parsing.peek_val",
-    # whole modules: nested aliases, includes, first-class modules, a local functor's argument
-    "module N = struct module S = String end\nlet f s = N.S.unsafe_get s 0": "Stdlib.String",
-    "module M = struct include String end\nlet f s = M.unsafe_get s 0": "Stdlib.String",
+    # by identity, however reached: nested aliases, includes, first-class modules, a functor's argument
+    "module N = struct module S = String end\nlet f s = N.S.unsafe_get s 0": "Stdlib.String.unsafe_get",
+    "module M = struct include String end\nlet f s = M.unsafe_get s 0": "Stdlib.String.unsafe_get",
     "module type U = sig val unsafe_get : string -> int -> char end\nlet m = (module String : U)":
-        "Stdlib.String(as:U)",
+        "Stdlib.String.unsafe_get",
     "module F (X : sig val unsafe_get : string -> int -> char end) = struct let g = X.unsafe_get end\n"
-    "module G = F (String)": "Stdlib.String",
+    "module G = F (String)": "Stdlib.String.unsafe_get",
+    "module Id (X : module type of String) = X\nmodule S = Id (String)\nlet f s = S.unsafe_get s 0":
+        "Stdlib.String.unsafe_get",
+    "module M = struct include String end\nmodule F (X : sig val unsafe_get : string -> int -> char end) = "
+    "struct let g = X.unsafe_get end\nmodule G = F (M)": "Stdlib.String.unsafe_get",
+    "include String\nlet f x = x": "Stdlib.String.unsafe_get",  # exported at the top: entry points see it
+    "module O = Obj\nmodule P = struct module Q = O end\nlet f x = P.Q.magic x": "Stdlib.Obj.magic",
+    # language features that change representations or what the type checker trusts
+    "type t = A of float [@@unboxed]\nlet f x = A x": "attribute:unboxed",
+    "type t = { x : float } [@@ocaml.unboxed]": "attribute:ocaml.unboxed",
+    "type t = int [@@immediate]": "attribute:immediate",
+    "let f x = (x [@ocaml.untagged])": "attribute:ocaml.untagged",
     "module S : sig val unsafe_get : string -> int -> char end = String\nlet f s = S.unsafe_get s 0":
         "Stdlib.String.unsafe_get",
     "let f a = let open Array in unsafe_get a 0": "Stdlib.Array.unsafe_get",
@@ -199,3 +210,18 @@ def test_a_printed_error_cannot_move_the_blame(scorer):
     b = scorer.score_one(ADD, fenced(forged))
     assert b.first_error.startswith("This expression has type string"), b.first_error
     assert (b.type_errors, b.error_kinds) == (1, ["type"])
+
+
+# Honest answers that reach library modules as modules: nothing off the list is reached.
+@pytest.mark.parametrize("code", [
+    "module Helpers = struct module S = String let f s = S.length s end\nlet g = Helpers.f",
+    "module String = struct include String let shout s = uppercase_ascii s end\n"
+    "let f s = String.length (String.shout s)",
+    "let m = (module String : Set.OrderedType)",
+    "module F (X : sig val length : string -> int end) = struct let g = X.length end\nmodule G = F (String)",
+    "include List\nlet f l = length l",
+    "let[@inline] f x = x + 1\n[@@@ocaml.warning \"-32\"]\n(** doc *)\nlet h = (f [@inlined]) 1",
+])
+def test_library_modules_used_as_modules_are_allowed_when_nothing_off_the_list_is_reached(tool, tmp_path, code):
+    assert denied(tool, tmp_path, code) == []
+

@@ -393,6 +393,8 @@ let () =
     output_string proto (match handle request with 0, data -> data | _ -> reply (2, "k: use the server\n"));
     flush proto
   | [_; "--check-cmt"; file] ->
+    init_path [];
+    Allowlist.real_env := Envaux.env_of_only_summary;
     (match (Cmt_format.read_cmt file).cmt_annots with
      | Cmt_format.Implementation str ->
        output_string proto (String.concat " " (Allowlist.denied_paths str) ^ "\n"); flush proto
