@@ -83,7 +83,9 @@ let attribute_allowed name =
 let denied_attributes (str : structure) deny =
   let super = Ast_iterator.default_iterator in
   let attribute it (a : Parsetree.attribute) =
-    if not (attribute_allowed a.attr_name.txt) then deny ("attribute:" ^ a.attr_name.txt);
+    (* `#default` and the like are markers the untyping adds (no source attribute can be named so) *)
+    let name = a.attr_name.txt in
+    if not (attribute_allowed name || (name <> "" && name.[0] = '#')) then deny ("attribute:" ^ name);
     super.attribute it a in
   let it = { super with attribute } in
   it.structure it (Untypeast.untype_structure str)
