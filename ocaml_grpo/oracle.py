@@ -115,11 +115,7 @@ class _Gen:
             reads = " ".join(f"let {x} = {self.r(a, env)} r in" for a, x in zip(t[1], xs))
             return f"(fun r -> {reads} ({', '.join(xs)}))"
         if k == "arrow":
-            args, res = _uncurry(t)
-            xs = [f"y{i}" for i in range(len(args))]
-            writes = "; ".join(f"{self.w(a, env)} b {x}" for a, x in zip(args, xs))
-            return (f"(fun r -> let h = {W}.r_handle r in fun {' '.join(xs)} -> "
-                    f"{W}.call h (fun b -> {writes}) {self.r(res, env)})")
+            return f"(fun r -> let h = {W}.r_handle r in {self.proxy(t, env)})"
         if k == "poly":
             cases = []
             for tag, a in t[1]:
@@ -129,6 +125,13 @@ class _Gen:
                     cases.append(f"{_ocaml_string(tag)} -> `{tag} ({self.r(a, env)} r)")
             return f"(fun r -> match {W}.r_ptag r with " + " | ".join(cases) + f" | _ -> Stdlib.raise {W}.Bad)"
         raise AssertionError(t)
+
+    def proxy(self, t: Type, env: dict[str, str]) -> str:
+        """The function a handle `h` stands for: each call goes to the side that holds it."""
+        args, res = _uncurry(t)
+        xs = [f"y{i}" for i in range(len(args))]
+        writes = "; ".join(f"{self.w(a, env)} b {x}" for a, x in zip(args, xs))
+        return f"(fun {' '.join(xs)} -> {self.W}.call h (fun b -> {writes}) {self.r(res, env)})"
 
     # -- the prompt's variants and records: recursive writer/reader pairs
     def codecs(self) -> str:
@@ -429,5 +432,5 @@ def _arg_reader(g: _Gen, k: int, i: int, label: str, p: Type, env: dict[str, str
         return plain
     W = g.W
     cases = " | ".join(f"{j} -> {unit}.l_{j}" for j in here)
-    return (f"(fun r -> let h = {W}.r_int r in if h >= 0 then {plain} ({W}.reader (Stdlib.string_of_int h ^ \" \")) "
+    return (f"(fun r -> let h = {W}.r_int r in if h >= 0 then {g.proxy(g.resolve(p), env)} "
             f"else match - h - 1 with {cases} | _ -> Stdlib.raise {W}.Bad)")
