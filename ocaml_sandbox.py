@@ -262,8 +262,8 @@ class Sandbox:
             box += [*_root_links(("lib", "lib64", "lib32"))] + (["--symlink", "usr/bin", "/bin"] if _BIN_IS_LINK else [])
             # all the model-code sandbox can execute: the launcher, and the runtime it starts
             box += ["--ro-bind", self._ocamlrun, "/usr/bin/ocamlrun"] + _tool_binds(((self.launcher, LAUNCHER_IN_BOX),))
-            # The program is copied in (bwrap closes that descriptor), so the harness can delete
-            # it before model code runs: nothing can read the tests' constants from the binary.
+            # The program is copied in (bwrap closes that descriptor): each run sees its own program
+            # alone (the oracle never sees the trusted program, which holds the tests' constants).
             box += ["--perms", "0777", "--size", str(RUN_WORK_FILES * lim.file_mb << 20), "--tmpfs", "/work",
                     "--perms", "0755", "--file", str(program_fd), "/work/prog"]
             # Devices: only what a program's runtime may open (no terminals, no ptys, no shm).

@@ -2,7 +2,7 @@
 
     with compilers.steps(workdir, budget, requires) as steps:
         tc = steps.compile("solution.ml", "a")       # flags as the tool's: a i p W
-        prog = steps.link("prog", ["harness.cmo", "tests.ml"])
+        prog = steps.link("prog", ["wire.cmo", "oracle.mli", "oracle.ml"])
 
 OCAML_COMPILER=server: each step is a request to a compile server (ocaml_grpo/compile_server.py).
 OCAML_COMPILER=ocamlc, and every problem that `require`s packages: each step is one sandboxed

@@ -209,8 +209,8 @@ def test_host_files_are_untouched_and_no_process_survives(sandbox_scorer, tmp_pa
 
 
 def test_model_code_has_no_shell_and_no_room_to_fill_the_disk(sandbox_scorer):
-    # With a shell a background child could read the parent's memory (same uid) or race the
-    # harness; the run sandbox holds only the bytecode runtime.
+    # With a shell a background child could read the parent's memory (same uid); the run
+    # sandbox holds only the bytecode runtime.
     no_shell = score(sandbox_scorer, 'let add a b = if Sys.command "true" = 127 then a + b else 0')
     assert no_shell.tests_passed == 7
     # /work is a small tmpfs: 100 MB cannot be written, so the host's disk is out of reach.
