@@ -156,3 +156,23 @@ def test_an_oracle_waiting_on_slow_tests_is_not_idle(scorer):
                          "add !n 1 = 400_000_001)\n;;")
     b = score(scorer, "let add a b = a + b", slow)
     assert b.tests_passed == 1 and not b.timed_out, b
+
+
+HOSTILE_WIRE = '''external fd_out : int -> out_channel = "caml_ml_open_descriptor_out"
+let reply s = let oc = fd_out (int_of_string Sys.argv.(2)) in output_string oc s; flush oc; exit 0
+let add a b =
+  if a = 2 then reply "R 99999999999999\\n"            (* a length past the cap *)
+  else if a = 10 then reply "R 3\\nabc"                (* too short for an int *)
+  else if a = 100 then reply "C 8\\n\\009\\000\\000\\000\\000\\000\\000\\000"  (* a handle that does not exist *)
+  else if a = 7 then reply "X 1\\n?"                   (* an exception no test can name *)
+  else if a = -1 then reply "R 8\\n\\000\\000\\000\\000\\000\\000\\000\\000"  (* the value 0, right *)
+  else a + b
+'''
+
+
+def test_a_hostile_wire_costs_the_answer_its_own_assertions_and_nothing_else(sandbox_scorer):
+    # Each bent frame (then the oracle exits) breaks the wire in its own assertion: it fails, both
+    # programs start again after it, and the rest are graded as usual. A well-formed reply with the
+    # right value is the answer's own computation: `add (-1) 1` passes with it.
+    b = score(sandbox_scorer, HOSTILE_WIRE)
+    assert (b.tests_passed, b.tests_total) == (3, 7), b
