@@ -38,10 +38,12 @@ class CompileBudget:
     whose type checking blows up costs one limit, not one per error-counting pass."""
     seconds: float
     exhausted: bool = False  # a call ran out of it: count no further errors
+    timed_out: bool = False  # a call was stopped by it: no type-check or compile credit
 
     def spend(self, since: float, timed_out: bool) -> None:
         self.seconds -= time.monotonic() - since
         self.exhausted = timed_out or self.seconds <= 0
+        self.timed_out |= timed_out
 
 
 class Steps(Protocol):
@@ -74,7 +76,7 @@ class ServerSteps:
 
     def _request(self, fields: list[str]) -> list[Reply]:
         if self.budget.seconds <= 0:
-            self.budget.exhausted = True
+            self.budget.exhausted = self.budget.timed_out = True
             return [Reply.timeout()]
         t0 = time.monotonic()
         replies = self.server.requests(self.workdir, fields, self.budget.seconds)
@@ -114,11 +116,12 @@ class OcamlcSteps:
 
     def _step(self, script: str, name: str) -> Reply:
         if self.budget.seconds <= 0:
-            self.budget.exhausted = True
+            self.budget.exhausted = self.budget.timed_out = True
             return Reply.timeout()
-        t0 = time.monotonic()
-        res = self.c.run_script(script, self.workdir, self.budget.seconds)
-        self.budget.spend(t0, res.timed_out)
+        with self.c.slots:  # waiting for a compile slot is not the completion's compile time
+            t0 = time.monotonic()
+            res = self.c.run_script(script, self.workdir, self.budget.seconds, slot_held=True)
+            self.budget.spend(t0, res.timed_out)
         rc = _read(self.workdir / f"{name}.rc").strip()
         if res.timed_out or not rc:
             return Reply.timeout()
@@ -222,11 +225,13 @@ class Compilers:
                 out.append(CompileError("other", 0, "compiler timed out" if res.timed_out else "not compiled"))
         return out
 
-    def run_script(self, script: str, workdir: Path, limit: float) -> RunResult:
+    def run_script(self, script: str, workdir: Path, limit: float, slot_held: bool = False) -> RunResult:
         """A shell script in the toolchain sandbox, under a compile slot, the tool beside it."""
-        with self.slots:
-            return self.sandbox.run(["sh", "-c", script], workdir, wall_s=limit, cpu_s=max(1, math.ceil(limit)),
-                                    ro_binds=((str(self.exe), SERVER_IN_BOX),))
+        if not slot_held:
+            with self.slots:
+                return self.run_script(script, workdir, limit, slot_held=True)
+        return self.sandbox.run(["sh", "-c", script], workdir, wall_s=limit, cpu_s=max(1, math.ceil(limit)),
+                                ro_binds=((str(self.exe), SERVER_IN_BOX),))
 
 
 def _read(path: Path) -> str:

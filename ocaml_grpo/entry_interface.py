@@ -45,7 +45,7 @@ Type = tuple
 class TypeDef:
     name: str
     params: tuple[str, ...]
-    kind: str  # alias | variant | record | poly
+    kind: str  # alias | variant | record | poly | abstract | handle (abstract, listed by the interface)
     body: object  # alias: Type; variant: ((ctor, (types...)), ...); record: ((field, Type), ...); poly: tags
 
 
@@ -332,6 +332,7 @@ def _parse_signature_line(line: str, entry: str) -> Entry:
     return Entry(name, tuple(params), result)
 
 
+ABSTRACT_RE = re.compile(r"(?m)^[ \t]*type[ \t]+((?:'[A-Za-z_][A-Za-z0-9_']*|\([^)]*\))[ \t]+)?([a-z_][A-Za-z0-9_']*)[ \t]*$")
 VAL_RE = re.compile(r"(?m)^[ \t]*val[ \t]+([a-z_][A-Za-z0-9_']*)[ \t]*:[ \t]*((?:(?!^[ \t]*val[ \t])(?!\*\))[\s\S])*)")
 
 
@@ -372,6 +373,13 @@ def interface_of(prompt: str, entry: str) -> Interface:
         for m in VAL_RE.finditer(listed.group(1) if listed else ""):
             if m.group(1) not in entries:
                 entries[m.group(1)] = _entry_of_val(m.group(1), m.group(2))
+        # An abstract type the listed interface declares (`type bst`) and the prompt does not
+        # define: its values stay in the oracle and cross as handles.
+        defined = {d.name for d in types}
+        for m in ABSTRACT_RE.finditer(listed.group(1) if listed else ""):
+            params = tuple(re.findall(r"'([A-Za-z_][A-Za-z0-9_']*)", m.group(1) or ""))
+            if m.group(2) not in defined:
+                types.append(TypeDef(m.group(2), params, "handle", None))
         iface = Interface(tuple(entries.values()), tuple(types), tuple(exceptions), preamble)
         _check(iface)
         return iface

@@ -162,7 +162,7 @@ class OcamlGrader:
                 objects += ["oracle.mli", "oracle.ml"]
             with self.compilers.steps(workdir, budget, tuple(requires)) as steps:
                 linked = self._compile(steps, solution, grade, budget, objects, iface)
-            grade.compile_timed_out = budget.exhausted
+            grade.compile_timed_out = budget.timed_out
             if linked and trusted is not None:
                 if trusted.error:
                     grade.test_error = trusted.error

@@ -136,7 +136,7 @@ class _Gen:
     # -- the prompt's variants and records: recursive writer/reader pairs
     def codecs(self) -> str:
         W, q = self.W, self.q
-        named = [d for d in self.iface.types if d.kind in ("variant", "record")]
+        named = [d for d in self.iface.types if d.kind in ("variant", "record", "handle")]
         if not named:
             return ""
         out = []
@@ -155,6 +155,10 @@ class _Gen:
                     rc.append(f"{i} -> {reads} {pat}")
                 wbody = "match v with " + " | ".join(wc)
                 rbody = f"match {W}.r_tag r with " + " | ".join(rc) + f" | _ -> Stdlib.raise {W}.Bad"
+            elif d.kind == "handle" and self.side == "T":
+                wbody, rbody = f"match v with Handle__{d.name} h -> {W}.w_int b h", f"Handle__{d.name} ({W}.r_int r)"
+            elif d.kind == "handle":  # the oracle keeps the value; the trusted program holds its number
+                wbody, rbody = f"{W}.w_int b ({W}.keep v)", f"{W}.kept ({W}.r_int r)"
             else:
                 wbody = "; ".join(f"{self.w(a, env)} b v.{q}{f}" for f, a in d.body)
                 reads = " ".join(f"let x_{f} = {self.r(a, env)} r in" for f, a in d.body)
@@ -167,7 +171,9 @@ class _Gen:
             rt = "".join(f"({W}.reader -> {p}) -> " for p in tparams)
             out.append(f"w_{d.name} : {quant}{wt}Stdlib.Buffer.t -> {tname} -> unit = fun {pw} b v -> {wbody}")
             out.append(f"r_{d.name} : {quant}{rt}{W}.reader -> {tname} = fun {pr} r -> {rbody}")
-        return "let rec " + "\nand ".join(out) + "\n"
+        handles = "".join(f"type {_params_text(d.params)}{d.name} = Handle__{d.name} of int\n"
+                          for d in named if d.kind == "handle" and self.side == "T")
+        return handles + "let rec " + "\nand ".join(out) + "\n"
 
     def exception_codec(self) -> str:
         if not self.iface.exceptions:
@@ -184,6 +190,11 @@ class _Gen:
         return (f"let () = {W}.prompt_exn_w := (fun b e -> match e with " + " | ".join(wc) + " | _ -> false)\n"
                 f"let () = {W}.prompt_exn_r := (fun k r -> match k with " + " | ".join(rc)
                 + f" | _ -> Stdlib.raise {W}.Bad)\n")
+
+
+def _params_text(params: tuple[str, ...]) -> str:
+    ps = [f"'{p}" for p in params]
+    return "" if not ps else (ps[0] + " " if len(ps) == 1 else "(" + ", ".join(ps) + ") ")
 
 
 def _uncurry(t: Type) -> tuple[list[Type], Type]:

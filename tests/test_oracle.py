@@ -176,3 +176,18 @@ def test_a_hostile_wire_costs_the_answer_its_own_assertions_and_nothing_else(san
     # right value is the answer's own computation: `add (-1) 1` passes with it.
     b = score(sandbox_scorer, HOSTILE_WIRE)
     assert (b.tests_passed, b.tests_total) == (3, 7), b
+
+
+COUNTER = Problem(
+    id="counter",
+    prompt=("(** A counter.\n*)\n(* Implement the following interface (counter.mli):\ntype counter\n\n"
+            "val make : int -> counter\n\nval bump : counter -> counter\n\nval get : counter -> int\n*)\n"
+            "let rec get (x : counter) : int ="),
+    tests="let () =\n  assert (get (make 3) = 3);\n  assert (get (bump (bump (make 0))) = 2);\n"
+          "  let c = make 10 in\n  assert (get (bump c) = 11 && get c = 10)\n;;")
+
+
+def test_an_abstract_type_the_interface_lists_crosses_as_a_handle(scorer):
+    code = "type counter = int ref\nlet make n = ref n\nlet bump c = ref (!c + 1)\nlet get c = !c"
+    assert score(scorer, code, COUNTER).reward == 1.0
+    assert score(scorer, "type counter = int\nlet make n = n\nlet bump c = c\nlet get c = c", COUNTER).tests_passed == 1

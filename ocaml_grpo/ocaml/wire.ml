@@ -100,6 +100,26 @@ let bytes_back (a : bytes) (b : bytes) =
   if Bytes.length a <> Bytes.length b then raise Bad;
   Bytes.blit b 0 a 0 (Bytes.length a)
 
+(* ---------------------------------------------------------------- handles *)
+
+(* A value of an abstract type the prompt's interface declares stays in the oracle: the trusted
+   program holds its number, and gives it back only where its own types allow (so the oracle
+   reads it back at the type it kept it). *)
+let kept_values : Obj.t array ref = ref [||]
+let kept_count = ref 0
+
+let keep v =
+  if !kept_count = Array.length !kept_values then begin
+    let t = Array.make (max 16 (2 * !kept_count)) (Obj.repr 0) in
+    Array.blit !kept_values 0 t 0 !kept_count;
+    kept_values := t
+  end;
+  !kept_values.(!kept_count) <- Obj.repr v;
+  incr kept_count;
+  !kept_count - 1
+
+let kept k = if k < 0 || k >= !kept_count then raise Bad else Obj.obj !kept_values.(k)
+
 (* ---------------------------------------------------------------- type variables *)
 
 (* The oracle sees a value of a type variable as a token: its rank among the values of that
