@@ -113,7 +113,7 @@ class Reply:
     stage: str = ""  # lexer | parser | typer | linker: where a failure came from
     unbound: str = ""  # the name an "unbound value/type/module/..." error is about
     items: list[int] | None = None  # byte offsets where the file's top-level items start (it parsed)
-    denied: list[str] = field(default_factory=list)  # library paths the allowlist does not allow
+    denied: list[str] = field(default_factory=list)  # library values and attributes the allowlists do not allow
     loc: tuple[int, int, str] | None = None  # the error's (line, byte column, file), from the compiler's report
     message: str = ""  # the error's message, from the compiler's report (not from `output`)
 

@@ -7,7 +7,8 @@
 OCAML_COMPILER=server: each step is a request to a compile server (ocaml_grpo/compile_server.py).
 OCAML_COMPILER=ocamlc, and every problem that `require`s packages: each step is one sandboxed
 `ocamlc` (through ocamlfind); the grader's OCaml tool, run once in the same sandbox call, adds the
-facts ocamlc does not print: the typed tree's denied paths from ocamlc's own `-bin-annot` .cmt,
+facts ocamlc does not print: what the allowlists deny, from ocamlc's own `-bin-annot` .cmt (and
+the source's parse tree, for attributes),
 and, after a failure, the stage, the unbound name and the items, from its own parse and type
 check. Both paths give the same `Reply` for the same step (bench/compare_compilers.py checks).
 One compile budget per completion (OCAML_COMPILE_LIMIT_S) is shared by all its steps.

@@ -13,6 +13,8 @@ import pytest
 from conftest import ADD, fenced
 from ocaml_grpo import ocaml_source as src
 from ocaml_grpo.compile_server import ALLOWLIST, build_server
+from ocaml_grpo.completions import assemble_solution
+from ocaml_grpo.grader import OcamlGrader
 from ocaml_grpo.settings import cache_dir
 from ocaml_sandbox import Sandbox
 from rewards import RewardConfig, RewardScorer
@@ -32,11 +34,16 @@ def denied(tool: Path, tmp_path: Path, code: str) -> list[str]:
     return out.stdout.split()
 
 
-# Each reaches library code off the list, by a route a name list would have to know about.
+# Each reaches library code off the list, by a route a name list would have to know about. What is
+# named is the value reached, by the compiler's identity of it (its path, aliases followed at any
+# depth, else its declaration), whatever module name it was reached through.
 ROUTES = {
     "module O = Obj\nlet f x = O.repr x": "Stdlib.Obj.repr",
     "open Obj\nlet f x = repr x": "Stdlib.Obj.repr",
-    "include Stdlib\nlet f x = x": "Stdlib.stdin",  # exported: the entry points are bound from there
+    "include Stdlib\nlet f x = Obj.repr x": "Stdlib.Obj.repr",
+    # the answer's own signature is what the test program sees: here it holds `stdin`, `exit`, ...
+    "include Stdlib\nlet f x = x": "Stdlib.stdin",
+    "include String": "Stdlib.String.unsafe_get",
     "module S = Stdlib\nlet f s = S.Marshal.to_string s []": "Stdlib.Marshal.to_string",
     "module B = Bytes\nlet f b = B.unsafe_get b 0": "Stdlib.Bytes.unsafe_get",
     "let f () = input_value stdin": "Stdlib.input_value",
@@ -52,33 +59,119 @@ ROUTES = {
     'let f () = Sys.command "true"': "Stdlib.Sys.command",
     "let f () = Gc.compact ()": "Stdlib.Gc.compact",
     "let f e = Parsing.peek_val e 0": "Stdlib.Parsing.peek_val",
-    # by identity, however reached: nested aliases, includes, first-class modules, a functor's argument
+    # aliases at any depth, includes, first-class modules, functor arguments and results
     "module N = struct module S = String end\nlet f s = N.S.unsafe_get s 0": "Stdlib.String.unsafe_get",
     "module M = struct include String end\nlet f s = M.unsafe_get s 0": "Stdlib.String.unsafe_get",
+    "module O = struct include Obj end\nlet f x = O.magic x": "Stdlib.Obj.magic",
+    "let f s = let module M = String in M.unsafe_get s 0": "Stdlib.String.unsafe_get",
+    "open struct include Obj end\nlet f x = magic x": "Stdlib.Obj.magic",
+    "module M = struct module N = struct include Stdlib end end\nlet f x = M.N.Obj.magic x": "Stdlib.Obj.magic",
     "module type U = sig val unsafe_get : string -> int -> char end\nlet m = (module String : U)":
         "Stdlib.String.unsafe_get",
     "module F (X : sig val unsafe_get : string -> int -> char end) = struct let g = X.unsafe_get end\n"
     "module G = F (String)": "Stdlib.String.unsafe_get",
-    "module Id (X : module type of String) = X\nmodule S = Id (String)\nlet f s = S.unsafe_get s 0":
+    "module M = struct include String end\n"
+    "module F (X : sig val unsafe_get : string -> int -> char end) = struct end\nmodule G = F (M)":
         "Stdlib.String.unsafe_get",
-    "module M = struct include String end\nmodule F (X : sig val unsafe_get : string -> int -> char end) = "
-    "struct let g = X.unsafe_get end\nmodule G = F (M)": "Stdlib.String.unsafe_get",
-    "include String\nlet f x = x": "Stdlib.String.unsafe_get",  # exported at the top: entry points see it
-    "module O = Obj\nmodule P = struct module Q = O end\nlet f x = P.Q.magic x": "Stdlib.Obj.magic",
-    # language features that change representations or what the type checker trusts
-    "type t = A of float [@@unboxed]\nlet f x = A x": "attribute:unboxed",
-    "type t = { x : float } [@@ocaml.unboxed]": "attribute:ocaml.unboxed",
-    "type t = int [@@immediate]": "attribute:immediate",
-    "let f x = (x [@ocaml.untagged])": "attribute:ocaml.untagged",
+    "module Id (X : module type of String) = X\nmodule W = Id (String)\nlet w = W.unsafe_get": "Stdlib.String.unsafe_get",
+    "module type T = sig module S : module type of String end\nmodule F (X : T) = struct end\n"
+    "module G = F (struct module S = String end)": "Stdlib.String.unsafe_get",
+    "module App (F : functor (X : sig val unsafe_get : string -> int -> char end) -> sig end) = F (String)":
+        "Stdlib.String.unsafe_get",
     "module S : sig val unsafe_get : string -> int -> char end = String\nlet f s = S.unsafe_get s 0":
         "Stdlib.String.unsafe_get",
+    "module M : sig val unsafe_get : string -> int -> char end = struct include String end":
+        "Stdlib.String.unsafe_get",
+    "module rec R : sig val unsafe_get : string -> int -> char end = String": "Stdlib.String.unsafe_get",
+    # a listed library functor calls what its argument shows it: that crosses a signature too
+    "module K = struct type t = string let compare = String.compare\n"
+    "  include (String : sig val unsafe_get : string -> int -> char end) end\nmodule S = Set.Make (K)":
+        "Stdlib.String.unsafe_get",
+    # a first-class module unpacked later: its values are the declarations of `module type of String`
+    "module type T = module type of String\nlet f (m : (module T)) = let module M = (val m) in M.unsafe_get":
+        "Stdlib.String.unsafe_get",
+    # a library functor off the list, reached through the answer's own module
+    "module E = struct include Ephemeron.K1 end\n"
+    "module H = E.Make (struct type t = int let equal = (=) let hash = Hashtbl.hash end)": "Stdlib.Ephemeron.K1.Make",
+    "module App (F : functor (X : Hashtbl.HashedType) -> sig end) = struct end\nmodule A = App (Ephemeron.K1.Make)":
+        "Stdlib.Ephemeron.K1.Make",
     "let f a = let open Array in unsafe_get a 0": "Stdlib.Array.unsafe_get",
+    # attributes that change a value's representation or the type checker's trust; any not harmless
+    "type t = { f : float } [@@unboxed]": "attribute:unboxed",
+    "type t = A of float [@@ocaml.unboxed]": "attribute:unboxed",
+    "let f (x : (float [@unboxed])) = x": "attribute:unboxed",
+    "type t = int [@@immediate]": "attribute:immediate",
+    "type t = int [@@ocaml.immediate64]": "attribute:immediate64",
+    "let f (x : (int [@untagged])) = x": "attribute:untagged",
+    "type t = { x : int } [@@deriving show]": "attribute:deriving",
 }
 
 
 @pytest.mark.parametrize("code", sorted(ROUTES))
 def test_every_route_off_the_list_is_named(tool, tmp_path, code):
     assert denied(tool, tmp_path, code)[:1] == [ROUTES[code]]
+
+
+@pytest.fixture(scope="module")
+def graders():
+    """Both compile paths: the compile server (the answer typed inside the test program) and one
+    `ocamlc` per step (the answer typed alone, its .cmt checked)."""
+    sb = Sandbox()
+    a, b = OcamlGrader(sb, compiler="server"), OcamlGrader(sb, compiler="ocamlc")
+    yield a, b
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("code", sorted(ROUTES))
+def test_both_compile_paths_name_the_same_route(graders, code):
+    sol, entries = assemble_solution(code + "\nlet add a b = a + b", ADD.prompt, ADD.entry_point)
+    server, ocamlc = (g.grade(sol, ADD.tests, [], entries) for g in graders)
+    assert server.forbidden == ocamlc.forbidden == ROUTES[code]
+    assert server.tests_passed == ocamlc.tests_passed == 0
+
+
+# Honest answers that reach only listed values, through routes the old whole-module rule denied.
+HONEST_ROUTES = [
+    "module Helpers = struct module S = String let f s = S.length s end\n"
+    "let add a b = a + b + Helpers.f \"\"",
+    "module String = struct include String let shout s = uppercase_ascii s end\n"
+    "let add a b = a + b + String.length (String.shout \"\")",
+    "let m = (module String : Set.OrderedType with type t = string)\n"
+    "let add a b = let module O = (val m) in if O.compare \"a\" \"a\" = 0 then a + b else 0",
+    "module F (X : sig val length : string -> int end) = struct let g = X.length end\nmodule G = F (String)\n"
+    "let add a b = a + b + G.g \"\"",
+    "module Ints = struct include List let total = fold_left ( + ) 0 end\nlet add a b = Ints.total [a; b]",
+    # what `open struct ... end` binds is not in the answer's signature: only what is used counts
+    "open struct include String end\nlet add a b = a + b + length \"\"",
+    # (the typer then constrains the answer's structure to its signature: still the Solution module)
+    "open struct let helper x = x end\nlet add a b = helper (a + b)",
+    "module SM = Map.Make (String)\nmodule F (X : Set.OrderedType) = struct let c = X.compare end\n"
+    "let add a b = SM.cardinal SM.empty + a + b",
+    # harmless attributes: documentation, warnings, optimisation hints
+    "(** Adds. *)\nlet[@inline] add a b = (a + b [@ocaml.warning \"-8\"])\n[@@@ocaml.warning \"-32\"]\n"
+    "let unused = (add [@inlined]) 1 2 [@@ocaml.doc \"x\"]",
+]
+
+
+@pytest.mark.parametrize("code", HONEST_ROUTES)
+def test_honest_routes_to_listed_values_get_full_credit(graders, tool, tmp_path, code):
+    assert denied(tool, tmp_path, code) == []
+    sol, entries = assemble_solution(code, ADD.prompt, ADD.entry_point)
+    for g in graders:
+        b = g.grade(sol, ADD.tests, [], entries)
+        assert b.forbidden is None and b.tests_passed == 7, (b.forbidden, b.compile_errors, b.test_error)
+
+
+def test_an_unboxed_tower_past_the_type_checkers_limit_earns_nothing(scorer):
+    """OCaml 4.13's type checker stops looking through [@@unboxed] wrappers after 100 of them: a
+    float 101 wrappers deep is then taken for a pointer, and read as one from a flat float array
+    (any memory). [@@unboxed] changes a value's representation: it is denied, named."""
+    tower = "type w0 = float\n" + "".join(f"type w{i} = W{i} of w{i - 1} [@@unboxed]\n" for i in range(1, 102))
+    value = "".join(f"W{i} (" for i in range(101, 0, -1)) + "1.0" + ")" * 101
+    code = tower + f"let a = Array.make 2 ({value})\nlet add x y = ignore (Array.get a 0); x + y"
+    b = scorer.score_one(ADD, fenced(code))
+    assert b.compiled and b.forbidden == "attribute:unboxed" and b.tests_passed == 0
 
 
 def test_the_solutions_own_names_never_matter(tool, tmp_path):
@@ -113,17 +206,14 @@ def test_a_denied_path_is_named_in_the_breakdown_and_earns_no_test_credit(scorer
     assert b.forbidden == "Stdlib.Callback.register" and b.tests == 0 and b.compiled
 
 
-def test_allowlist_names_exist_and_whole_modules_are_complete(tool):
-    """Every listed value is one the library has (no typo allows nothing by accident), and a
-    module marked usable whole (`*`) has every one of its values listed."""
-    listed, whole = set(), []
+def test_allowlist_names_exist(tool):
+    """Every listed value is one the library has: a typo allows nothing by accident."""
+    listed = set()
     for line in ALLOWLIST.read_text().splitlines():
         if line.startswith("#") or ":" not in line:
             continue
         head, names = line.split(":", 1)
-        module = head.split()[0]
-        if head.split()[1:] == ["*"]:
-            whole.append(module)
+        module = head.strip()
         listed |= {f"{module}.{n}" for n in names.split() if not n.endswith(("()", "!"))}
     incs = {"Stdlib": [], "Base": ["base"], "React": ["react"], "CalendarLib": ["calendar"]}
     by_root: dict[str, set[str]] = {}
@@ -131,7 +221,6 @@ def test_allowlist_names_exist_and_whole_modules_are_complete(tool):
         dirs = subprocess.run(["ocamlfind", "query", "-r", "-format", "%d", *pkgs], capture_output=True,
                               text=True).stdout.split() if pkgs else []
         modules = {m.rsplit(".", 1)[0] for m in listed if m.startswith(root + ".")}
-        modules |= {m for m in whole if m.startswith(root + ".")}
         have = set()
         for m in {m.split(".")[0] + "." + m.split(".")[1] if m.count(".") else m for m in modules}:
             out = subprocess.run([str(tool), "--values", m, *dirs], capture_output=True, text=True)
@@ -139,9 +228,6 @@ def test_allowlist_names_exist_and_whole_modules_are_complete(tool):
         by_root[root] = have
     missing = [n for n in listed if n not in by_root[n.split(".")[0]]]
     assert missing == [], missing[:10]
-    for m in whole:
-        values = {v for v in by_root[m.split(".")[0]] if v.startswith(m + ".") and not v.endswith("()")}
-        assert values <= listed, (m, sorted(values - listed)[:5])
 
 
 def test_lines_are_counted_as_ocamls_lexer_counts_them():
@@ -210,18 +296,3 @@ def test_a_printed_error_cannot_move_the_blame(scorer):
     b = scorer.score_one(ADD, fenced(forged))
     assert b.first_error.startswith("This expression has type string"), b.first_error
     assert (b.type_errors, b.error_kinds) == (1, ["type"])
-
-
-# Honest answers that reach library modules as modules: nothing off the list is reached.
-@pytest.mark.parametrize("code", [
-    "module Helpers = struct module S = String let f s = S.length s end\nlet g = Helpers.f",
-    "module String = struct include String let shout s = uppercase_ascii s end\n"
-    "let f s = String.length (String.shout s)",
-    "let m = (module String : Set.OrderedType)",
-    "module F (X : sig val length : string -> int end) = struct let g = X.length end\nmodule G = F (String)",
-    "include List\nlet f l = length l",
-    "let[@inline] f x = x + 1\n[@@@ocaml.warning \"-32\"]\n(** doc *)\nlet h = (f [@inlined]) 1",
-])
-def test_library_modules_used_as_modules_are_allowed_when_nothing_off_the_list_is_reached(tool, tmp_path, code):
-    assert denied(tool, tmp_path, code) == []
-

@@ -2,8 +2,9 @@
    library (compiler-libs, the code `ocamlc` runs), so its outputs are ocamlc's (the same .cmo,
    executables, messages, exit status), plus facts ocamlc does not print: the stage that failed
    (from the compiler's own exception), the name an "unbound" error is about, where each
-   top-level item starts, and the library paths the solution reaches that the allowlist denies
-   (allowlist.ml, on the typed tree in this process: nothing is dumped to a file).
+   top-level item starts, and the attributes and library values the solution uses that the
+   allowlists deny (allowlist.ml, on the parse and typed trees in this process: nothing is dumped
+   to a file).
 
    Three ways to run it:
      compile_server                  the server: requests on stdin, replies on stdout. Each request
@@ -12,19 +13,22 @@
                                      new `ocamlc` process would: no counters, flags, tables or
                                      descriptors carried over from an earlier request.
      compile_server --once REQUEST   one request (tab-separated fields as below), reply on stdout
-     compile_server --check-cmt F    the allowlist check on a `-bin-annot` .cmt (the ocamlc path)
+     compile_server --check-cmt F    the allowlist check on a `-bin-annot` .cmt and its source (the
+                                     ocamlc path)
      compile_server --values M [INCDIR...]   every value of library module M (the list's tests)
 
    Requests, fields separated by tabs:
      DIR  c  FLAGS  FILE.ml  [INCDIR...]   like `ocamlc -w -a -alert -all [-I INCDIR]... -c FILE.ml`
                                            in DIR. FLAGS: letters, `-` for none: a = check the
-                                           typed tree against the allowlist, i = -i (type check
+                                           parse tree's attributes and the typed tree against the
+                                           allowlists, i = -i (type check
                                            only, signature discarded), p = -stop-after parsing,
                                            W = ocamlc's default warnings instead of -w -a ...
      DIR  o  OUT  FILE...                  like `ocamlc -w -a -alert -all -o OUT FILE...`
      DIR  k  FILE.ml  OUT  FILE...         what `c a FILE.ml`, then (if it compiled and the allowlist
                                            denies nothing) `o OUT FILE...` would reply, with the
-                                           answer FILE.ml typed once: parsed alone, then typed and
+                                           answer FILE.ml typed once: parsed alone (its attributes
+                                           checked there), then typed and
                                            checked as the `Solution` module of the test program
                                            (FILE... holds it); checked alone, in a fresh child, only
                                            when the test program fails outside the answer
@@ -85,7 +89,7 @@ type facts = {
   mutable stage : string;  (* where a failure came from: lexer, parser, typer, linker *)
   mutable unbound : string;  (* the name an "unbound value/type/..." error is about *)
   mutable items : int list;  (* byte offsets where the parsed file's top-level items start *)
-  mutable denied : string list;  (* library paths the allowlist does not allow *)
+  mutable denied : string list;  (* attributes, then library values, the allowlists do not allow *)
   mutable loc : Lexing.position option;  (* where the error starts (replied "LINE,COLUMN,FILE", column in bytes) *)
   mutable message : string;  (* the error's own message, on one line *)
 }
@@ -138,20 +142,31 @@ let run (f : unit -> unit) : int * string =
   Format.pp_print_flush ppf ();
   rc, Buffer.contents buf
 
-(* What the allowlist denies in a test program's `Solution` module: the answer, inlined (its
-   typed tree is what runs). No such module where the test program must hold one: denied. *)
+(* What the allowlist denies in the unit this process just compiled (its declarations are the
+   solution's own), read after its bytecode is written: judging a use may read more of the
+   library's interfaces, which must not change the .cmo's list of imports. *)
+let unit_denied (str : Typedtree.structure) =
+  Allowlist.reset_library (List.map fst (Env.imports ()));
+  Allowlist.denied_paths ~unit_name:(Env.get_unit_name ()) str
+
+(* ... in a test program's `Solution` module: the answer, inlined (its typed tree is what runs).
+   No such module where the test program must hold one: denied. *)
 let solution_denied (str : Typedtree.structure) =
+  (* the typer constrains a structure to its signature when that hides items (`open struct`) *)
+  let rec structure (me : Typedtree.module_expr) = match me.mod_desc with
+    | Tmod_structure s -> Some s
+    | Tmod_constraint (me, _, Tmodtype_implicit, _) -> structure me
+    | _ -> None in
   match List.find_map (fun (item : Typedtree.structure_item) -> match item.str_desc with
-      | Typedtree.Tstr_module { mb_id = Some id; mb_expr = { mod_desc = Tmod_structure s; _ }; _ }
-        when Ident.name id = "Solution" -> Some s
+      | Typedtree.Tstr_module { mb_id = Some id; mb_expr; _ } when Ident.name id = "Solution" -> structure mb_expr
       | _ -> None) str.str_items with
-  | Some s -> Allowlist.denied_paths s
+  | Some s -> unit_denied s
   | None -> ["Solution"]
 
-(* Compile_common.implementation, step by step: parse (recording where items start), type, check
-   the typed tree (or a test program's Solution module) when asked, emit bytecode unless -i or
-   -stop-after parsing. *)
-let compile ?(check = false) ?(check_solution = false) ?(includes = []) file () =
+(* Compile_common.implementation, step by step: parse (recording where items start, and with
+   `check` or `attributes` the attributes the answer may not use), type, emit bytecode unless -i or
+   -stop-after parsing, then check the typed tree (or a test program's Solution module) when asked. *)
+let compile ?(check = false) ?(attributes = false) ?(check_solution = false) ?(includes = []) file () =
   let output_prefix = Filename.remove_extension file in
   let parse_only = Clflags.(should_stop_after Compiler_pass.Parsing) in
   if not parse_only then init_path includes;
@@ -164,11 +179,12 @@ let compile ?(check = false) ?(check_solution = false) ?(includes = []) file () 
   try
     let parsed = Compile_common.parse_impl info in
     facts.items <- List.map (fun (i : Parsetree.structure_item) -> i.pstr_loc.loc_start.pos_cnum) parsed;
+    if attributes then facts.denied <- Allowlist.denied_attributes parsed;
     if not parse_only then begin
       let typed = Compile_common.typecheck_impl info parsed in
-      if check then facts.denied <- Allowlist.denied_paths typed.structure;
-      if check_solution then facts.denied <- solution_denied typed.structure;
-      if not !Clflags.print_types then Compile.emit_bytecode info (Compile.to_bytecode info typed)
+      if not !Clflags.print_types then Compile.emit_bytecode info (Compile.to_bytecode info typed);
+      if check then facts.denied <- Allowlist.denied_attributes parsed @ unit_denied typed.structure;
+      if check_solution then facts.denied <- facts.denied @ solution_denied typed.structure
     end;
     Warnings.check_fatal ()
   with x -> Misc.remove_file cmo; raise x
@@ -180,9 +196,10 @@ let set_flags flags =
     | 'W' -> Warnings.restore default_warnings
     | _ -> ()) flags
 
+(* The answer parsed alone, recording its items and the attributes it may not use. *)
 let parse_alone file () =
   Clflags.stop_after := Some Clflags.Compiler_pass.Parsing;
-  Fun.protect ~finally:(fun () -> Clflags.stop_after := None) (compile file)
+  Fun.protect ~finally:(fun () -> Clflags.stop_after := None) (compile ~attributes:true file)
 
 (* `ocamlc -c FILE.mli`, as ocamlc compiles an interface given on a link's command line. *)
 let compile_interface file () =
@@ -246,7 +263,7 @@ let handle line =
        let (prc, _) as parsed = run (parse_alone file) in
        if prc <> 0 then 0, reply parsed
        else begin
-         let items = facts.items in
+         let items = facts.items and attributes = facts.denied in
          reset_facts ();
          let (trc, _) as built = run (compile_sources ~check_solution:true objs) in
          if trc <> 0 && error_in file then begin
@@ -257,6 +274,7 @@ let handle line =
          else if trc <> 0 then 4, reply built
          else begin
            facts.items <- items;
+           facts.denied <- attributes @ facts.denied;
            let first = reply (0, "") in
            if facts.denied <> [] then 0, first
            else begin
@@ -385,6 +403,22 @@ let print_values path includes =
   walk env path md.md_type;
   flush proto
 
+(* The allowlist's verdict on ocamlc's own `-bin-annot` .cmt (the ocamlc path): the same checks
+   as the server's, on the same trees. A .cmt keeps each environment as a summary, rebuilt from the
+   unit's load path when a check needs it; the attributes are read from the source's parse tree,
+   parsed again (the .cmt keeps no parse tree). *)
+let check_cmt file =
+  let cmt = Cmt_format.read_cmt file in
+  match cmt.cmt_annots, cmt.cmt_sourcefile with
+  | Cmt_format.Implementation str, Some source ->
+    Load_path.init cmt.cmt_loadpath;
+    Envaux.reset_cache ();
+    Allowlist.reset_library (List.map fst cmt.cmt_imports);
+    let source = if Filename.is_relative source then Filename.concat cmt.cmt_builddir source else source in
+    let attributes = Allowlist.denied_attributes (Pparse.parse_implementation ~tool_name:"ocamlc" source) in
+    attributes @ Allowlist.denied_paths ~env_of:Envaux.env_of_only_summary ~unit_name:cmt.cmt_modname str
+  | _ -> prerr_endline "not a complete implementation"; exit 2
+
 let () =
   match Array.to_list Sys.argv with
   | _ :: "--values" :: path :: includes -> print_values path includes
@@ -392,13 +426,7 @@ let () =
     (* `k` needs a second fresh process when its test program fails: the server's, not this mode *)
     output_string proto (match handle request with 0, data -> data | _ -> reply (2, "k: use the server\n"));
     flush proto
-  | [_; "--check-cmt"; file] ->
-    init_path [];
-    Allowlist.real_env := Envaux.env_of_only_summary;
-    (match (Cmt_format.read_cmt file).cmt_annots with
-     | Cmt_format.Implementation str ->
-       output_string proto (String.concat " " (Allowlist.denied_paths str) ^ "\n"); flush proto
-     | _ -> prerr_endline "not a complete implementation"; exit 2)
+  | [_; "--check-cmt"; file] -> output_string proto (String.concat " " (check_cmt file) ^ "\n"); flush proto
   | [_] ->
     ignore (Lazy.force Allowlist.list);  (* parsed once, by the parent: ~5 ms a child would pay *)
     prepare_parent_gc ();
