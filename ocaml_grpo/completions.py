@@ -7,10 +7,13 @@ an answer is.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from ocaml_grpo import ocaml_source as src
 
-FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+FENCE = "```"
+# What follows a fence's backticks on its opening line: blanks, then the tag (the rest of the line is ignored).
+FENCE_TAG_RE = re.compile(r"[ \t]*([A-Za-z0-9_+-]*)")
 OCAML_TAGS = {"", "ocaml", "ml", "caml", "ocaml-repl"}
 # The prompt's definitions an answer that restates the function still needs in front of it.
 PREAMBLE_KEEP = {"type", "exception", "module", "open", "include", "let", "class"}
@@ -40,13 +43,38 @@ def completion_text(completion) -> str:
     return str(completion)
 
 
+@dataclass
+class Fence:
+    tag: str  # as written after the backticks: "ocaml", "OCaml", "" for none
+    body: str
+    end: int  # offset just past the closing backticks (the text's length when unclosed)
+
+
+def fences(text: str) -> list[Fence]:
+    """The fenced blocks, in order: backticks, an optional tag, the rest of that line, then the
+    body up to the next backticks or the end of the text (a runaway's unclosed block). A scan with
+    str.find, linear in the text: a regular expression backtracked quadratically on backticks."""
+    blocks: list[Fence] = []
+    at = 0
+    while (start := text.find(FENCE, at)) >= 0:
+        tag = FENCE_TAG_RE.match(text, start + len(FENCE))
+        newline = text.find("\n", tag.end())
+        if newline < 0:  # no line can open a block from here on
+            break
+        close = text.find(FENCE, newline + 1)
+        body_end = close if close >= 0 else len(text)
+        at = close + len(FENCE) if close >= 0 else len(text)
+        blocks.append(Fence(tag.group(1), text[newline + 1:body_end], at))
+    return blocks
+
+
 def extract_code(text: str) -> str:
     """Fenced blocks tagged ocaml/ml or untagged (joined), else the raw text. An unclosed
     fence (a runaway completion) counts up to the end."""
-    blocks = [m.group(2) for m in FENCE_RE.finditer(text) if m.group(1).lower() in OCAML_TAGS]
+    blocks = [f.body for f in fences(text) if f.tag.lower() in OCAML_TAGS]
     if blocks:
         return "\n".join(b.rstrip() for b in blocks) + "\n"
-    if "```" in text:  # only other languages fenced: nothing OCaml to grade
+    if FENCE in text:  # only other languages fenced: nothing OCaml to grade
         return ""
     return text
 

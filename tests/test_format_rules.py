@@ -1,0 +1,75 @@
+"""Reward integrity, round 4 (items 5 and 6): the format rules cannot be gamed, and no
+completion can hurt its neighbours or the host.
+
+The END marker counts only on its own line after the last code block; a completion that reached
+the maximum length is a runaway whatever it holds; a check that ran out of compile time earns no
+type-check or compile credit; an error is forgiven only when it follows from a name the failed
+phrase declared; line directives are blanked only where OCaml's lexer reads one; any text is
+extracted in linear time; and odd text (lone surrogates, NUL bytes, messages that are not text)
+costs at most its own completion's reward. All against the real grader."""
+import asyncio
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+import rewards
+from conftest import ADD, ADD_PROMPT, ADD_TESTS, END, ROOT, fenced
+from ocaml_grpo import ocaml_source as src
+from ocaml_grpo.completions import extract_code
+from rewards import RewardConfig, RewardScorer
+
+RIGHT = "let add a b = a + b"
+BLOCK = f"```ocaml\n{RIGHT}\n```"
+
+
+# ---------------------------------------------------------------------------------------------
+# (f) Any text is extracted in linear time, with the old results on ordinary text.
+
+# The pattern extraction used before (quadratic on backticks): the reference its results must match.
+OLD_FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+OCAML_TAGS = {"", "ocaml", "ml", "caml", "ocaml-repl"}
+
+
+def old_extract_code(text: str) -> str:
+    blocks = [m.group(2) for m in OLD_FENCE_RE.finditer(text) if m.group(1).lower() in OCAML_TAGS]
+    if blocks:
+        return "\n".join(b.rstrip() for b in blocks) + "\n"
+    return "" if "```" in text else text
+
+
+MB = 1 << 20
+
+
+@pytest.mark.parametrize("name,text", [
+    ("backticks", "`" * MB),
+    ("empty fences", "```\n" * (MB // 4)),
+    ("a fence without a newline", "```ocaml" + "a" * MB),
+    ("one fence, then backticks", "```\n" + "`" * MB),
+    ("spaces after backticks", "``` " * (MB // 4)),
+    ("tags without newlines", "```ocaml " * (MB // 9)),
+    ("alternating", "``\n" * (MB // 3)),
+])
+def test_extraction_is_linear(name, text):
+    t0 = time.perf_counter()
+    extract_code(text)
+    assert time.perf_counter() - t0 < 2.0, name
+
+
+def test_extraction_matches_the_old_results_on_ordinary_and_random_text():
+    cases = [
+        "Here:\n```ocaml\nlet x = 1\n```\nand\n```python\nprint(1)\n```\n```\nlet y = 2\n```",
+        "```ocaml\nlet x = 1\n(* cut off", "let x = 1", "```python\nprint(1)\n```", "```OCaml  extra\nlet x = 1\n```",
+        "````\nlet x = 1\n````", "``` ml\nlet a = 1```", "```\n```", "```", "text ``` no newline",
+        f"{BLOCK}\n{END}", "```c++\nint x;\n```\n```ocaml-repl\n# 1;;\n```",
+    ]
+    rng = random.Random(7)
+    pieces = ["```", "`", "\n", " ", "\t", "ocaml", "python", "ML", "let x = 1", "c++", "x"]
+    cases += ["".join(rng.choice(pieces) for _ in range(rng.randrange(1, 14))) for _ in range(3000)]
+    for text in cases:
+        assert extract_code(text) == old_extract_code(text), repr(text)
