@@ -3,12 +3,12 @@
     python rewards.py score PROBLEMS COMPLETIONS [--workers N]   # one JSON line per completion
     python rewards.py audit DATASET [--json]                     # which problems can ever pass
 
-Reward (weights from REWARD_SETTINGS below): structural 0.05 (the END marker is present), type check
-0.20 graduated by error count (0 errors: full; n type errors: 1/(2n); any syntax error: 0),
-compile 0.10 (compiles: full; else half the share of phrases that compile), tests 0.65 x the
-fraction of assertions passed (only when the program links with the tests).
-Rules: fewer than MIN_NON_EMPTY_LINES code lines -> 0; a completion that hit the maximum
-completion length without the END marker is multiplied by RUNAWAY_PENALTY_MULTIPLIER.
+Reward (weights from REWARD_SETTINGS below): structural 0.05 (the END marker on its own line after
+the last code block), type check 0.20 graduated by error count (0 errors: full; n type errors:
+1/(2n); any syntax error: 0), compile 0.10 (compiles: full; else half the share of phrases that
+compile), tests 0.65 x the fraction of assertions passed (only when the program links with the tests).
+Rules: fewer than MIN_NON_EMPTY_LINES code lines -> 0; a completion that reached the maximum
+completion length is multiplied by RUNAWAY_PENALTY_MULTIPLIER.
 
 This module must not import torch or trl: the CLI starts in well under a second.
 """
@@ -29,10 +29,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ocaml_grpo import dataset_audit, group_stats, ocaml_source as src
-from ocaml_grpo.completions import assemble_solution, completion_text, extract_code
+from ocaml_grpo.completions import assemble_solution, completion_text, extract_code, has_end_marker
 from ocaml_grpo.jsonl import JsonlWriter
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
-from ocaml_grpo.prompting import END_MARKER
 from ocaml_grpo.settings import resolve
 from ocaml_grpo.grader import Grade, OcamlGrader
 # The reward's settings and metric names are defined in reward_config.py; re-exported for the commands.
@@ -156,10 +155,11 @@ class RewardScorer:
         w = weights or cfg.weights
         text = completion_text(completion)
         b = Breakdown(problem_id=problem.id, isolated=self.grader.sandbox.isolated)
-        b.has_end_marker = END_MARKER in text
+        b.has_end_marker = has_end_marker(text)
         b.structural = w.structural if b.has_end_marker else 0.0
+        # Cut off at the limit, whatever it wrote before: a marker proves nothing about the text after it.
         b.runaway = (completion_tokens is not None and max_completion_tokens is not None
-                     and completion_tokens >= max_completion_tokens and not b.has_end_marker)
+                     and completion_tokens >= max_completion_tokens)
         code = extract_code(text)
         b.code_lines = src.count_code_lines(code)
         if b.code_lines < cfg.min_lines or not code.strip():

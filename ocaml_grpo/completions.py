@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 
 from ocaml_grpo import ocaml_source as src
+from ocaml_grpo.prompting import END_MARKER
 
 FENCE = "```"
 # What follows a fence's backticks on its opening line: blanks, then the tag (the rest of the line is ignored).
@@ -77,6 +78,18 @@ def extract_code(text: str) -> str:
     if FENCE in text:  # only other languages fenced: nothing OCaml to grade
         return ""
     return text
+
+
+def has_end_marker(text: str) -> bool:
+    """The END marker counts on a line of its own after the last code block: where the prompt
+    asks for it, once the answer is complete. Anywhere else it proves nothing (written first, it
+    let an answer ramble to the length limit and still count as finished). Without a block the
+    whole text is code, and the marker must be its last line."""
+    blocks = fences(text)
+    if not blocks:
+        return text.rstrip().rpartition("\n")[2].strip() == END_MARKER
+    # the lines after the one that holds the last block's closing backticks
+    return any(ln.strip() == END_MARKER for ln in text[blocks[-1].end:].split("\n")[1:])
 
 
 def entry_point_for(prompt: str, entry_point: str = "") -> str:

@@ -29,6 +29,46 @@ BLOCK = f"```ocaml\n{RIGHT}\n```"
 
 
 # ---------------------------------------------------------------------------------------------
+# (a) The END marker: on its own line, after the last code block.
+
+@pytest.mark.parametrize("text,placed", [
+    (f"{BLOCK}\n{END}", True),
+    (f"Here it is:\n{BLOCK}\n  {END}  \nThat adds.", True),  # its own line, blanks around it
+    (f"{BLOCK}\n```python\nprint(1)\n```\n{END}", True),  # after the last block, whatever its language
+    (f"{END}\n{BLOCK}\nSome more words.", False),  # before the code: the filibuster's opening
+    (f"```ocaml\n{RIGHT}\n{END}\n```", False),  # inside the block
+    (f"```ocaml\n{RIGHT}\n{END}", False),  # an unclosed block runs to the end: still inside it
+    (f"{BLOCK}\nDone {END}", False),  # not on its own line
+    (f"```ocaml\n{RIGHT}\n``` {END}", False),  # nor on the closing fence's
+    (f"{BLOCK}\n{END}\n```ocaml\nlet x = 1\n```", False),  # another block after it
+    (f"{RIGHT}\n{END}\n\n", True),  # no block: the whole text is code, the marker ends it
+    (f"{END}\n{RIGHT}", False),
+])
+def test_the_end_marker_counts_only_on_its_own_line_after_the_last_code_block(scorer, text, placed):
+    b = scorer.score_one(ADD, text)
+    assert b.has_end_marker is placed
+    assert b.reward == (1.0 if placed else 0.95)
+
+
+def test_the_filibuster_scores_as_a_runaway_without_the_marker(scorer):
+    # The marker first, then the answer, then text until the length limit: it scored 1.0.
+    text = f"{END}\n{BLOCK}\n" + "Let me explain the code once more. " * 400
+    b = scorer.score_one(ADD, text, completion_tokens=512, max_completion_tokens=512)
+    assert not b.has_end_marker and b.structural == 0.0
+    assert b.runaway and b.reward == pytest.approx(0.95 * 0.3)
+
+
+# ---------------------------------------------------------------------------------------------
+# (b) A completion that reached the maximum length is a runaway, marker or not.
+
+def test_a_completion_at_the_length_limit_is_a_runaway_even_with_the_marker(scorer):
+    done = scorer.score_one(ADD, fenced(RIGHT), completion_tokens=511, max_completion_tokens=512)
+    assert not done.runaway and done.reward == 1.0
+    cut = scorer.score_one(ADD, fenced(RIGHT), completion_tokens=512, max_completion_tokens=512)
+    assert cut.has_end_marker and cut.runaway and cut.reward == pytest.approx(0.3)
+
+
+# ---------------------------------------------------------------------------------------------
 # (f) Any text is extracted in linear time, with the old results on ordinary text.
 
 # The pattern extraction used before (quadratic on backticks): the reference its results must match.
