@@ -7,8 +7,9 @@ Reward (weights from REWARD_SETTINGS below): structural 0.05 (the END marker on 
 the last code block), type check 0.20 graduated by error count (0 errors: full; n type errors:
 1/(2n); any syntax error: 0), compile 0.10 (compiles: full; else half the share of phrases that
 compile), tests 0.65 x the fraction of assertions passed (only when the program links with the tests).
-Rules: fewer than MIN_NON_EMPTY_LINES code lines -> 0; a completion that reached the maximum
-completion length is multiplied by RUNAWAY_PENALTY_MULTIPLIER.
+Rules: fewer than MIN_NON_EMPTY_LINES code lines -> 0; a check that ran out of compile time earns
+no type-check or compile credit; a completion that reached the maximum completion length is
+multiplied by RUNAWAY_PENALTY_MULTIPLIER.
 
 This module must not import torch or trl: the CLI starts in well under a second.
 """
@@ -58,7 +59,8 @@ class Breakdown:
     tests_compiled: bool = False
     tests_passed: int = 0
     tests_total: int = 0
-    timed_out: bool = False
+    timed_out: bool = False  # the test runs used their CPU budget
+    compile_timed_out: bool = False  # the compile budget ran out: no type-check or compile credit
     runaway: bool = False
     gated_min_lines: bool = False
     forbidden: str | None = None
@@ -96,10 +98,13 @@ def score_grade(grade: Grade, b: Breakdown, w: Weights) -> None:
     b.first_error = grade.compile_errors[0].message if grade.compile_errors else grade.test_error
     b.compiled, b.tests_compiled = grade.compiled, grade.tests_compiled
     b.tests_passed, b.tests_total, b.timed_out = grade.tests_passed, grade.tests_total, grade.timed_out
-    b.forbidden = grade.forbidden
-    b.type_check = w.type_check * type_check_fraction(grade)
-    compile_frac = 1.0 if grade.compiled else 0.5 * grade.phrases_ok / max(1, grade.phrases_total)
-    b.compile = w.compile * compile_frac
+    b.forbidden, b.compile_timed_out = grade.forbidden, grade.compile_timed_out
+    if grade.compile_timed_out:  # a check stopped half-way proves nothing, and counted no further errors
+        b.type_check = b.compile = 0.0
+    else:
+        b.type_check = w.type_check * type_check_fraction(grade)
+        compile_frac = 1.0 if grade.compiled else 0.5 * grade.phrases_ok / max(1, grade.phrases_total)
+        b.compile = w.compile * compile_frac
     if grade.tests_compiled and grade.tests_total and not grade.forbidden:
         b.tests = w.tests * min(max(grade.tests_passed, 0), grade.tests_total) / grade.tests_total
 

@@ -50,7 +50,8 @@ class Grade:
     tests_compiled: bool = False  # the solution links with the tests
     tests_passed: int = 0
     tests_total: int = 0
-    timed_out: bool = False
+    timed_out: bool = False  # the test runs used their CPU budget
+    compile_timed_out: bool = False  # the compile budget ran out before the test program was built
     forbidden: str | None = None  # first library path off the allowlist (or `external`): no test credit
     test_error: str | None = None  # first error compiling the tests against the solution
 
@@ -124,6 +125,9 @@ class OcamlGrader:
                                                            list(entry_points)))
             with self.compilers.steps(workdir, budget, tuple(requires)) as steps:
                 linked = self._compile(steps, solution, grade, budget)
+            # A check cut short proves nothing, and error counting stopped with it (rewards.py
+            # then gives no type-check or compile credit). A program that was built was not cut short.
+            grade.compile_timed_out = budget.exhausted and not linked
             if linked:
                 grade.tests_compiled = True
                 # The program runs alone in a fresh directory: no sources to read answers from.

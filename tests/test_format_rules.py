@@ -69,6 +69,32 @@ def test_a_completion_at_the_length_limit_is_a_runaway_even_with_the_marker(scor
 
 
 # ---------------------------------------------------------------------------------------------
+# (c) A check that ran out of compile time earns no type-check or compile credit.
+
+# Printing the type of x30 in the error message is exponential: every check of it times out.
+BLOW_UP = "let bad : int =\n  let x0 = 0 in\n" + "".join(
+    f"  let x{i} = (x{i - 1}, x{i - 1}) in\n" for i in range(1, 31)) + "  x30"
+
+
+def test_a_compile_time_out_earns_no_type_check_or_compile_credit():
+    s = RewardScorer(RewardConfig.from_env({"OCAML_COMPILE_LIMIT_S": "2", "MIN_NON_EMPTY_LINES": "0",
+                                            "REWARD_WORKERS": "1"}))
+    try:
+        honest = s.score_one(ADD, fenced(RIGHT))  # compiles in milliseconds: untouched
+        assert honest.reward == 1.0 and not honest.compile_timed_out
+        slow = s.score_one(ADD, fenced(f"{RIGHT}\n{BLOW_UP}"))
+        assert slow.compile_timed_out and not slow.compiled
+        # it used to count as one type error: 0.10 of type check on top of the marker's 0.05
+        assert (slow.type_check, slow.compile, slow.tests) == (0.0, 0.0, 0.0)
+        assert slow.reward == pytest.approx(0.05)
+        # a real type error beside it does not bring the credit back
+        both = s.score_one(ADD, fenced(f'let f (x : int) : int = x + "a"\n{RIGHT}\n{BLOW_UP}'))
+        assert both.compile_timed_out and (both.type_check, both.compile) == (0.0, 0.0)
+    finally:
+        s.close()
+
+
+# ---------------------------------------------------------------------------------------------
 # (f) Any text is extracted in linear time, with the old results on ordinary text.
 
 # The pattern extraction used before (quadratic on backticks): the reference its results must match.
