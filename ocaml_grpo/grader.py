@@ -204,7 +204,10 @@ class OcamlGrader:
                 grade.compile_errors.append(err)
                 pending = []
                 break
-            if not (err.unbound and err.unbound.split(".")[0] in skipped_names):
+            # Forgiven only when the unbound name is one a skipped phrase declared, exactly
+            # (`helper`, `Helper` in `Helper.f`, whose module is the one unbound). A qualified
+            # name never is: a failed `module List = ...` must not hide `List.mapp` typos.
+            if not (err.unbound and err.unbound in skipped_names):
                 grade.compile_errors.append(err)
             skipped_names.update(phrases[j].names)
             if err.kind != "syntax":  # typing is in order: everything before j is fine

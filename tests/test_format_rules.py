@@ -95,6 +95,30 @@ def test_a_compile_time_out_earns_no_type_check_or_compile_credit():
 
 
 # ---------------------------------------------------------------------------------------------
+# (d) An error is forgiven only when it follows from what the failed phrase declared.
+
+def test_a_failed_module_named_list_does_not_forgive_later_typos(scorer):
+    # The failed phrase declares `List`; `List.mapp` and `List.lenght` are typos against the
+    # standard library's List, each its own error (both were forgiven: their first component).
+    code = ('module List = struct let x : int = "s" end\n'
+            "let f l = List.mapp succ l\n"
+            "let g l = List.lenght l\n"
+            f"{RIGHT}")
+    b = scorer.score_one(ADD, fenced(code))
+    assert b.type_errors == 3, (b.error_kinds, b.first_error)
+
+
+@pytest.mark.parametrize("code", [
+    f'let helper x = x + "a"\nlet f y = helper y\n{RIGHT}',  # Unbound value helper
+    f'module Helper = struct let f x = x + "a" end\nlet g y = Helper.f y\n{RIGHT}',  # Unbound module Helper
+    f"type shape = Circle of radius\nlet area (s : shape) = 0\n{RIGHT}",  # Unbound type constructor shape
+])
+def test_errors_that_follow_from_a_failed_declaration_still_count_once(scorer, code):
+    b = scorer.score_one(ADD, fenced(code))
+    assert b.type_errors == 1, (b.error_kinds, b.first_error)
+
+
+# ---------------------------------------------------------------------------------------------
 # (f) Any text is extracted in linear time, with the old results on ordinary text.
 
 # The pattern extraction used before (quadratic on backticks): the reference its results must match.
