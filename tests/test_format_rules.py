@@ -119,6 +119,59 @@ def test_errors_that_follow_from_a_failed_declaration_still_count_once(scorer, c
 
 
 # ---------------------------------------------------------------------------------------------
+# (e) Line directives are blanked only where OCaml's lexer reads one.
+
+@pytest.mark.parametrize("text,kept", [
+    ('let s = "x\n# 1 \\"y\\"\n"', True),  # inside a string literal
+    ('let s = {|x\n# 1 "y"\n|}', True),  # inside a quoted string
+    ('let s = {id|x\n# 1 "y"\n|id}', True),
+    ('(* a comment\n# 1 "y" *)\nlet s = 1', True),  # inside a comment (its `*)` must survive)
+    ('let s = 1\n  # 1 "y"\n', True),  # indented: OCaml reads `#` there as a symbol
+    ("let s = 1\n# 2\n", True),  # no file name: not a directive in OCaml 4.13
+    ('let s = 1\n# 99999999999999999999999 "y"\n', True),  # out of range: the lexer's own error
+    ('let s = 1\n# 1 "y"\nlet t = 2', False),
+    ('# 1 "y" and anything after it\nlet t = 2', False),
+    ('let s = "a\n"\n#7"y"\nlet t = 2', False),  # after a string that ended on the line before
+    ('let c = \'"\'\n# 7 "y"\nlet t = 2', False),  # a char literal opens no string
+])
+def test_line_directives_are_blanked_only_where_ocaml_reads_them(text, kept):
+    out = src.strip_line_directives(text)
+    assert out.count("\n") == text.count("\n")  # line numbers are kept
+    if kept:
+        assert out == text
+    else:
+        assert '"y"' not in out and "let t = 2" in out
+
+
+@pytest.mark.parametrize("table", [
+    '"x\n# 1 \\"y\\"\n"',
+    '{|x\n# 1 "y"\n|}',
+])
+def test_a_string_table_with_hash_digit_lines_keeps_its_meaning(scorer, table):
+    # Both literals are 10 bytes long; blanking the line made them 3, and every test failed.
+    code = f"let add a b =\n  let t = {table} in\n  if String.length t = 10 then a + b else 0"
+    b = scorer.score_one(ADD, fenced(code))
+    assert b.reward == 1.0, b
+
+
+def test_a_directive_line_inside_a_comment_does_not_open_the_comment(scorer):
+    b = scorer.score_one(ADD, fenced(f'(* see\n# 1 "notes.ml" *)\n{RIGHT}'))
+    assert b.reward == 1.0, b
+
+
+def test_directive_lines_are_not_code_lines():
+    # Eight directives and one line of code passed MIN_NON_EMPTY_LINES=8; the grader then blanked them.
+    code = '# 1 "a.ml"\n' * 8 + RIGHT
+    assert src.count_code_lines(code) == 1
+    s = RewardScorer(RewardConfig(min_lines=8, workers=1))
+    try:
+        b = s.score_one(ADD, fenced(code))
+        assert b.gated_min_lines and b.reward == 0.0
+    finally:
+        s.close()
+
+
+# ---------------------------------------------------------------------------------------------
 # (f) Any text is extracted in linear time, with the old results on ordinary text.
 
 # The pattern extraction used before (quadratic on backticks): the reference its results must match.
