@@ -9,7 +9,8 @@ the last code block), type check 0.20 graduated by error count (0 errors: full; 
 compile), tests 0.65 x the fraction of assertions passed (only when the program links with the tests).
 Rules: fewer than MIN_NON_EMPTY_LINES code lines -> 0; a check that ran out of compile time earns
 no type-check or compile credit; a completion that reached the maximum completion length is
-multiplied by RUNAWAY_PENALTY_MULTIPLIER.
+multiplied by RUNAWAY_PENALTY_MULTIPLIER; grading that fails on one completion makes its reward
+None, never the batch's.
 
 This module must not import torch or trl: the CLI starts in well under a second.
 """
@@ -338,7 +339,7 @@ def cmd_score(args) -> int:
     cfg = RewardConfig.from_env(os.environ)
     if args.workers:
         cfg = replace(cfg, workers=args.workers)
-    scorer = RewardScorer(cfg)
+    scorer = GuardedScorer(cfg)  # a completion whose grading fails prints reward None, not a dead batch
     if not scorer.grader.sandbox.isolated:
         print("WARNING: " + scorer.grader.sandbox.describe(), file=sys.stderr)
     try:

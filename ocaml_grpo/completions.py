@@ -33,15 +33,24 @@ def is_value_name(name: str) -> bool:
     return bool(VALUE_NAME_RE.fullmatch(name)) and name not in OCAML_KEYWORDS and name != "_"
 
 
+# Lone surrogates (valid in JSON, "\ud800") cannot be written as UTF-8: a file, a hash or a log line
+# holding one raises. Text is cleaned once, where a completion enters.
+SURROGATE_RE = re.compile("[\ud800-\udfff]")
+
+
 def completion_text(completion) -> str:
-    """TRL passes plain strings, or (conversational) a list of messages."""
-    if isinstance(completion, str):
-        return completion
+    """The completion's text, each lone surrogate replaced by U+FFFD. TRL passes plain strings,
+    or (conversational) a list of messages; a message whose content is not text is a ValueError."""
     if isinstance(completion, list):
-        return "".join(m.get("content", "") for m in completion if isinstance(m, dict))
-    if isinstance(completion, dict):
-        return str(completion.get("content", ""))
-    return str(completion)
+        parts = [m.get("content", "") for m in completion if isinstance(m, dict)]
+    elif isinstance(completion, dict):
+        parts = [completion.get("content", "")]
+    else:
+        parts = [completion if isinstance(completion, str) else str(completion)]
+    for part in parts:
+        if not isinstance(part, str):
+            raise ValueError(f"a message's content is {type(part).__name__}, not text")
+    return SURROGATE_RE.sub("\ufffd", "".join(parts))
 
 
 @dataclass

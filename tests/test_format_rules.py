@@ -216,3 +216,38 @@ def test_extraction_matches_the_old_results_on_ordinary_and_random_text():
     cases += ["".join(rng.choice(pieces) for _ in range(rng.randrange(1, 14))) for _ in range(3000)]
     for text in cases:
         assert extract_code(text) == old_extract_code(text), repr(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# (g) Odd text costs at most its own completion's reward.
+
+def test_the_cli_prints_a_line_for_every_completion_whatever_its_text(tmp_path):
+    probs = tmp_path / "p.jsonl"
+    probs.write_text(json.dumps({"id": "add", "prompt": ADD_PROMPT, "tests": ADD_TESTS}) + "\n")
+    completions = [
+        fenced(RIGHT),
+        fenced(f"{RIGHT} (* \ud800 a lone surrogate, valid in JSON *)"),
+        fenced(f"{RIGHT} (* a NUL \x00 byte *)"),
+        fenced('let add a b = a + b + String.length "\udfff\x00" - 4'),  # 3 bytes of U+FFFD and a NUL
+        [{"role": "assistant", "content": 5}],  # a message that is not text
+        fenced("let add a b = a - b"),
+    ]
+    comps = tmp_path / "c.jsonl"
+    comps.write_text("".join(json.dumps({"problem_id": "add", "completion": c}) + "\n" for c in completions))
+    r = subprocess.run([sys.executable, str(ROOT / "rewards.py"), "score", str(probs), str(comps), "--workers", "1"],
+                       env={**os.environ, "MIN_NON_EMPTY_LINES": "0"}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [o["reward"] for o in out[:4]] == [1.0, 1.0, 1.0, 1.0], [o["first_error"] for o in out]
+    assert out[4]["reward"] is None and "not text" in out[4]["first_error"]
+    assert out[5]["tests_passed"] == 2 and out[5]["tests_total"] == 7  # add 0 0, add 7 0: its real grade
+
+
+def test_a_lone_surrogate_in_training_is_graded_and_logged(scorer, tmp_path):
+    reward_fn = rewards.make_reward_function(tmp_path, scorer=scorer)
+    completions = [fenced(RIGHT), fenced(f"{RIGHT} (* \ud800 *)")]
+    out = asyncio.run(reward_fn(prompts=["p"] * 2, completions=completions, completion_ids=[[1, 2]] * 2,
+                                id=["add"] * 2, problem=[ADD_PROMPT] * 2, tests=[ADD_TESTS] * 2))
+    assert out == [1.0, 1.0]
+    logged = [json.loads(line) for line in (tmp_path / "reward_logs" / "completions.jsonl").open(encoding="utf-8")]
+    assert "\ufffd" in logged[1]["completion"] and "\ud800" not in logged[1]["completion"]
