@@ -42,7 +42,7 @@ from ocaml_grpo.train_config import SETTINGS
 
 ICON = {"ok": "✅", "info": "ℹ️", "warning": "⚠️", "critical": "🔴"}
 STATUS_ICON = {"green": "🟢", "yellow": "🟡", "red": "🔴"}
-RUNAWAY, GATED, PASS_ANY = "runaway (no END at max length)", "gated (MIN_NON_EMPTY_LINES)", "passes some tests"
+RUNAWAY, GATED, PASS_ANY = "runaway (max length)", "gated (MIN_NON_EMPTY_LINES)", "passes some tests"
 DEFAULTS_SOURCE = "train.py's defaults (no config.json in the run directory)"
 
 # ----------------------------------------------------------------------------- results
@@ -349,7 +349,7 @@ def _record_findings(bd: BreakdownStats | None, audit: dict | None, config: dict
     out = []
     if bd and bd.shares[RUNAWAY] >= th.runaway_share_max:
         out.append(Finding("runaway", "Many runaway completions", "warning",
-                           f"{bd.shares[RUNAWAY]:.0%} of completions hit the length limit without the END marker."))
+                           f"{bd.shares[RUNAWAY]:.0%} of completions hit the length limit."))
     if bd and bd.shares[GATED] >= th.gated_share_max:
         out.append(Finding("gated", "Many completions gated", "warning",
                            f"{bd.shares[GATED]:.0%} got no reward for having fewer than "
@@ -440,7 +440,7 @@ def _actions(findings: list[Finding], config: dict, bd: BreakdownStats | None, g
                            f"from {lr:g}: rewards lag the trajectory while the grad norm is healthy"))
     if "Many runaway completions" in titles and maxc is not None:
         acts.append(Action("GRPO_MAX_COMPLETION", str(int(math.ceil(maxc * 1.25 / 64) * 64)),
-                           f"from {int(maxc)}: {bd.shares[RUNAWAY]:.0%} of completions end without END"))
+                           f"from {int(maxc)}: {bd.shares[RUNAWAY]:.0%} of completions hit the length limit"))
     if bd is not None and bd.shares[PASS_ANY] == 0:
         acts.append(Action("REWARD_CURRICULUM", "1",
                            f"no completion passed a test ({bd.n} scored): weight syntax/compile first"))

@@ -3,12 +3,14 @@
     python rewards.py score PROBLEMS COMPLETIONS [--workers N]   # one JSON line per completion
     python rewards.py audit DATASET [--json]                     # which problems can ever pass
 
-Reward (weights from REWARD_SETTINGS below): structural 0.05 (the END marker ends the answer), type check
-0.20 graduated by error count (0 errors: full; n type errors: 1/(2n); any syntax error: 0),
-compile 0.10 (compiles: full; else half the share of phrases that compile), tests 0.65 x the
-fraction of assertions passed (only when the program links with the tests).
-Rules: fewer than MIN_NON_EMPTY_LINES code lines -> 0; a completion that hit the maximum
-completion length is multiplied by RUNAWAY_PENALTY_MULTIPLIER.
+Reward (weights from REWARD_SETTINGS below): structural 0.05 (the END marker on its own line after
+the last code block), type check 0.20 graduated by error count (0 errors: full; n type errors:
+1/(2n); any syntax error: 0), compile 0.10 (compiles: full; else half the share of phrases that
+compile), tests 0.65 x the fraction of assertions passed (only when the program links with the tests).
+Rules: fewer than MIN_NON_EMPTY_LINES code lines -> 0; a check that ran out of compile time earns
+no type-check or compile credit; a completion that reached the maximum completion length is
+multiplied by RUNAWAY_PENALTY_MULTIPLIER; grading that fails on one completion makes its reward
+None, never the batch's.
 
 This module must not import torch or trl: the CLI starts in well under a second.
 """
@@ -32,7 +34,6 @@ from ocaml_grpo import dataset_audit, group_stats, ocaml_source as src
 from ocaml_grpo.completions import assemble_solution, completion_text, extract_code, has_end_marker
 from ocaml_grpo.jsonl import JsonlWriter
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
-from ocaml_grpo.prompting import END_MARKER
 from ocaml_grpo.settings import resolve
 from ocaml_grpo.grader import Grade, OcamlGrader
 # The reward's settings and metric names are defined in reward_config.py; re-exported for the commands.
@@ -59,8 +60,8 @@ class Breakdown:
     tests_compiled: bool = False
     tests_passed: int = 0
     tests_total: int = 0
-    timed_out: bool = False
-    compile_timed_out: bool = False
+    timed_out: bool = False  # the test runs used their CPU budget
+    compile_timed_out: bool = False  # the compile budget ran out: no type-check or compile credit
     runaway: bool = False
     gated_min_lines: bool = False
     forbidden: str | None = None
@@ -100,13 +101,13 @@ def score_grade(grade: Grade, b: Breakdown, w: Weights) -> None:
     b.first_error = grade.compile_errors[0].message if grade.compile_errors else grade.test_error
     b.compiled, b.tests_compiled = grade.compiled, grade.tests_compiled
     b.tests_passed, b.tests_total, b.timed_out = grade.tests_passed, grade.tests_total, grade.timed_out
-    b.forbidden, b.unverifiable = grade.forbidden, grade.unverifiable
-    b.type_check = w.type_check * type_check_fraction(grade)
-    compile_frac = 1.0 if grade.compiled else 0.5 * grade.phrases_ok / max(1, grade.phrases_total)
-    b.compile = w.compile * compile_frac
-    if grade.compile_timed_out:  # a check that did not finish proves nothing about the code
+    b.forbidden, b.unverifiable, b.compile_timed_out = grade.forbidden, grade.unverifiable, grade.compile_timed_out
+    if grade.compile_timed_out:  # a check stopped half-way proves nothing, and counted no further errors
         b.type_check = b.compile = 0.0
-    b.compile_timed_out = grade.compile_timed_out
+    else:
+        b.type_check = w.type_check * type_check_fraction(grade)
+        compile_frac = 1.0 if grade.compiled else 0.5 * grade.phrases_ok / max(1, grade.phrases_total)
+        b.compile = w.compile * compile_frac
     if grade.tests_compiled and grade.tests_total and not grade.forbidden:
         b.tests = w.tests * min(max(grade.tests_passed, 0), grade.tests_total) / grade.tests_total
 
@@ -162,9 +163,9 @@ class RewardScorer:
         w = weights or cfg.weights
         text = completion_text(completion)
         b = Breakdown(problem_id=problem.id, isolated=self.grader.sandbox.isolated)
-        b.has_end_marker = has_end_marker(text, END_MARKER)
+        b.has_end_marker = has_end_marker(text)
         b.structural = w.structural if b.has_end_marker else 0.0
-        # reaching the maximum length is a runaway whatever the text holds (a marker included)
+        # Cut off at the limit, whatever it wrote before: a marker proves nothing about the text after it.
         b.runaway = (completion_tokens is not None and max_completion_tokens is not None
                      and completion_tokens >= max_completion_tokens)
         code = extract_code(text)
@@ -340,7 +341,7 @@ def cmd_score(args) -> int:
     cfg = RewardConfig.from_env(os.environ)
     if args.workers:
         cfg = replace(cfg, workers=args.workers)
-    scorer = GuardedScorer(cfg)  # a completion the grader fails on is that line's None, not the batch's
+    scorer = GuardedScorer(cfg)  # a completion whose grading fails prints reward None, not a dead batch
     if not scorer.grader.sandbox.isolated:
         print("WARNING: " + scorer.grader.sandbox.describe(), file=sys.stderr)
     try:

@@ -7,10 +7,13 @@ an answer is.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from ocaml_grpo import ocaml_source as src
+from ocaml_grpo.prompting import END_MARKER
 
 FENCE = "```"
+# What follows a fence's backticks on its opening line: blanks, then the tag (the rest of the line is ignored).
 FENCE_TAG_RE = re.compile(r"[ \t]*([A-Za-z0-9_+-]*)")
 OCAML_TAGS = {"", "ocaml", "ml", "caml", "ocaml-repl"}
 # The prompt's definitions an answer that restates the function still needs in front of it.
@@ -30,44 +33,55 @@ def is_value_name(name: str) -> bool:
     return bool(VALUE_NAME_RE.fullmatch(name)) and name not in OCAML_KEYWORDS and name != "_"
 
 
+# Lone surrogates (valid in JSON, "\ud800") cannot be written as UTF-8: a file, a hash or a log line
+# holding one raises. Text is cleaned once, where a completion enters.
+SURROGATE_RE = re.compile("[\ud800-\udfff]")
+
+
 def completion_text(completion) -> str:
-    """TRL passes plain strings, or (conversational) a list of messages. Text that is not valid
-    Unicode (a lone surrogate is valid JSON) is made so here, once: U+FFFD in its place."""
-    if isinstance(completion, str):
-        text = completion
-    elif isinstance(completion, list):
-        text = "".join(str(m.get("content", "")) for m in completion if isinstance(m, dict))
+    """The completion's text, each lone surrogate replaced by U+FFFD. TRL passes plain strings,
+    or (conversational) a list of messages; a message whose content is not text is a ValueError."""
+    if isinstance(completion, list):
+        parts = [m.get("content", "") for m in completion if isinstance(m, dict)]
     elif isinstance(completion, dict):
-        text = str(completion.get("content", ""))
+        parts = [completion.get("content", "")]
     else:
-        text = str(completion)
-    return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        parts = [completion if isinstance(completion, str) else str(completion)]
+    for part in parts:
+        if not isinstance(part, str):
+            raise ValueError(f"a message's content is {type(part).__name__}, not text")
+    return SURROGATE_RE.sub("\ufffd", "".join(parts))
 
 
-def fenced_blocks(text: str) -> tuple[list[tuple[str, str]], int]:
-    """Each fenced block's (tag, body), and where the last one ends (-1: none; len(text): it
-    never closed). An unclosed fence (a runaway completion) runs to the end. One pass with
-    str.find: linear in the text, whatever it holds (a regular expression backtracked
-    quadratically on 250k backticks)."""
-    blocks, pos, end = [], 0, -1
-    while (i := text.find(FENCE, pos)) >= 0:
-        nl = text.find("\n", i + len(FENCE))
-        if nl < 0:
+@dataclass
+class Fence:
+    tag: str  # as written after the backticks: "ocaml", "OCaml", "" for none
+    body: str
+    end: int  # offset just past the closing backticks (the text's length when unclosed)
+
+
+def fences(text: str) -> list[Fence]:
+    """The fenced blocks, in order: backticks, an optional tag, the rest of that line, then the
+    body up to the next backticks or the end of the text (a runaway's unclosed block). A scan with
+    str.find, linear in the text: a regular expression backtracked quadratically on backticks."""
+    blocks: list[Fence] = []
+    at = 0
+    while (start := text.find(FENCE, at)) >= 0:
+        tag = FENCE_TAG_RE.match(text, start + len(FENCE))
+        newline = text.find("\n", tag.end())
+        if newline < 0:  # no line can open a block from here on
             break
-        tag = FENCE_TAG_RE.match(text, i + len(FENCE), nl).group(1)
-        j = text.find(FENCE, nl + 1)
-        blocks.append((tag, text[nl + 1:j if j >= 0 else len(text)]))
-        if j < 0:
-            end = len(text)
-            break
-        pos = end = j + len(FENCE)
-    return blocks, end
+        close = text.find(FENCE, newline + 1)
+        body_end = close if close >= 0 else len(text)
+        at = close + len(FENCE) if close >= 0 else len(text)
+        blocks.append(Fence(tag.group(1), text[newline + 1:body_end], at))
+    return blocks
 
 
 def extract_code(text: str) -> str:
     """Fenced blocks tagged ocaml/ml or untagged (joined), else the raw text. An unclosed
     fence (a runaway completion) counts up to the end."""
-    blocks = [body for tag, body in fenced_blocks(text)[0] if tag.lower() in OCAML_TAGS]
+    blocks = [f.body for f in fences(text) if f.tag.lower() in OCAML_TAGS]
     if blocks:
         return "\n".join(b.rstrip() for b in blocks) + "\n"
     if FENCE in text:  # only other languages fenced: nothing OCaml to grade
@@ -75,18 +89,16 @@ def extract_code(text: str) -> str:
     return text
 
 
-def has_end_marker(text: str, marker: str) -> bool:
-    """The marker counts only after the last code block, on a line of its own (a marker written
-    before the code, or inside it, does not: an answer could put it first and ramble on). Without
-    fences the code is the whole text, so the marker must be its last line."""
-    end = fenced_blocks(text)[1]
-    if end >= len(text):
-        return False
-    after = text[end:] if end >= 0 else text
-    lines = [ln.strip() for ln in after.splitlines() if ln.strip()]
-    if end >= 0:
-        return marker in lines
-    return bool(lines) and lines[-1] == marker
+def has_end_marker(text: str) -> bool:
+    """The END marker counts on a line of its own after the last code block: where the prompt
+    asks for it, once the answer is complete. Anywhere else it proves nothing (written first, it
+    let an answer ramble to the length limit and still count as finished). Without a block the
+    whole text is code, and the marker must be its last line."""
+    blocks = fences(text)
+    if not blocks:
+        return text.rstrip().rpartition("\n")[2].strip() == END_MARKER
+    # the lines after the one that holds the last block's closing backticks
+    return any(ln.strip() == END_MARKER for ln in text[blocks[-1].end:].split("\n")[1:])
 
 
 def entry_point_for(prompt: str, entry_point: str = "") -> str:

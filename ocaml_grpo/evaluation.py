@@ -15,7 +15,7 @@ from ocaml_grpo.problems import Problem
 CAPABILITY_THRESHOLD = 0.20  # the original training analysis: under 20% solved -> the base model is not ready for GRPO
 # Share of completions with each Breakdown flag set, and what the flag means.
 RATES = {
-    "has_end_marker": "the END marker ends the completion (after its last code block, on its own line)",
+    "has_end_marker": "the END marker on its own line after the last code block",
     "compiled": "the solution alone compiles (0 type and 0 syntax errors)",
     "tests_compiled": "the solution and the tests build one program",
     "solved": "every test passed",

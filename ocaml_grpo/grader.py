@@ -58,11 +58,11 @@ class Grade:
     tests_compiled: bool = False  # the solution links with the tests
     tests_passed: int = 0
     tests_total: int = 0
-    timed_out: bool = False
+    timed_out: bool = False  # the test runs used their CPU budget
+    compile_timed_out: bool = False  # a check was stopped by the compile budget (before a program was built)
     forbidden: str | None = None  # first library path off the allowlist (or `external`): no test credit
     test_error: str | None = None  # first error compiling the tests against the solution
     unverifiable: str | None = None  # why the tests cannot be run outside the answer's process: no test credit
-    compile_timed_out: bool = False  # a check ran out of the compile budget: no type-check or compile credit
 
     @property
     def syntax_errors(self) -> int:
@@ -162,7 +162,9 @@ class OcamlGrader:
                 objects += ["oracle.mli", "oracle.ml"]
             with self.compilers.steps(workdir, budget, tuple(requires)) as steps:
                 linked = self._compile(steps, solution, grade, budget, objects, iface)
-            grade.compile_timed_out = budget.timed_out
+            # A check cut short proves nothing, and error counting stopped with it (rewards.py then
+            # gives no type-check or compile credit); waiting for a compile slot is not cut short.
+            grade.compile_timed_out = budget.timed_out and not linked
             if linked and trusted is not None:
                 if trusted.error:
                     grade.test_error = trusted.error
@@ -296,9 +298,9 @@ class OcamlGrader:
                 grade.compile_errors.append(err)
                 pending = []
                 break
-            # Forgiven only when it follows from what a skipped phrase declared: the unbound name is
-            # one it bound (`helper`, or module `M` in "Unbound module M"), never a name inside a
-            # module it merely shares a name with (`List.mapp` after a broken `module List = ...`).
+            # Forgiven only when the unbound name is one a skipped phrase declared, exactly
+            # (`helper`, `Helper` in `Helper.f`, whose module is the one unbound). A qualified
+            # name never is: a failed `module List = ...` must not hide `List.mapp` typos.
             if not (err.unbound and err.unbound in skipped_names):
                 grade.compile_errors.append(err)
             skipped_names.update(phrases[j].names)

@@ -26,7 +26,11 @@ QUOTED_STRING_RE = re.compile(r"\{(?:%%?[A-Za-z0-9_']+(?:\.[A-Za-z0-9_']+)*[ \t]
 _CHAR_BODY = r"(?:\r?\n|(?![\\'\n\r])[\x00-\x7f]|\\[\\'\"ntbr ]|\\[0-9]{3}|\\o[0-3][0-7]{2}|\\x[0-9a-fA-F]{2})"
 CHAR_RE = re.compile(r"'" + _CHAR_BODY + r"'")
 COMMENT_CHAR_RE = re.compile(r"''|'" + _CHAR_BODY + r"'")  # inside comments '' is skipped too
-LINE_DIRECTIVE_RE = re.compile(r"(?m)^[ \t]*#[ \t]*[0-9].*$")
+# A line directive, `# 900 "solution.ml"`: 4.13's lexer reads one only from a `#` at the very start
+# of a line (in code, not in a string or comment), and only with a quoted file name; its line
+# number must be an OCaml int, or the directive is a lexer error.
+LINE_DIRECTIVE_RE = re.compile(r'#[ \t]*([0-9]+)[ \t]*"[^\r\n"]*"[^\r\n]*')
+OCAML_MAX_INT = 2**62 - 1
 # Scanning shortcuts (the lexer runs on every completion and test file): the next place a
 # comment can change state (in the order _skip_comment tests them); a string's body.
 COMMENT_EVENT_RE = re.compile(r"""\(\*|\*\)|"|\{|'""")
@@ -42,7 +46,7 @@ TOKEN_RE = re.compile(r"[ \t\r\n\f]*+(?:" + "|".join([
 
 @dataclass(slots=True)
 class Token:
-    kind: str  # "ident", "symbol", "string", "char", "comment"
+    kind: str  # "ident", "symbol", "string", "char", "comment", "directive" (a line directive)
     text: str
     start: int  # offset in the source
     line: int  # 1-based
@@ -86,6 +90,8 @@ def _tokens(src: str) -> tuple[Token, ...]:
             kind, end = "string", _skip_quoted(src, m, "qid")
         elif kind in ("quote", "number"):  # a quote that opens no char literal: a type variable's
             kind, end = "symbol", m.end()
+        elif kind == "symbol" and (d := _directive_end(src, i)):
+            kind, end = "directive", d
         else:
             end = m.end()
         newlines = src.count("\n", counted, i)
@@ -96,6 +102,14 @@ def _tokens(src: str) -> tuple[Token, ...]:
         tokens.append(Token(kind, src[i:end], i, line, i - line_start))
         i = end
     return tuple(tokens)
+
+
+def _directive_end(src: str, i: int) -> int:
+    """End of the line directive starting at i (it runs to the end of its line); 0 if none starts there."""
+    if src[i] != "#" or (i and src[i - 1] != "\n"):
+        return 0
+    m = LINE_DIRECTIVE_RE.match(src, i)
+    return m.end() if m and int(m.group(1)) <= OCAML_MAX_INT else 0
 
 
 def _skip_comment(src: str, j: int) -> int:
@@ -136,30 +150,25 @@ def _skip_string(src: str, i: int) -> int:
 
 
 def strip_line_directives(src: str) -> str:
-    """Blank every line that OCaml's lexer would read as a line directive (`# 900 "solution.ml"`):
-    they move the compiler's error locations, which error counting maps back to phrases. Only
-    where the lexer would see one: a line inside a string, a quoted string or a comment is text
-    (a string table whose lines start with `#` and a digit stays as written). The match is wider
-    than the compiler's otherwise (any line starting with `#` and a digit); line numbers are kept."""
-    if "#" not in src:
-        return src
-    inside = [(t.start, t.start + len(t.text)) for t in tokenize(src) if t.kind in ("string", "comment")]
-    starts = [a for a, _ in inside]
-
-    def blank(m: re.Match) -> str:
-        k = bisect.bisect_right(starts, m.start()) - 1
-        return m.group(0) if k >= 0 and inside[k][0] < m.start() < inside[k][1] else ""
-    return LINE_DIRECTIVE_RE.sub(blank, src)
+    """Blank the line directives (`# 900 "solution.ml"`), exactly where OCaml's lexer reads one:
+    they move the compiler's error locations, which error counting maps back to phrases. The
+    same line inside a string literal or a comment is text, and stays; line numbers are kept."""
+    return _blank(src, ("directive",))
 
 
 def code_tokens(src: str) -> list[Token]:
-    return [t for t in tokenize(src) if t.kind != "comment"]
+    return [t for t in tokenize(src) if t.kind != "comment" and t.kind != "directive"]
 
 
 def strip_comments(src: str) -> str:
+    return _blank(src, ("comment",))
+
+
+def _blank(src: str, kinds: tuple[str, ...]) -> str:
+    """src without the tokens of these kinds, each replaced by its newlines (lines are kept)."""
     out, last = [], 0
     for t in tokenize(src):
-        if t.kind == "comment":
+        if t.kind in kinds:
             out.append(src[last : t.start])
             out.append("\n" * t.text.count("\n"))
             last = t.start + len(t.text)
@@ -171,9 +180,10 @@ OCAML_BLANKS = " \t\x0c\r"  # the lexer's blanks (a line ends at \n, after any \
 
 
 def count_code_lines(src: str) -> int:
-    """Non-empty lines once comments are removed (the MIN_NON_EMPTY_LINES rule), as OCaml's lexer
-    counts lines: only \n ends one (Python's splitlines also splits on form feed, U+2028, ...)."""
-    return sum(1 for ln in strip_comments(src).split("\n") if ln.strip(OCAML_BLANKS))
+    """Non-empty lines once comments and line directives are removed (the MIN_NON_EMPTY_LINES
+    rule: the grader blanks directives), as OCaml's lexer counts lines: only \n ends one
+    (Python's splitlines also splits on form feed, U+2028, ...)."""
+    return sum(1 for ln in _blank(src, ("comment", "directive")).split("\n") if ln.strip(OCAML_BLANKS))
 
 
 @dataclass(frozen=True)

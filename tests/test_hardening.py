@@ -116,7 +116,10 @@ THREE_ERRORS = ["let helper x = x + 1.0", "let ok1 = 1", "let other y =\n{direct
                 "let third z = z +. 1", "let add a b = a + b"]
 
 
-@pytest.mark.parametrize("directive", ['# 1 "solution.ml"', '# 100 "solution.ml"', "# 2", '  # 3 "x.ml"'])
+# Directives as OCaml 4.13 reads them: at the start of a line, with a file name (`# 2`, or one
+# indented, is a syntax error there: test_format_rules.py).
+@pytest.mark.parametrize("directive", ['# 1 "solution.ml"', '# 100 "solution.ml"', '#2 "" then anything',
+                                       '# 3 "x.ml" (* not a comment *'])
 def test_line_directives_do_not_merge_independent_errors(scorer, directive):
     # A directive inside `other` moved its error's line into `helper`: two errors were counted
     # as one, and the type check paid 0.05 instead of 0.033.

@@ -126,7 +126,7 @@ def graders():
 @pytest.mark.parametrize("code", sorted(ROUTES))
 def test_both_compile_paths_name_the_same_route(graders, code):
     sol, entries = assemble_solution(code + "\nlet add a b = a + b", ADD.prompt, ADD.entry_point)
-    server, ocamlc = (g.grade(sol, ADD.tests, [], entries) for g in graders)
+    server, ocamlc = (g.grade(sol, ADD.tests, [], entries, ADD.prompt) for g in graders)
     assert server.forbidden == ocamlc.forbidden == ROUTES[code]
     assert server.tests_passed == ocamlc.tests_passed == 0
 
@@ -159,7 +159,7 @@ def test_honest_routes_to_listed_values_get_full_credit(graders, tool, tmp_path,
     assert denied(tool, tmp_path, code) == []
     sol, entries = assemble_solution(code, ADD.prompt, ADD.entry_point)
     for g in graders:
-        b = g.grade(sol, ADD.tests, [], entries)
+        b = g.grade(sol, ADD.tests, [], entries, ADD.prompt)
         assert b.forbidden is None and b.tests_passed == 7, (b.forbidden, b.compile_errors, b.test_error)
 
 
