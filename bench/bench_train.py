@@ -136,6 +136,9 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
         t0 = time.perf_counter()
         if random_weights:
             completions = [standin_completion(problems[pid], i) for i, pid in enumerate(kw["id"])]
+            # short, as the stand-ins are: the random model's own completions always run to the
+            # limit, and a completion at the limit is a runaway whatever it holds
+            kw["completion_ids"] = [[0] for _ in completions]
         out = await reward_fn(completions=completions, **kw)
         reward_times.append(time.perf_counter() - t0)
         reward_means.append(sum(out) / len(out))

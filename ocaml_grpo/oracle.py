@@ -67,23 +67,13 @@ class _Gen:
         if k == "var":
             return env[t[1]]
         if k == "con":
-            name = ALIASES.get(t[1], t[1])
-            if t[1] in self.defs:
-                return "(" + " ".join([f"w_{t[1]}"] + [self.w(a, env) for a in t[2]]) + ")"
-            if name in ("list", "array", "option"):
-                return f"({W}.w_{name} {self.w(t[2][0], env)})"
-            if name == "result":
-                return f"({W}.w_result {self.w(t[2][0], env)} {self.w(t[2][1], env)})"
-            return f"{W}.w_{name}"
+            return self.con(t, env, "w")
         if k == "tuple":
             xs = [f"x{i}" for i in range(len(t[1]))]
             body = "; ".join(f"{self.w(a, env)} b {x}" for a, x in zip(t[1], xs))
             return f"(fun b ({', '.join(xs)}) -> {body})"
         if k == "arrow":
-            args, res = _uncurry(t)
-            xs = [f"y{i}" for i in range(len(args))]
-            reads = " ".join(f"let {x} = {self.r(a, env)} r in" for a, x in zip(args, xs))
-            return f"(fun b f -> {W}.w_fun b (fun r b -> {reads} {W}.r_end r; {self.w(res, env)} b (f {' '.join(xs)})))"
+            return f"(fun b f -> {W}.w_fun b {self.invoker(t, env)})"
         if k == "poly":
             cases = []
             for tag, a in t[1]:
@@ -102,14 +92,7 @@ class _Gen:
         if k == "var":
             return env["r:" + t[1]]
         if k == "con":
-            name = ALIASES.get(t[1], t[1])
-            if t[1] in self.defs:
-                return "(" + " ".join([f"r_{t[1]}"] + [self.r(a, env) for a in t[2]]) + ")"
-            if name in ("list", "array", "option"):
-                return f"({W}.r_{name} {self.r(t[2][0], env)})"
-            if name == "result":
-                return f"({W}.r_result {self.r(t[2][0], env)} {self.r(t[2][1], env)})"
-            return f"{W}.r_{name}"
+            return self.con(t, env, "r")
         if k == "tuple":
             xs = [f"x{i}" for i in range(len(t[1]))]
             reads = " ".join(f"let {x} = {self.r(a, env)} r in" for a, x in zip(t[1], xs))
@@ -125,6 +108,23 @@ class _Gen:
                     cases.append(f"{_ocaml_string(tag)} -> `{tag} ({self.r(a, env)} r)")
             return f"(fun r -> match {W}.r_ptag r with " + " | ".join(cases) + f" | _ -> Stdlib.raise {W}.Bad)"
         raise AssertionError(t)
+
+    def con(self, t: Type, env: dict[str, str], way: str) -> str:
+        """A named type's writer (way "w") or reader ("r"): the prompt's own, or the wire's."""
+        sub = self.w if way == "w" else self.r
+        if t[1] in self.defs:
+            return "(" + " ".join([f"{way}_{t[1]}"] + [sub(a, env) for a in t[2]]) + ")"
+        name = ALIASES.get(t[1], t[1])
+        if name in ("list", "array", "option", "result"):
+            return f"({self.W}.{way}_{name} " + " ".join(sub(a, env) for a in t[2]) + ")"
+        return f"{self.W}.{way}_{name}"
+
+    def invoker(self, t: Type, env: dict[str, str]) -> str:
+        """How this side serves calls of its function value `f`: read the arguments, write the result."""
+        args, res = _uncurry(t)
+        ys = [f"y{i}" for i in range(len(args))]
+        reads = " ".join(f"let {y} = {self.r(a, env)} r in" for a, y in zip(args, ys))
+        return f"(fun r b -> {reads} {self.W}.r_end r; {self.w(res, env)} b (f {' '.join(ys)}))"
 
     def proxy(self, t: Type, env: dict[str, str]) -> str:
         """The function a handle `h` stands for: each call goes to the side that holds it."""
@@ -428,11 +428,7 @@ def _arg_writer(g: _Gen, k: int, i: int, label: str, p: Type, env: dict[str, str
     t = g.resolve(p)
     if label or t[0] != "arrow":
         return g.w(_param_type(label, p), env)
-    args, res = _uncurry(t)
-    ys = [f"y{n}" for n in range(len(args))]
-    reads = " ".join(f"let {y} = {g.r(a, env)} r in" for a, y in zip(args, ys))
-    return (f"(fun b f -> {g.W}.w_fun_at b {k * SITE_STRIDE + i} (Obj.repr f) (fun r b -> {reads} {g.W}.r_end r; "
-            f"{g.w(res, env)} b (f {' '.join(ys)})))")
+    return f"(fun b f -> {g.W}.w_fun_at b {k * SITE_STRIDE + i} (Obj.repr f) {g.invoker(t, env)})"
 
 
 def _arg_reader(g: _Gen, k: int, i: int, label: str, p: Type, env: dict[str, str],
