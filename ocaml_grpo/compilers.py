@@ -91,7 +91,7 @@ class ServerSteps:
         return self._request(["o", out, *files])[0]
 
     def check_and_link(self, file: str, out: str, files: list[str]) -> tuple[Reply, Reply | None]:
-        # One request: the server types the answer once, inside the test program, and checks it
+        # One request: the server types the answer once, inside the oracle program, and checks it
         # alone (in a second child) only when the program does not compile (compile_server.ml, `k`).
         replies = self._request(["k", file, out, *files])
         return replies[0], (replies[1] if len(replies) > 1 else None)

@@ -15,7 +15,7 @@
      interfaces (`library` below);
    - a module that crosses a signature (a functor's argument, the library's listed functors'
      too, `(M : S)`, `module rec`, a packed first-class module, the solution's own top-level
-     signature, which the test program sees) is judged by every value, submodule and functor that
+     signature, which the oracle program sees) is judged by every value, submodule and functor that
      signature makes reachable, each by the same identity;
    - a module alias, `include`, `open` or `let module` reaches nothing by itself: only what is
      then used through it is judged (above);
@@ -184,7 +184,7 @@ let reset_library units = library := lazy (build_library units)
 (* ------------------------------------------------------------------------------------------ *)
 
 (* Every library path the structure reaches that the list does not allow, in tree order, then
-   the values its own signature (what the test program sees) holds that are off the list.
+   the values its own signature (what the oracle program sees) holds that are off the list.
    `unit_name`: the unit being compiled (its declarations are the solution's own); `env_of`: a
    typed tree's environment made whole (a .cmt keeps only a summary of each). *)
 let denied_paths ?(env_of = fun env -> env) ~unit_name (str : structure) : string list =
@@ -346,7 +346,7 @@ let denied_paths ?(env_of = fun env -> env) ~unit_name (str : structure) : strin
       | _ -> ()); super.class_expr it ce in
   let it = { super with module_expr; expr; structure_item; signature_item; class_expr } in
   it.structure it str;
-  (* What the test program can reach: the values of the answer's own signature. The typed tree's
+  (* What the oracle program can reach: the values of the answer's own signature. The typed tree's
      still holds what `open struct ... end` bound (hidden from the signature) and every value a
      later one of the same name shadows: those are left out, as the compiler leaves them out. *)
   let hidden = List.concat_map (fun si -> match si.str_desc with

@@ -29,9 +29,9 @@
                                            denies nothing) `o OUT FILE...` would reply, with the
                                            answer FILE.ml typed once: parsed alone (its attributes
                                            checked there), then typed and
-                                           checked as the `Solution` module of the test program
+                                           checked as the `Solution` module of the oracle program
                                            (FILE... holds it); checked alone, in a fresh child, only
-                                           when the test program fails outside the answer
+                                           when the oracle program fails outside the answer
      DIR  P  FILE.ml...                    `c pW FILE.ml` for each file, one reply each
    Reply: "ready\n" once started, then per request (per step of `k`) "RC LEN\n" and LEN bytes: fact lines
    `key=value` (stage, unbound, items, denied, loc, message), an empty line, then what ocamlc would have written
@@ -149,8 +149,8 @@ let unit_denied (str : Typedtree.structure) =
   Allowlist.reset_library (List.map fst (Env.imports ()));
   Allowlist.denied_paths ~unit_name:(Env.get_unit_name ()) str
 
-(* ... in a test program's `Solution` module: the answer, inlined (its typed tree is what runs).
-   No such module where the test program must hold one: denied. *)
+(* ... in a oracle program's `Solution` module: the answer, inlined (its typed tree is what runs).
+   No such module where the oracle program must hold one: denied. *)
 let solution_denied (str : Typedtree.structure) =
   (* the typer constrains a structure to its signature when that hides items (`open struct`) *)
   let rec structure (me : Typedtree.module_expr) = match me.mod_desc with
@@ -165,7 +165,7 @@ let solution_denied (str : Typedtree.structure) =
 
 (* Compile_common.implementation, step by step: parse (recording where items start, and with
    `check` or `attributes` the attributes the answer may not use), type, emit bytecode unless -i or
-   -stop-after parsing, then check the typed tree (or a test program's Solution module) when asked. *)
+   -stop-after parsing, then check the typed tree (or a oracle program's Solution module) when asked. *)
 let compile ?(check = false) ?(attributes = false) ?(check_solution = false) ?(includes = []) file () =
   let output_prefix = Filename.remove_extension file in
   let parse_only = Clflags.(should_stop_after Compiler_pass.Parsing) in
@@ -235,12 +235,12 @@ let reply (rc, out) =
        | None -> "") facts.message out in
   Printf.sprintf "%d %d\n%s" rc (String.length payload) payload
 
-(* Whether the error just reported lies in FILE (the answer: the test program holds it under a
+(* Whether the error just reported lies in FILE (the answer: the oracle program holds it under a
    `# 1 "FILE"` line directive). *)
 let error_in file = match facts.loc with Some p -> p.pos_fname = file | None -> false
 
 (* The whole reply to one request (one `RC LEN` reply, or two for `k` when it linked), with status
-   0; or, for a `k` whose test program did not compile, status 4 and that failure's reply: then a
+   0; or, for a `k` whose oracle program did not compile, status 4 and that failure's reply: then a
    fresh child checks the answer alone (`check_alone`, from serve_forked), since after a failed
    compile this one's compiler is no longer what a new ocamlc would be. *)
 let handle line =
@@ -253,9 +253,9 @@ let handle line =
        0, reply (run (compile ~check:(String.contains flags 'a') ~includes file))
      | "o", out :: files -> 0, reply (run (link out files))
      | "k", file :: out :: objs ->
-       (* The answer is typed once, as the test program's `Solution` module: the typed tree that
+       (* The answer is typed once, as the oracle program's `Solution` module: the typed tree that
           runs is the one the allowlist checks. Only an answer that parses on its own gets there
-          (text that closed `struct ... end` early would parse in the test program, not alone).
+          (text that closed `struct ... end` early would parse in the oracle program, not alone).
           Its reply is the check's: the answer's own items, what the allowlist denies; the
           program is linked only if it denies nothing. The program holds nothing before the
           answer, so an error inside the answer is the one the answer makes alone; any other
@@ -294,8 +294,8 @@ let handle line =
      | _ -> 0, reply (2, "bad request\n"))
   | _ -> 0, reply (2, "bad request\n")
 
-(* A `k` whose test program did not compile: the answer alone, as `c a`; if it compiles and the
-   allowlist denies nothing, the test program's failure follows as the link's reply. *)
+(* A `k` whose oracle program did not compile: the answer alone, as `c a`; if it compiles and the
+   allowlist denies nothing, the oracle program's failure follows as the link's reply. *)
 let check_alone line tests_failure =
   match String.split_on_char '\t' line with
   | dir :: "k" :: file :: _ ->
@@ -423,7 +423,7 @@ let () =
   match Array.to_list Sys.argv with
   | _ :: "--values" :: path :: includes -> print_values path includes
   | [_; "--once"; request] ->
-    (* `k` needs a second fresh process when its test program fails: the server's, not this mode *)
+    (* `k` needs a second fresh process when its oracle program fails: the server's, not this mode *)
     output_string proto (match handle request with 0, data -> data | _ -> reply (2, "k: use the server\n"));
     flush proto
   | [_; "--check-cmt"; file] -> output_string proto (String.concat " " (check_cmt file) ^ "\n"); flush proto
