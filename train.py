@@ -113,7 +113,7 @@ cfg, errors = resolve(SETTINGS, os.environ)
 errors += unknown_variables(os.environ, VARIABLES, RETIRED)
 # Optional engines: asked for but missing must stop here, with the way to get them.
 if cfg.get("GRPO_USE_VLLM") and importlib.util.find_spec("vllm") is None:
-    errors.append("GRPO_USE_VLLM=1 but vLLM is not installed: `pip install vllm` on a CUDA machine "
+    errors.append("GRPO_USE_VLLM=1 but vLLM is not installed: `pip install -r requirements-vllm.txt` on a CUDA machine "
                   "(server mode also needs `trl vllm-serve --model $BASE_MODEL_ID` running), or set GRPO_USE_VLLM=0")
 if cfg.get("GRPO_USE_VLLM") and cfg.get("GRPO_CONTINUOUS_BATCHING"):
     errors.append("GRPO_USE_VLLM=1 and GRPO_CONTINUOUS_BATCHING=1: choose one generation engine")

@@ -243,7 +243,7 @@ def main() -> None:
     results, failed = [], []
     for engine in engines:
         if engine == "vllm" and importlib.util.find_spec("vllm") is None:
-            print("vllm: not installed (pip install vllm), skipped")
+            print("vllm: not installed (pip install -r requirements-vllm.txt), skipped")
             continue
         try:
             results.append(run_isolated(engine, model_dir, random_weights, a))

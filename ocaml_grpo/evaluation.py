@@ -86,7 +86,7 @@ def generate_vllm(model_id: str, adapter: str | None, prompts: list[list[dict]],
     try:
         from vllm import LLM, SamplingParams
     except ImportError:
-        sys.exit("--vllm was asked for but vLLM is not installed (pip install vllm on a CUDA machine), "
+        sys.exit("--vllm was asked for but vLLM is not installed (pip install -r requirements-vllm.txt on a CUDA machine), "
                  "or drop --vllm to use transformers' generate")
     llm = LLM(model=model_id, enable_lora=bool(adapter), seed=seed)
     params = SamplingParams(n=samples, temperature=temperature, max_tokens=max_new_tokens, seed=seed)

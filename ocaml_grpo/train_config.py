@@ -52,7 +52,7 @@ CONFIG = [
     Setting("REWARD_CURRICULUM", "0", Flag, "1: syntax-first reward weights that shift to tests by epoch 1.0"),
     Setting("GRPO_AUTO_STOP", "1", Flag, "1: at epoch >= 1.0 save and stop when the stop criteria hold; 0: only warn"),
     Setting("GRPO_RESUME", "auto", Resume, "auto: resume from the last checkpoint-* in the output dir; never; or a path"),
-    Setting("GRPO_USE_VLLM", "0", Flag, "1: generate with vLLM through TRL (pip install vllm; CUDA only)"),
+    Setting("GRPO_USE_VLLM", "0", Flag, "1: generate with vLLM through TRL (pip install -r requirements-vllm.txt; CUDA only)"),
     Setting("GRPO_VLLM_MODE", "colocate", Choice("colocate", "server"),
      "colocate: vLLM shares the training GPUs; server: a separate `trl vllm-serve` process"),
     Setting("GRPO_VLLM_GPU_MEMORY", "0.3", Float(0, 1, lo_open=True), "colocate: share of GPU memory vLLM may take"),

@@ -67,7 +67,7 @@ def test_train_generates_with_paged_continuous_batching(tmp_path, cache_home):
 
 
 @pytest.mark.parametrize("extra,needle", [
-    ({"GRPO_USE_VLLM": "1"}, "pip install vllm"),
+    ({"GRPO_USE_VLLM": "1"}, "pip install -r requirements-vllm.txt"),
     ({"ACCELERATE_USE_DEEPSPEED": "true"}, "pip install deepspeed"),
     ({"GRPO_VLLM_MODE": "local"}, "GRPO_VLLM_MODE"),
 ])
