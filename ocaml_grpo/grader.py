@@ -267,6 +267,40 @@ class OcamlGrader:
                 TIMED_OUT.message if res.timed_out else parse_compiler_error(_read_text(d / "build.out")).message)
         return Trusted(d / "prog", error, lambdas, unit if lambdas else "", d)
 
+    def _run_pair(self, udir: Path, tdir: Path, start: int, total: int, cpu_s: int):
+        """One run of both programs, from assertion `start`: what the trusted program reported, and
+        each program's RunResult (the oracle's first)."""
+        lim = self.sandbox.limits
+        results_path = self.tmp_root / f"results-{secrets.token_hex(8)}"
+        box: dict = {}
+        with _Pipes(results_path) as p:
+            def run_oracle() -> None:
+                box["res"] = self.sandbox.run(
+                    ["./prog", str(p.req_r), str(p.rep_w)], udir, wall_s=lim.wall_s, cpu_s=cpu_s,
+                    pass_fds=(p.req_r, p.rep_w), nice=RUN_NICE, program=udir / "prog", idle_s=IDLE_LIMIT_S,
+                    on_start=p.started(p.req_r, p.rep_w), idle_also=p.trusted_blocked)
+            thread = threading.Thread(target=run_oracle, daemon=True)
+            thread.start()
+            try:
+                tres = self.sandbox.run(
+                    ["./prog", str(p.results), str(p.req_w), str(p.rep_r), str(start)], tdir, wall_s=lim.wall_s,
+                    cpu_s=lim.cpu_s + TRUSTED_CPU_EXTRA_S, pass_fds=(p.results, p.req_w, p.rep_r), nice=RUN_NICE,
+                    program=tdir / "prog", on_start=p.started(p.results, p.req_w, p.rep_r, trusted=True))
+            finally:
+                # the trusted program's ends are closed (or it never started): the oracle sees the
+                # end of its input and exits, or its own guards stop it
+                for fd in (p.req_w, p.rep_r):
+                    if fd in p.open:
+                        p.open.discard(fd)
+                        os.close(fd)
+                thread.join()
+        with open(results_path, "rb") as f:
+            run = tally_run(f.read(RESULTS_READ_CAP).decode("ascii", "replace"), start, total)
+        results_path.unlink()
+        if "res" not in box:
+            raise ToolchainError("the oracle's sandbox could not be started")
+        return run, box["res"], tres
+
     def _count_errors(self, steps: Steps, phrases: list[src.Phrase], first: CompileError, grade: Grade,
                       budget: CompileBudget) -> None:
         """Re-check the phrases without the failing one until the rest type-checks: each
@@ -387,44 +421,7 @@ class OcamlGrader:
                 if cpu_left <= CPU_TIMEOUT_SLACK_S:
                     timed_out = True
                     break
-                results_path = self.tmp_root / f"results-{secrets.token_hex(8)}"
-                rfd = os.open(results_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o600)
-                req_r, req_w = os.pipe()
-                rep_r, rep_w = os.pipe()
-                box: dict = {}
-
-                def closer(*fds: int, uid_box: dict | None = None):
-                    def close(uid: int | None) -> None:
-                        for fd in fds:
-                            os.close(fd)
-                        if uid_box is not None:
-                            uid_box["uid"] = uid
-                    return close
-
-                # The oracle waits on the trusted program between calls: it is idle only when both are.
-                trusted_uid: dict = {}
-
-                def trusted_blocked() -> bool:
-                    return "uid" not in trusted_uid or blocked(trusted_uid["uid"]) is not False
-
-                def run_oracle(cpu: int = max(1, math.ceil(cpu_left))) -> None:
-                    box["res"] = self.sandbox.run(["./prog", str(req_r), str(rep_w)], udir, wall_s=lim.wall_s,
-                                                  cpu_s=cpu, pass_fds=(req_r, rep_w), nice=RUN_NICE,
-                                                  program=udir / "prog", idle_s=IDLE_LIMIT_S,
-                                                  on_start=closer(req_r, rep_w), idle_also=trusted_blocked)
-                thread = threading.Thread(target=run_oracle, daemon=True)
-                try:
-                    thread.start()
-                    tres = self.sandbox.run(["./prog", str(rfd), str(req_w), str(rep_r), str(start)], tdir,
-                                            wall_s=lim.wall_s, cpu_s=lim.cpu_s + TRUSTED_CPU_EXTRA_S,
-                                            pass_fds=(rfd, req_w, rep_r), nice=RUN_NICE, program=tdir / "prog",
-                                            on_start=closer(rfd, req_w, rep_r, uid_box=trusted_uid))
-                finally:
-                    thread.join()
-                with open(results_path, "rb") as f:
-                    run = tally_run(f.read(RESULTS_READ_CAP).decode("ascii", "replace"), start, total)
-                results_path.unlink()
-                ures = box["res"]
+                run, ures, tres = self._run_pair(udir, tdir, start, total, max(1, math.ceil(cpu_left)))
                 passed |= run.passed
                 cpu_left -= ures.cpu_s
                 if run.finished and tres.returncode == 0 and not tres.timed_out:
@@ -437,6 +434,39 @@ class OcamlGrader:
                     break
                 start = run.oracle_lost_in + 1
         return passed, finished, timed_out
+
+
+class _Pipes:
+    """The two programs' pipes and the results file: each side's ends are closed here once its
+    process has them (so an end of file reaches the other side), and every end at the latest on exit."""
+
+    def __init__(self, results_path: Path):
+        self.results = os.open(results_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o600)
+        self.req_r, self.req_w = os.pipe()
+        self.rep_r, self.rep_w = os.pipe()
+        self.open = {self.results, self.req_r, self.req_w, self.rep_r, self.rep_w}
+        self.trusted_uid: int | None = None
+        self.trusted_started = False
+
+    def started(self, *fds: int, trusted: bool = False):
+        def close(uid: int | None) -> None:
+            for fd in fds:
+                self.open.discard(fd)
+                os.close(fd)
+            if trusted:
+                self.trusted_uid, self.trusted_started = uid, True
+        return close
+
+    def trusted_blocked(self) -> bool:
+        """The oracle waits on the trusted program between calls: it is idle only when both are."""
+        return not self.trusted_started or self.trusted_uid is None or blocked(self.trusted_uid) is not False
+
+    def __enter__(self) -> "_Pipes":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for fd in self.open:
+            os.close(fd)
 
 
 def _read_text(path: Path) -> str:
