@@ -43,8 +43,8 @@ from ocaml_grpo import dataset_audit, run_dir
 from ocaml_grpo.demo_model import ensure_plumbing_model, plumbing_model_dir
 from ocaml_grpo.generation_engines import engine_kwargs
 from ocaml_grpo.group_stats import TRACKING_FILE, ProblemTracker
-from ocaml_grpo.models import adapter_base, go_offline_unless_needed, load_model, load_tokenizer, lora_config, \
-    merge_adapter, model_error
+from ocaml_grpo.models import adapter_base, checkpointing_kwargs, go_offline_unless_needed, load_model, load_tokenizer, \
+    lora_config, merge_adapter, model_error
 from ocaml_grpo.problems import DatasetError, load_problems
 from ocaml_grpo.prompting import chat_messages, prompt_token_count
 from ocaml_grpo.selection import apply_selection, write_choices
@@ -290,7 +290,7 @@ args = GRPOConfig(
     report_to=[] if cfg["GRPO_REPORT_TO"] == "none" else [cfg["GRPO_REPORT_TO"]],
     bf16=on_gpu,
     use_cpu=not on_gpu,
-    activation_checkpointing=on_gpu,  # trades compute for memory; pointless for CPU-sized models
+    **checkpointing_kwargs(GRPOConfig, on_gpu),  # trades compute for memory; pointless for CPU-sized models
     remove_unused_columns=False,  # the reward needs id/problem/tests/requires/entry_point
     log_completions=False,  # completions go to reward_logs/completions.jsonl instead
     disable_tqdm=True,  # the console shows learning.log's lines and a progress bar (LearningLog) instead

@@ -45,6 +45,7 @@ import torch
 
 from bench.bench_rewards import variants
 from ocaml_grpo.demo_model import ensure_plumbing_model, plumbing_model_dir
+from ocaml_grpo.models import checkpointing_kwargs
 from ocaml_grpo.settings import cache_dir
 from ocaml_grpo.generation_engines import ENGINES, engine_kwargs
 from ocaml_grpo.problems import Problem, load_problems
@@ -149,7 +150,7 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
         output_dir=str(Path(a.out) / engine), per_device_train_batch_size=sequences,
         num_generations=a.generations, max_completion_length=a.completion, max_steps=a.warmup + a.steps,
         learning_rate=5e-6, temperature=0.9, beta=0.0, logging_steps=10**6, save_strategy="no", report_to=[],
-        bf16=on_gpu, use_cpu=not on_gpu, activation_checkpointing=on_gpu, remove_unused_columns=False, seed=0,
+        bf16=on_gpu, use_cpu=not on_gpu, **checkpointing_kwargs(GRPOConfig, on_gpu), remove_unused_columns=False, seed=0,
         **engine_kwargs(engine, sequences, a.max_prompt, a.completion, vllm_gpu_memory=vllm_memory))
     # LoRA as train.py's defaults (LORA_R, LORA_ALPHA, LORA_DROPOUT, LORA_TARGET_MODULES)
     peft = LoraConfig(r=32, lora_alpha=64, lora_dropout=0.05, target_modules=[

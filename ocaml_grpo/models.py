@@ -7,6 +7,8 @@ nothing (`train.py --help` and config errors answer in a second).
 """
 from __future__ import annotations
 
+import inspect
+
 import json
 import re
 import socket
@@ -129,3 +131,11 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path, fp32: bool = Fal
     has_tokenizer = (Path(adapter_dir) / "tokenizer_config.json").exists()
     AutoTokenizer.from_pretrained(str(adapter_dir) if has_tokenizer else base).save_pretrained(str(out_dir))
     return Path(out_dir)
+
+
+def checkpointing_kwargs(config_cls: type, on: bool) -> dict:
+    """Activation checkpointing, under the name this transformers' TrainingArguments takes: 5.23
+    (the pinned set) calls it `activation_checkpointing`, older releases `gradient_checkpointing`
+    (5.17, on the GPU image this project is lent, rejected the new name)."""
+    params = inspect.signature(config_cls.__init__).parameters
+    return {"activation_checkpointing" if "activation_checkpointing" in params else "gradient_checkpointing": on}

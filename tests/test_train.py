@@ -163,3 +163,17 @@ def test_stop_criteria_at_epoch_one(tmp_path, cache_home, auto_stop):
     else:
         assert len(check_log_wellformed(lines)) == 6 and not stop  # all 3 epochs
         assert any(line.startswith("[Health] stop criteria met") for line in lines)
+
+
+def test_activation_checkpointing_takes_the_name_this_transformers_knows():
+    # The lent H100's image (transformers 5.17) rejected GRPOConfig(activation_checkpointing=...):
+    # its TrainingArguments took only the older name.
+    from trl import GRPOConfig
+    from ocaml_grpo.models import checkpointing_kwargs
+
+    class OlderTrainingArguments:
+        def __init__(self, output_dir=None, gradient_checkpointing=False):
+            pass
+
+    assert checkpointing_kwargs(OlderTrainingArguments, True) == {"gradient_checkpointing": True}
+    assert checkpointing_kwargs(GRPOConfig, True) == {"activation_checkpointing": True}
