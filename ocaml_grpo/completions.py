@@ -134,8 +134,7 @@ def assemble_solution(code: str, prompt: str, entry_point: str = "") -> tuple[st
     if entry and (any(entry in ph.values for ph in code_phrases) or _is_definitions(code)):
         # Keep the prompt's definitions (types, exceptions, modules) the answer does not restate;
         # drop its prose and any stray text.
-        kept = [ph.text for ph in src.split_phrases(sig.preamble)
-                if _first_word(ph.text) in PREAMBLE_KEEP and not (set(ph.names) & code_names)]
+        kept = [ph.text for ph in prompt_definitions(sig.preamble) if not (set(ph.names) & code_names)]
         return "".join(kept).rstrip() + "\n\n" + code, [entry]
     return prompt.rstrip() + "\n" + code, [entry]
 
@@ -148,6 +147,12 @@ def _is_definitions(code: str) -> bool:
     return bool(toks) and toks[0].text in src.TOP_LEVEL_KEYWORDS and not src._is_let_in(toks)
 
 
-def _first_word(text: str) -> str:
+def prompt_definitions(preamble: str) -> list[src.Phrase]:
+    """The definitions before a prompt's signature line (types, exceptions, modules, helpers),
+    without its prose: what an answer and the tests are built on."""
+    return [ph for ph in src.split_phrases(preamble) if first_word(ph.text) in PREAMBLE_KEEP]
+
+
+def first_word(text: str) -> str:
     toks = src.code_tokens(text)
     return toks[0].text if toks else ""

@@ -13,14 +13,13 @@ import re
 from dataclasses import dataclass
 
 from ocaml_grpo import ocaml_source as src
+from ocaml_grpo.completions import first_word, prompt_definitions
 
 BUILTINS = {"int", "float", "bool", "char", "string", "bytes", "unit", "int32", "int64", "list", "array",
             "option", "result"}
 ALIASES = {"Result.t": "result", "Stdlib.result": "result", "Stdlib.Result.t": "result", "List.t": "list",
            "Option.t": "option", "Array.t": "array", "String.t": "string", "Int.t": "int", "Float.t": "float",
            "Bool.t": "bool", "Char.t": "char", "Bytes.t": "bytes", "Int64.t": "int64", "Int32.t": "int32"}
-# Where a definition phrase of the prompt is kept for the trusted program (prose is not).
-PREAMBLE_KEEP = {"type", "exception", "module", "open", "include", "let", "class"}
 
 TOKEN_RE = re.compile(r"\s*(?:(?P<var>'[A-Za-z_][A-Za-z0-9_']*)|(?P<tag>`[A-Za-z_][A-Za-z0-9_']*)"
                       r"|(?P<id>[A-Za-z_][A-Za-z0-9_']*(?:\.[A-Za-z_][A-Za-z0-9_']*)*)|(?P<sym>->|[()*,\[\]|:;{}=~?<>.]))")
@@ -354,16 +353,16 @@ def interface_of(prompt: str, entry: str) -> Interface:
     sig = src.parse_signature(prompt)
     if sig is None or not entry:
         return Interface(unverifiable="the prompt has no `let name ... =` signature line")
-    kept = [ph.text for ph in src.split_phrases(sig.preamble) if _first_word(ph.text) in PREAMBLE_KEEP]
+    kept = [ph.text for ph in prompt_definitions(sig.preamble)]
     preamble = "".join(kept)
     try:
         types, exceptions = [], []
         for text in kept:
             for code in DEFINITION_START.split(src.strip_comments(text)):
                 code = code.strip().rstrip(";").strip()
-                if _first_word(code) == "type":
+                if first_word(code) == "type":
                     types += _parse_typedefs(code)
-                elif _first_word(code) == "exception":
+                elif first_word(code) == "exception":
                     exceptions.append(_parse_exception(code))
         e = _parse_signature_line(sig.signature.strip().splitlines()[0], entry)
         # The interface a prompt lists (`val name : type` lines, as Exercism's do) declares more
@@ -385,11 +384,6 @@ def interface_of(prompt: str, entry: str) -> Interface:
         return iface
     except Unverifiable as why:
         return Interface(preamble=preamble, unverifiable=str(why))
-
-
-def _first_word(text: str) -> str:
-    toks = src.code_tokens(text)
-    return toks[0].text if toks else ""
 
 
 # ---------------------------------------------------------------------------------------------
