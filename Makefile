@@ -1,14 +1,17 @@
 # make demo   - install everything on a fresh machine, then run the offline demo: SFT warm start + GRPO, reward rising
 # make test   - the test suite (real OCaml, real TRL, a tiny local model)
 # make bench  - the grader, audit, trainer and selection benchmarks (BENCHMARKS.md)
+# make bundle - one archive for a GPU machine without internet: the missing wheels and the grader's OCaml toolchain (README)
 PY := .venv/bin/python
-APT_PACKAGES := ocaml-nox ocaml-compiler-libs ocaml-findlib bubblewrap libbase-ocaml-dev libreact-ocaml-dev libcalendar-ocaml-dev
+APT_PACKAGES := ocaml-nox ocaml-compiler-libs ocaml-findlib bubblewrap libbase-ocaml-dev libreact-ocaml-dev libcalendar-ocaml-dev patchelf
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+BUNDLE := dist/ocaml-grpo-offline.tar.xz
 
-.PHONY: setup system python demo test bench
+.PHONY: setup system python demo test bench bundle
 setup: system python
 
-# Debian packages: OCaml 4.13 and its compiler-libs (the grader's compile server), findlib, Base (and the two libraries two benchmark rows need), bubblewrap.
+# Debian packages: OCaml 4.13 and its compiler-libs (the grader's compile server), findlib, Base (and the two libraries two benchmark rows need), bubblewrap;
+# patchelf for `make bundle` (its bwrap finds its libraries beside it).
 system:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -26,8 +29,14 @@ python: .venv/.installed
 demo: setup
 	HF_HUB_OFFLINE=1 $(PY) train.py demo
 
+# The offline bundle, rebuilt when what it is made of changes (its wheels' lists, the launcher's and compile server's sources).
+bundle: $(BUNDLE)
+$(BUNDLE): bundle.py requirements.txt requirements-offline.txt ocaml_grpo/launch.c $(wildcard ocaml_grpo/ocaml/*) | setup
+	$(PY) bundle.py $@
+
 # One worker per core (at most 4): the suite is mostly single-threaded Python; 2 workers take it from ~4 to ~3 min on 2 cores.
-test: setup
+# tests/test_bundle.py installs the bundle and grades with it, with the system's OCaml hidden.
+test: setup $(BUNDLE)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist worksteal
 
 bench: setup

@@ -7,7 +7,8 @@ read-only /usr and write only the job's directory; model code sees only the byte
 its libraries (no shell, no interpreter), with small in-memory /work and /tmp. rlimits bound CPU
 seconds, address space, file size, processes and open files, set by the sandbox's launcher
 (ocaml_grpo/launch.c, built with `cc` on first use), which also drops to the job's uid; a
-wall-clock guard kills the whole tree, and each run reports the CPU time it used.
+wall-clock guard kills the whole tree, and each run reports the CPU time it used. The toolchain
+is the system's (apt), or the offline bundle's (OCAML_TOOLCHAIN_DIR: toolcache.Toolchain).
 
 What is compiled and run, and how it is judged, is ocaml_grpo/grader.py's business.
 Environment: SANDBOX_SETTINGS below (`python train.py --help` lists them).
@@ -18,7 +19,6 @@ import fcntl
 import functools
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ocaml_grpo.settings import Auto, Choice, Float, Int, Setting, Text, cache_dir, resolve
-from ocaml_grpo.toolcache import ToolchainError, cached_binary
+from ocaml_grpo.toolcache import Toolchain, ToolchainDir, ToolchainError, cached_binary
 
 LAUNCHER_SOURCE = Path(__file__).resolve().parent / "ocaml_grpo" / "launch.c"
 LAUNCHER_IN_BOX = "/opt/ocaml-grpo/launch"  # where both sandboxes see the launcher
@@ -74,12 +74,13 @@ class SandboxConfig:
     compiler: str = "server"  # how the grader compiles: ocaml_grpo/compilers.py
     tmpdir: str | None = field(default_factory=lambda: memory_tmpdir())  # the grader's job directories (None: system temp)
     cache: str = str(Path.home() / ".cache" / "ocaml-grpo")  # where the grader's OCaml tool is built
+    toolchain: str = ""  # a bundled toolchain directory ("": the system's)
 
     @classmethod
     def from_settings(cls, v: Mapping[str, Any]) -> "SandboxConfig":
         """From values resolved over SANDBOX_SETTINGS (with the other settings of a command)."""
         return cls(v["OCAML_SANDBOX"], Limits.from_settings(v), v["OCAML_COMPILER"], v["OCAML_SANDBOX_TMPDIR"],
-                   v["OCAML_CACHE_DIR"])
+                   v["OCAML_CACHE_DIR"], v["OCAML_TOOLCHAIN_DIR"])
 
 
 SANDBOX_SETTINGS = [
@@ -101,6 +102,9 @@ SANDBOX_SETTINGS = [
             "ocamlc: one ocamlc process per step (problems that `require` packages always use ocamlfind ocamlc)"),
     Setting("OCAML_CACHE_DIR", "auto", Auto(Text, lambda env: str(cache_dir(env)), "$XDG_CACHE_HOME/ocaml-grpo"),
             "where the grader's OCaml tool (compile server and allowlist check) and the sandbox's launcher are built and kept"),
+    Setting("OCAML_TOOLCHAIN_DIR", SandboxConfig.toolchain, ToolchainDir,
+            "the OCaml toolchain, bubblewrap and prebuilt tools of the offline bundle (install-offline.sh "
+            "prints it); empty: the system's (apt)"),
     Setting("OCAML_SANDBOX_TMPDIR", "auto", Auto(Text, lambda env: memory_tmpdir(), "/dev/shm when it has 1 GiB free "
                                                  "and allows exec, else the system temp dir"),
             "where the grader's job directories go"),
@@ -140,18 +144,18 @@ class RunResult:
 # ---------------------------------------------------------------------------------------------
 # The isolated runner.
 
-def _which_or_raise(tool: str, package: str) -> str:
-    path = shutil.which(tool)
-    if not path:
-        raise ToolchainError(f"`{tool}` not found on PATH. Install it: apt-get install -y {package}")
-    return path
+def launcher_sources() -> list[str]:
+    return [LAUNCHER_SOURCE.read_text()]
 
 
-def build_launcher(cache: Path) -> Path:
-    """The sandbox's launcher (ocaml_grpo/launch.c), built with `cc` on first use and cached."""
-    cc = _which_or_raise("cc", "gcc")
+def build_launcher(cache: Path, toolchain: Toolchain = Toolchain()) -> Path:
+    """The sandbox's launcher (ocaml_grpo/launch.c), built with `cc` on first use and cached; a
+    bundled toolchain's is prebuilt (`make bundle`)."""
+    if toolchain.root:
+        return toolchain.prebuilt("launch", launcher_sources())
+    cc = toolchain.which("cc", "gcc")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
-    source = LAUNCHER_SOURCE.read_text()
+    [source] = launcher_sources()
 
     def build(tmp: Path) -> Path:
         (tmp / "launch.c").write_text(source)
@@ -211,13 +215,14 @@ class Sandbox:
         self._uids = UidPool() if self.as_root else None
         self._server_uids = UidPool(SERVER_UID_BASE, SERVER_UID_SIZE) if self.as_root else None
         self._capture_dir = memory_tmpdir()  # each call's stdout/stderr (None: the system temp dir)
-        _which_or_raise("ocamlc", "ocaml-nox")
-        _which_or_raise("ocamlfind", "ocaml-findlib")  # problems that `require` packages compile through it
-        self.launcher = str(build_launcher(Path(self.config.cache)))
-        # The bytecode runtime: what the model-code sandbox runs (test programs start with #!ocamlrun)
-        self._ocamlrun = os.path.realpath(_which_or_raise("ocamlrun", "ocaml-nox"))
+        self.toolchain = tc = Toolchain(self.config.toolchain)
+        tc.which("ocamlc", "ocaml-nox")
+        tc.which("ocamlfind", "ocaml-findlib")  # problems that `require` packages compile through it
+        self.launcher = str(build_launcher(Path(self.config.cache), tc))
+        # The bytecode runtime: what the model-code sandbox runs (test programs start with #!/usr/bin/ocamlrun)
+        self._ocamlrun = os.path.realpath(tc.which("ocamlrun", "ocaml-nox"))
         if self.isolated:
-            _which_or_raise("bwrap", "bubblewrap")
+            self._bwrap = tc.which("bwrap", "bubblewrap")
             with tempfile.TemporaryDirectory(prefix="ocaml-probe-") as probe_dir:
                 probe = self.run(["true"], Path(probe_dir), wall_s=10, cpu_s=5)
             if probe.returncode != 0:
@@ -230,7 +235,8 @@ class Sandbox:
         if not self.isolated:
             return "isolation OFF (OCAML_SANDBOX=none): model code runs unsandboxed on this host"
         who = "per-job unprivileged uid" if self.as_root else "own uid (not root: process limit not enforced)"
-        return f"bubblewrap sandbox, {who}, limits {self.limits}"
+        where = f", the bundled OCaml toolchain in {self.toolchain.root}" if self.toolchain.root else ""
+        return f"bubblewrap sandbox, {who}, limits {self.limits}{where}"
 
     def _command(self, argv: list[str], workdir: Path, cpu_s: int, uid: int | None, nice: int,
                  program: Path | None, program_fd: int | None, ro_binds: tuple[tuple[str, str], ...] = ()) -> list[str]:
@@ -239,8 +245,12 @@ class Sandbox:
                str(lim.file_mb << 20), str(lim.max_files), str(lim.max_procs), "-" if uid is None else str(uid),
                str(nice), "--", *argv]
         if not self.isolated:
+            if program is not None and self.toolchain.root:
+                # A test program starts with #!/usr/bin/ocamlrun, the system's runtime: a bundled
+                # toolchain's is named instead (the sandbox binds it at that path).
+                return [*cmd[:-len(argv)], self._ocamlrun, *argv]
             return cmd
-        box = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+        box = [self._bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
                "--unshare-cgroup-try", "--as-pid-1", "--die-with-parent"]
         if not self.as_root:
             box.append("--unshare-user")
@@ -270,9 +280,17 @@ class Sandbox:
             box += ["--perms", "0755", "--dir", "/dev"] + [a for d in RUN_DEVICES for a in ("--dev-bind", d, d)]
         if program is None:
             box += ["--dev", "/dev"]
-        box += ["--perms", "1777", "--size", str(lim.file_mb << 20), "--tmpfs", "/tmp",
-                "--chdir", "/work", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/work",
-                "--setenv", "LC_ALL", "C", "--setenv", "OCAMLRUNPARAM", RUNPARAM, "--"]
+        box += ["--perms", "1777", "--size", str(lim.file_mb << 20), "--tmpfs", "/tmp"]
+        env = self.toolchain.env
+        if self.toolchain.root:
+            # At its host path (after /tmp, which may hold it): compiles see all of the bundled
+            # toolchain, model code only the C stubs its program loads (Base's, unix's).
+            tools = self.toolchain.root if program is None else self.toolchain.stublibs
+            box += _tool_binds(((tools, tools),))  # each directory above it 0755 (bwrap would make them 0700)
+            if program is not None:
+                env = {"PATH": "/usr/bin:/bin", "CAML_LD_LIBRARY_PATH": self.toolchain.stublibs}
+        box += ["--chdir", "/work", "--clearenv", *[a for k, v in env.items() for a in ("--setenv", k, v)],
+                "--setenv", "HOME", "/work", "--setenv", "LC_ALL", "C", "--setenv", "OCAMLRUNPARAM", RUNPARAM, "--"]
         return box + cmd
 
     def run(self, argv: list[str], workdir: Path, *, wall_s: float, cpu_s: int | None = None,
@@ -292,7 +310,7 @@ class Sandbox:
         try:
             if uid is not None:
                 _chown_tree(workdir, uid, uid)
-            env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LC_ALL": "C", "OCAMLRUNPARAM": RUNPARAM}
+            env = {**self.toolchain.env, "HOME": str(workdir), "LC_ALL": "C", "OCAMLRUNPARAM": RUNPARAM}
             program_fd = os.open(program, os.O_RDONLY) if program is not None and self.isolated else None
             if program_fd is not None:
                 pass_fds = (*pass_fds, program_fd)
@@ -324,7 +342,7 @@ class Sandbox:
         pool = self._server_uids
         uid = pool.acquire() if pool else None
         try:
-            env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LC_ALL": "C"}
+            env = {**self.toolchain.env, "HOME": str(workdir), "LC_ALL": "C"}
             proc = subprocess.Popen(self._command(argv, workdir, cpu_s, uid, 0, None, None, ro_binds), cwd=workdir,
                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=stderr_file or subprocess.DEVNULL, bufsize=0, start_new_session=True)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from ocaml_grpo.toolcache import ToolchainError, cached_binary
+from ocaml_grpo.toolcache import Toolchain, ToolchainError, cached_binary
 from ocaml_sandbox import Sandbox, Spawned
 
 OCAML_DIR = Path(__file__).resolve().parent / "ocaml"
@@ -63,11 +63,22 @@ def _tool_output(argv: list[str], env: dict | None) -> subprocess.CompletedProce
     return subprocess.run(argv, capture_output=True, text=True, env=env)
 
 
-def build_server(cache: Path, source: Path = SERVER_SOURCE, environ: Mapping[str, str] | None = None) -> Path:
+def server_sources(source: Path = SERVER_SOURCE) -> dict[str, str]:
+    """The files the server is built from, by name."""
+    return {"allowlist_data.ml": _allowlist_module(ALLOWLIST.read_text()),
+            "allowlist.ml": (OCAML_DIR / "allowlist.ml").read_text(), "compile_server.ml": source.read_text()}
+
+
+def build_server(cache: Path, source: Path = SERVER_SOURCE, environ: Mapping[str, str] | None = None,
+                 toolchain: Toolchain = Toolchain()) -> Path:
     """The server binary, built with `ocamlfind ocamlopt` on first use and cached (toolcache) under
     a key of its source and the compiler's version. A missing piece of the toolchain is a
     ToolchainError that names the Debian package to install. `environ`: the toolchain's
-    environment (None: this process's, inherited)."""
+    environment (None: this process's, inherited). A bundled toolchain's is prebuilt by `make
+    bundle`, with the OCaml it ships (it has no ocamlopt)."""
+    sources = server_sources(source)
+    if toolchain.root:
+        return toolchain.prebuilt("compile_server", list(sources.values()))
     env = None if environ is None else dict(environ)
     if not shutil.which("ocamlfind", path=env.get("PATH") if env is not None else None):
         raise ToolchainError("the compile server needs `ocamlfind`, not found on PATH. "
@@ -77,8 +88,6 @@ def build_server(cache: Path, source: Path = SERVER_SOURCE, environ: Mapping[str
         why = (version.stderr or version.stdout).strip()[:300]
         raise ToolchainError("the compile server needs the native compiler `ocamlopt` (through ocamlfind): "
                              f"{why}. Install it: apt-get install -y ocaml-nox")
-    sources = {"allowlist_data.ml": _allowlist_module(ALLOWLIST.read_text()),
-               "allowlist.ml": (OCAML_DIR / "allowlist.ml").read_text(), "compile_server.ml": source.read_text()}
 
     def build(tmp: Path) -> Path:
         missing = [p for p in SERVER_PACKAGES.split(",") if _tool_output(["ocamlfind", "query", p], env).returncode != 0]

@@ -28,6 +28,7 @@ from typing import Iterator, Protocol
 
 from ocaml_grpo.compile_server import SERVER_IN_BOX, CompileServer, Reply, ServerPool, build_server, parse_reply
 from ocaml_grpo.compiler_output import CompileError, error_of, parse_compiler_error
+from ocaml_grpo.toolcache import Toolchain
 from ocaml_sandbox import RunResult, Sandbox
 
 WARNINGS_OFF = ["-w", "-a", "-alert", "-all"]
@@ -62,12 +63,13 @@ class Steps(Protocol):
 
 
 @functools.lru_cache(maxsize=32)
-def package_dirs(requires: tuple[str, ...]) -> tuple[str, ...]:
+def package_dirs(requires: tuple[str, ...], toolchain: Toolchain) -> tuple[str, ...]:
     """The include directories of the packages and everything they depend on (ocamlfind); none
     for an unknown package (its compile then fails with ocamlfind's own message)."""
     if not requires:
         return ()
-    res = subprocess.run(["ocamlfind", "query", "-r", "-format", "%d", *requires], capture_output=True, text=True)
+    res = subprocess.run(["ocamlfind", "query", "-r", "-format", "%d", *requires], capture_output=True, text=True,
+                         env=toolchain.host_env)
     return tuple(dict.fromkeys(res.stdout.split())) if res.returncode == 0 else ()
 
 
@@ -135,7 +137,8 @@ class OcamlcSteps:
 
     def compile(self, file: str, flags: str) -> Reply:
         name, tool = Path(file).stem, self.c.tool_in_box
-        once = "\t".join([self.c.box_dir(self.workdir), "c", flags or "-", file, *package_dirs(self.requires)])
+        dirs = package_dirs(self.requires, self.c.sandbox.toolchain)
+        once = "\t".join([self.c.box_dir(self.workdir), "c", flags or "-", file, *dirs])
         check = f"{tool} --check-cmt {name}.cmt >{name}.facts" if "a" in flags else f": >{name}.facts"
         script = (f"{shlex.join(self._ocamlc(flags, False))} -c {file} >/dev/null 2>{name}.out; rc=$?; echo $rc >{name}.rc\n"
                   f"if [ $rc = 0 ]; then {check}; else {tool} --once {shlex.quote(once)} >{name}.facts; fi\n")
@@ -175,7 +178,7 @@ class Compilers:
         self.slots = threading.BoundedSemaphore(cores)
         # Built (or found in the cache) now: a missing piece of the toolchain is an error at
         # start-up, never a silent switch to another path.
-        self.exe = build_server(Path(sandbox.config.cache))
+        self.exe = build_server(Path(sandbox.config.cache), toolchain=sandbox.toolchain)
         self.tool_in_box = SERVER_IN_BOX if sandbox.isolated else str(self.exe)
         self._servers = ServerPool(sandbox, root, cores, self.exe) if kind == "server" else None
 
@@ -206,7 +209,7 @@ class Compilers:
         steps = OcamlcSteps(self, workdir, CompileBudget(limit), requires)
         comp = shlex.join(steps._ocamlc("", False))
         facts = [self.tool_in_box, "--once", "\t".join([self.box_dir(workdir), "c", "-", "$f",
-                                                         *package_dirs(requires)])]
+                                                         *package_dirs(requires, self.sandbox.toolchain)])]
         once = " ".join(shlex.quote(a) if "$f" not in a else f'"{a}"' for a in facts)
         script = (f"{comp} -c {wire}.ml >h.out 2>&1 || exit 3\n"
                   f"for f in {' '.join(files)}; do {comp} -c $f >$f.err 2>&1; rc=$?; echo $rc >$f.rc; "

@@ -105,7 +105,7 @@ class OcamlGrader:
         self._wire_dir.mkdir()
         (self._wire_dir / f"{self.wire}.ml").write_text(WIRE_ML)
         res = subprocess.run(["ocamlc", *WARNINGS_OFF, "-c", f"{self.wire}.ml"], cwd=self._wire_dir,
-                             capture_output=True, text=True)
+                             capture_output=True, text=True, env=self.sandbox.toolchain.host_env)
         if res.returncode != 0:
             raise ToolchainError(f"ocamlc is installed but cannot compile a trivial module: {res.stderr.strip()[:400]}")
         # Trusted programs, one per problem, built on first use: the program file or why it failed.
@@ -252,11 +252,13 @@ class OcamlGrader:
         text = render_trusted(iface, rewrite_tests(tests, lambdas, self.wire.capitalize()),
                               plan_of(rewrite_tests(tests, lambdas, self.wire.capitalize())), self.wire.capitalize())
         (d / "trusted.ml").write_text(text)
-        # Native code: it builds the tests' inputs and reads every reply, and it runs no model code
-        # (a million-element list crosses ~5x faster than from bytecode); built once per problem.
+        # Native code where the toolchain has ocamlopt: it builds the tests' inputs and reads every
+        # reply, and it runs no model code (a million-element list crosses ~5x faster than from
+        # bytecode); built once per problem. The offline bundle ships no native compiler.
         (d / "twire.ml").write_text(WIRE_ML)
         packages = ["-package", ",".join(requires), "-linkpkg"] if requires else []
-        build = shlex.join(["ocamlfind", "ocamlopt", *WARNINGS_OFF, *packages, "-o", "prog", "twire.ml", "trusted.ml"])
+        build = shlex.join(["ocamlfind", self.sandbox.toolchain.trusted_compiler, *WARNINGS_OFF, *packages,
+                            "-o", "prog", "twire.ml", "trusted.ml"])
         text = text.replace(f"{self.wire.capitalize()}.", "Twire.")
         (d / "trusted.ml").write_text(text)
         res = self.compilers.run_script(f"{build} >build.out 2>&1; echo $? >build.rc\n", d, limit)

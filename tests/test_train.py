@@ -28,7 +28,8 @@ BREAKDOWN_FIELDS = {"step", "epoch", "problem_id", "reward", "structural", "type
     ("RUNAWAY_PENALTY_MULTIPLIER", "2", "[0, 1]"),
     ("GRPO_LEARNIG_RATE", "1e-5", "not a variable of this project: did you mean GRPO_LEARNING_RATE?"),  # a typo
     ("REWARD_END_MARKER", "(* DONE *)", "no longer read: the END marker is fixed"),
-    ("GRPO_DEMO", "1", "renamed GRPO_PLUMBING"),  # the plumbing run's old name (`train.py demo` is the learning demo)
+    ("GRPO_DEMO", "1", "renamed GRPO_PLUMBING"),
+    ("OCAML_TOOLCHAIN_DIR", "/no/such/toolchain", "the `ocaml` directory install-offline.sh unpacked"),  # the plumbing run's old name (`train.py demo` is the learning demo)
 ])
 def test_config_error_exits_fast_naming_the_variable(tmp_path, cache_home, var, value, accepts):
     t0 = time.time()
@@ -45,7 +46,8 @@ def test_help_lists_every_variable_fast(tmp_path):
     res = subprocess.run([sys.executable, str(TRAIN), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and time.time() - t0 < 10
     for var in ("BASE_MODEL_ID", "TRAINING_DATASET", "GRPO_BATCH_SIZE", "GRPO_MAX_PROMPT", "LORA_TARGET_MODULES",
-                "GRPO_LOSS_TYPE", "GRPO_RESUME", "GRPO_PLUMBING", "GRPO_AUTO_STOP", "MIN_NON_EMPTY_LINES"):
+                "GRPO_LOSS_TYPE", "GRPO_RESUME", "GRPO_PLUMBING", "GRPO_AUTO_STOP", "MIN_NON_EMPTY_LINES",
+                "OCAML_TOOLCHAIN_DIR"):
         assert f"{var}=" in res.stdout
 
 
