@@ -31,7 +31,7 @@ demo: setup
 
 # The offline bundle, rebuilt when what it is made of changes (its wheels' lists, the launcher's and compile server's sources).
 bundle: $(BUNDLE)
-$(BUNDLE): bundle.py requirements.txt requirements-offline.txt ocaml_grpo/launch.c $(wildcard ocaml_grpo/ocaml/*) | setup
+$(BUNDLE): bundle.py requirements.txt requirements-offline.txt ocaml_grpo/grading/launch.c $(wildcard ocaml_grpo/grading/ocaml/*) | setup
 	$(PY) bundle.py $@
 
 # One worker per core (at most 4): the suite is mostly single-threaded Python; 2 workers take it from ~4 to ~3 min on 2 cores.

@@ -8,7 +8,7 @@ the report says so) and dataset_audit.jsonl. Writes
 RUN_DIR/analysis.md and RUN_DIR/plots/*.png and prints the executive summary. Safe while training
 still writes: an unterminated last line of learning.log and unparsable .jsonl lines are skipped.
 
-Status rule (the thresholds and rules live in ocaml_grpo/health.py, shared with train.py's live
+Status rule (the thresholds and rules live in ocaml_grpo/training/health.py, shared with train.py's live
 monitor):
   red    - any critical finding: mode collapse (the `zero_std_smooth`-line rolling mean of
            frac_zero_std reaches `zero_std_critical` in the recent window), recent mean reward below
@@ -31,14 +31,14 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ocaml_grpo import health
-from ocaml_grpo.analyze_plots import make_plots
-from ocaml_grpo.group_report import GroupReport, explain, read_group_report, render as render_groups
-from ocaml_grpo.health import THRESHOLDS, Check, Finding, Thresholds, expected_reward, mean, reward_trend
+from ocaml_grpo.training import health
+from ocaml_grpo.report.plots import make_plots
+from ocaml_grpo.report.groups import GroupReport, explain, read_group_report, render as render_groups
+from ocaml_grpo.training.health import THRESHOLDS, Check, Finding, Thresholds, expected_reward, mean, reward_trend
 from ocaml_grpo.jsonl import read_jsonl
-from ocaml_grpo.learning_log import LogLine, parse_learning_log, series
-from ocaml_grpo.settings import defaults
-from ocaml_grpo.train_config import SETTINGS
+from ocaml_grpo.training.learning_log import LogLine, parse_learning_log, series
+from ocaml_grpo.config.settings import defaults
+from ocaml_grpo.config.train import SETTINGS
 
 ICON = {"ok": "✅", "info": "ℹ️", "warning": "⚠️", "critical": "🔴"}
 STATUS_ICON = {"green": "🟢", "yellow": "🟡", "red": "🔴"}
@@ -106,7 +106,7 @@ class Report:
     checkpoints: list[Check]
     breakdown: BreakdownStats | None
     audit: dict | None                  # {"problems", "failed", "reasons"}
-    groups: GroupReport | None = None   # group kinds, problem states, selection (ocaml_grpo/group_report.py)
+    groups: GroupReport | None = None   # group kinds, problem states, selection (ocaml_grpo/report/groups.py)
     bad_records: int = 0                # unparsable jsonl lines (e.g. a half-written last record)
 
 # ----------------------------------------------------------------------------- parsing

@@ -27,10 +27,10 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from ocaml_grpo import toolcache
-from ocaml_grpo.compile_server import build_server, server_sources
-from ocaml_grpo.settings import cache_dir
-from ocaml_sandbox import build_launcher, launcher_sources
+from ocaml_grpo.grading import toolcache
+from ocaml_grpo.grading.server import build_server, server_sources
+from ocaml_grpo.config.settings import cache_dir
+from ocaml_grpo.grading.sandbox import build_launcher, launcher_sources
 
 ROOT = Path(__file__).resolve().parent
 ARCHIVE = ROOT / "dist" / "ocaml-grpo-offline.tar.xz"

@@ -29,20 +29,20 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ocaml_grpo import probe
-from ocaml_grpo.demo_model import ensure_plumbing_model, plumbing_model_dir
-from ocaml_grpo.evaluation import RATES, generate_hf, generate_vllm, grade_completions
-from ocaml_grpo.models import go_offline_unless_needed, model_error
+from ocaml_grpo.training import probe
+from ocaml_grpo.training.tiny_models import ensure_plumbing_model, plumbing_model_dir
+from ocaml_grpo.training.sampling import RATES, generate_hf, generate_vllm, grade_completions
+from ocaml_grpo.training.models import go_offline_unless_needed, model_error
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo.prompting import chat_messages
-from ocaml_grpo.settings import cache_dir
+from ocaml_grpo.config.settings import cache_dir
 from rewards import RewardConfig, RewardScorer
 
 atexit.register(gc.freeze)  # skips ~1.7 s of collecting torch's and transformers' objects at exit (see train.py)
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if any(a == "--probe" or a.startswith("--probe=") for a in argv):  # the probe for selection: ocaml_grpo/probe.py
+    if any(a == "--probe" or a.startswith("--probe=") for a in argv):  # the probe for selection: ocaml_grpo/training/probe.py
         return probe.main(argv, generate_hf, generate_vllm, lambda cfg: RewardScorer(RewardConfig.from_settings(cfg)))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="hub id or local dir; `plumbing` = the tiny random model of the plumbing run (offline)")

@@ -30,17 +30,21 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ocaml_grpo import dataset_audit, group_stats, ocaml_source as src
-from ocaml_grpo.completions import assemble_solution, completion_text, extract_code, has_end_marker
+from ocaml_grpo.grading import audit
+from ocaml_grpo.training import group_kinds
+from ocaml_grpo.grading import source as src
+from ocaml_grpo.grading.completions import assemble_solution, completion_text, extract_code, has_end_marker
 from ocaml_grpo.jsonl import JsonlWriter
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
-from ocaml_grpo.settings import resolve
-from ocaml_grpo.grader import Grade, OcamlGrader
-# The reward's settings and metric names are defined in reward_config.py; re-exported for the commands.
-from ocaml_grpo.reward_config import (CURRICULUM, METRIC_COMPILED, METRIC_CRASHED, METRIC_END_MARKER,  # noqa: F401
-                                      METRIC_PASSED_ANY, METRIC_SOLVED, REWARD_SETTINGS, RewardConfig, Weights,
-                                      curriculum_phase)
-from ocaml_sandbox import SANDBOX_SETTINGS, Sandbox, SandboxConfig, ToolchainError
+from ocaml_grpo.config.settings import resolve
+from ocaml_grpo.grading.grader import Grade, OcamlGrader
+# The reward's settings (config/) and parts and metric names (reward/), re-exported for the commands.
+from ocaml_grpo.config.reward import REWARD_SETTINGS, RewardConfig  # noqa: F401
+from ocaml_grpo.config.sandbox import SANDBOX_SETTINGS, SandboxConfig
+from ocaml_grpo.grading.sandbox import Sandbox
+from ocaml_grpo.reward.parts import (CURRICULUM, METRIC_COMPILED, METRIC_CRASHED, METRIC_END_MARKER,  # noqa: F401
+                                     METRIC_PASSED_ANY, METRIC_SOLVED, Weights, curriculum_phase)
+from ocaml_grpo.grading.toolcache import ToolchainError
 
 @dataclass
 class Breakdown:
@@ -71,7 +75,7 @@ class Breakdown:
     cached: bool = False
     isolated: bool = True
     phase: str | None = None
-    group: str | None = None  # the kind of its GRPO group (group_stats.KINDS); None outside training
+    group: str | None = None  # the kind of its GRPO group (group_kinds.KINDS); None outside training
 
     @property
     def passed_any(self) -> bool:
@@ -255,7 +259,7 @@ def make_reward_function(output_dir: str | Path | None, max_completion_tokens: i
     Dataset columns used: Problem.to_row's (`id`, `problem`: the OCaml prompt, `tests`;
     optional `requires`, `entry_point`). With `group_size` (TRL's num_generations: a
     batch is whole groups of that many consecutive completions) each group's kind is logged
-    (group_stats.py) and the groups are handed to `on_groups(step, groups)`."""
+    (group_kinds.py) and the groups are handed to `on_groups(step, groups)`."""
     scorer = scorer or RewardScorer()
     # Under accelerate every process scores (and logs) its own share of the batch: each line is
     # written once, whole, by the process that scored it, tagged with its rank.
@@ -275,7 +279,7 @@ def make_reward_function(output_dir: str | Path | None, max_completion_tokens: i
             None, scorer.score_batch, problems, list(completions), tokens, max_completion_tokens, weights)
         for b in breakdowns:
             b.phase = phase
-        groups = group_kinds(breakdowns, group_size) if group_size else []
+        groups = groups_of(breakdowns, group_size) if group_size else []
         if logger:
             logger.log(step, round(epoch, 4), breakdowns, list(completions), tokens)
         if log_metric is not None:
@@ -286,9 +290,9 @@ def make_reward_function(output_dir: str | Path | None, max_completion_tokens: i
             log_metric(METRIC_PASSED_ANY, share(b.passed_any for b in breakdowns))
             log_metric(METRIC_CRASHED, share(b.reward is None for b in breakdowns))
             if groups:
-                for kind, value in group_stats.kind_shares(groups).items():
-                    log_metric(group_stats.METRIC_GROUP[kind], value)
-                log_metric(group_stats.METRIC_FRAC_ZERO_STD, sum(g.kind != "mixed" for g in groups) / len(groups))
+                for kind, value in group_kinds.kind_shares(groups).items():
+                    log_metric(group_kinds.METRIC_GROUP[kind], value)
+                log_metric(group_kinds.METRIC_FRAC_ZERO_STD, sum(g.kind != "mixed" for g in groups) / len(groups))
         if on_groups is not None and groups:
             on_groups(step, groups)
         return [b.reward for b in breakdowns]
@@ -298,14 +302,14 @@ def make_reward_function(output_dir: str | Path | None, max_completion_tokens: i
     return syntax_aware_reward
 
 
-def group_kinds(breakdowns: list[Breakdown], size: int) -> list[group_stats.GroupStat]:
+def groups_of(breakdowns: list[Breakdown], size: int) -> list[group_kinds.GroupStat]:
     """Each group of `size` consecutive completions classified; every Breakdown gets its group's kind."""
     if len(breakdowns) % size:
         raise ValueError(f"{len(breakdowns)} completions are not whole groups of {size}")
     groups = []
     for i in range(0, len(breakdowns), size):
         members = breakdowns[i:i + size]
-        g = group_stats.group_stat(members[0].problem_id, [b.reward for b in members], [b.solved for b in members],
+        g = group_kinds.group_stat(members[0].problem_id, [b.reward for b in members], [b.solved for b in members],
                                    [b.passed_any for b in members])
         for b in members:
             b.group = g.kind
@@ -364,18 +368,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("problems", help=".jsonl/.json/.csv/.parquet with id, prompt|problem, tests[, requires]")
     p.add_argument("completions", help='JSONL of {"problem_id", "completion"[, "completion_tokens", "max_completion_tokens"]}')
     p.add_argument("--workers", type=int, default=0)
-    a = sub.add_parser("audit", help="which problems' tests can compile at all (see dataset_audit.py)")
+    a = sub.add_parser("audit", help="which problems' tests can compile at all (see audit.py)")
     a.add_argument("dataset", help="a local file, `bundled`, or a hub id")
     a.add_argument("--json", action="store_true", help='one line per problem: {"id", "ok", "reason"}')
     a.add_argument("--workers", type=int, default=0)
-    a.add_argument("--output-dir", default=None, help="also write dataset_audit.jsonl there")
+    a.add_argument("--output-dir", default=None, help="also write audit.jsonl there")
     args = parser.parse_args(argv)
     try:
         if args.command == "audit":
-            values, errors = resolve(dataset_audit.AUDIT_SETTINGS + SANDBOX_SETTINGS, os.environ)
+            values, errors = resolve(audit.AUDIT_SETTINGS + SANDBOX_SETTINGS, os.environ)
             if errors:
                 raise ValueError("; ".join(errors))
-            return dataset_audit.cli(args, values["AUDIT_CACHE_DIR"], SandboxConfig.from_settings(values))
+            return audit.cli(args, values["AUDIT_CACHE_DIR"], SandboxConfig.from_settings(values))
         return cmd_score(args)
     except (DatasetError, ToolchainError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

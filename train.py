@@ -25,7 +25,7 @@ Ctrl-C (or SIGTERM) finishes the current step, saves a checkpoint and stops; run
 to resume from it. A second Ctrl-C stops at once (the last checkpoint is kept).
 
 Config precedence: process environment > GRPO_PLUMBING defaults > ./.envrc > the defaults defined in
-ocaml_grpo/train_config.py (the trainer's) and rewards.py (the reward's); `--help` lists them.
+ocaml_grpo/config/train.py (the trainer's) and rewards.py (the reward's); `--help` lists them.
 """
 import atexit
 import gc
@@ -39,19 +39,21 @@ from dotenv import load_dotenv
 
 # None of these imports torch: --help, a config error or a missing toolchain answer in a second.
 import rewards
-from ocaml_grpo import dataset_audit, run_dir
-from ocaml_grpo.demo_model import ensure_plumbing_model, plumbing_model_dir
-from ocaml_grpo.generation_engines import engine_kwargs
-from ocaml_grpo.group_stats import TRACKING_FILE, ProblemTracker
-from ocaml_grpo.models import adapter_base, checkpointing_kwargs, go_offline_unless_needed, load_model, load_tokenizer, \
+from ocaml_grpo.grading import audit
+from ocaml_grpo.training import run_dir
+from ocaml_grpo.training.tiny_models import ensure_plumbing_model, plumbing_model_dir
+from ocaml_grpo.training.engines import engine_kwargs
+from ocaml_grpo.training.group_kinds import TRACKING_FILE, ProblemTracker
+from ocaml_grpo.training.models import adapter_base, checkpointing_kwargs, go_offline_unless_needed, load_model, load_tokenizer, \
     lora_config, merge_adapter, model_error
 from ocaml_grpo.problems import DatasetError, load_problems
 from ocaml_grpo.prompting import chat_messages, prompt_token_count
-from ocaml_grpo.selection import apply_selection, write_choices
-from ocaml_grpo import sft as sft_command
-from ocaml_grpo.settings import cache_dir, describe, resolve, unknown_variables
-from ocaml_grpo.train_config import CONFIG, PLUMBING_DEFAULTS, RETIRED, SETTINGS, SFT_CONFIG, VARIABLES
-from ocaml_sandbox import SANDBOX_SETTINGS, ToolchainError
+from ocaml_grpo.training.selection import apply_selection, write_choices
+from ocaml_grpo.training import sft as sft_command
+from ocaml_grpo.config.settings import cache_dir, describe, resolve, unknown_variables
+from ocaml_grpo.config.train import CONFIG, PLUMBING_DEFAULTS, RETIRED, SETTINGS, SFT_CONFIG, VARIABLES
+from ocaml_grpo.config.sandbox import SANDBOX_SETTINGS
+from ocaml_grpo.grading.toolcache import ToolchainError
 
 # The interpreter's last garbage collections walk torch's, transformers' and datasets' object graphs
 # for ~1.7 s at exit. Nothing needs them: our logs are written with os.write, the libraries save
@@ -60,8 +62,8 @@ atexit.register(gc.freeze)
 PLUMBING_MODEL_DIR = plumbing_model_dir(cache_dir(os.environ))  # the plumbing run's model (GRPO_PLUMBING=1)
 
 # ----------------------------------------------------------------------------- config
-# Every variable is defined once (ocaml_grpo/train_config.py; the reward's in rewards.py, the
-# audit's in dataset_audit.py) with its default, parser and meaning.
+# Every variable is defined once (ocaml_grpo/config/train.py; the reward's in rewards.py, the
+# audit's in audit.py) with its default, parser and meaning.
 
 if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
     print(__doc__)
@@ -70,18 +72,18 @@ if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
     print(f"  GRPO_PLUMBING=1 sets: {' '.join(f'{k}={v}' for k, v in PLUMBING_DEFAULTS.items())} BASE_MODEL_ID={PLUMBING_MODEL_DIR}")
     print("The reward's (rewards.py):")
     print(describe(rewards.REWARD_SETTINGS))
-    print("The dataset audit's (ocaml_grpo/dataset_audit.py):")
-    print(describe(dataset_audit.AUDIT_SETTINGS))
+    print("The dataset audit's (ocaml_grpo/grading/audit.py):")
+    print(describe(audit.AUDIT_SETTINGS))
     print("The sandbox's (ocaml_sandbox.py):")
     print(describe(SANDBOX_SETTINGS))
     print("python train.py sft also reads (python train.py sft --help): " + " ".join(s.name for s in SFT_CONFIG))
     sys.exit(0)
 
-if len(sys.argv) > 1 and sys.argv[1] == "sft":  # the SFT warm start: ocaml_grpo/sft.py
+if len(sys.argv) > 1 and sys.argv[1] == "sft":  # the SFT warm start: ocaml_grpo/training/sft.py
     sys.exit(sft_command.main(sys.argv[2:]))
 
-if len(sys.argv) > 1 and sys.argv[1] == "demo":  # SFT warm start + GRPO + before/after table: ocaml_grpo/demo.py
-    from ocaml_grpo import demo as demo_command
+if len(sys.argv) > 1 and sys.argv[1] == "demo":  # SFT warm start + GRPO + before/after table: ocaml_grpo/training/demo.py
+    from ocaml_grpo.training import demo as demo_command
     sys.exit(demo_command.main(sys.argv[2:], rewards.RewardScorer))
 
 if len(sys.argv) > 1 and sys.argv[1] == "merge":
@@ -178,10 +180,10 @@ from trl import GRPOConfig  # noqa: E402
 
 from accelerate import PartialState  # noqa: E402
 from transformers import PrinterCallback  # noqa: E402
-from ocaml_grpo.tracking import TrackedGRPOTrainer, shared_update  # noqa: E402
+from ocaml_grpo.training.tracking import TrackedGRPOTrainer, shared_update  # noqa: E402
 
-from ocaml_grpo.callbacks import GracefulStop, LearningLog  # noqa: E402
-from ocaml_grpo.learning_log import header_lines  # noqa: E402
+from ocaml_grpo.training.callbacks import GracefulStop, LearningLog  # noqa: E402
+from ocaml_grpo.training.learning_log import header_lines  # noqa: E402
 
 if plumbing_model:
     ensure_plumbing_model(PLUMBING_MODEL_DIR)
@@ -194,20 +196,20 @@ def prompt_tokens(problem) -> int:
 
 # TRL 1.16 has no max_prompt_length: prompts longer than GRPO_MAX_PROMPT are dropped here. The audit
 # also drops problems no answer could pass (tests that do not compile against a stub, missing
-# packages, duplicates); why goes to <output dir>/dataset_audit.jsonl once the run starts.
+# packages, duplicates); why goes to <output dir>/audit.jsonl once the run starts.
 if cfg["AUDIT_DATASET"]:
-    audit = dataset_audit.audit_problems(problems, None, cache_dir=cfg["AUDIT_CACHE_DIR"], prompt_tokens=prompt_tokens,
-                                         max_prompt_tokens=cfg["GRPO_MAX_PROMPT"], grader=scorer.grader)
-    kept = audit.kept
-    too_long = sum(r.reason == "prompt_too_long" for r in audit.records)
+    audited = audit.audit_problems(problems, None, cache_dir=cfg["AUDIT_CACHE_DIR"], prompt_tokens=prompt_tokens,
+                                   max_prompt_tokens=cfg["GRPO_MAX_PROMPT"], grader=scorer.grader)
+    kept = audited.kept
+    too_long = sum(r.reason == "prompt_too_long" for r in audited.records)
 else:
     print("AUDIT_DATASET=0: dataset audit skipped; only the prompt length filter applies")
     kept = [p for p in problems if prompt_tokens(p) <= cfg["GRPO_MAX_PROMPT"]]
     too_long = len(problems) - len(kept)
 print(f"prompts: dropped {too_long} longer than GRPO_MAX_PROMPT={cfg['GRPO_MAX_PROMPT']} tokens")
 # ----------------------------------------------------------------------------- learnable problems (issue 21)
-# GRPO_PROBLEM_STATS keeps the problems a probe found learnable (ocaml_grpo/selection.py); the tracker
-# then draws those whose last group taught nothing less often (ocaml_grpo/group_stats.py, tracking.py).
+# GRPO_PROBLEM_STATS keeps the problems a probe found learnable (ocaml_grpo/training/selection.py); the tracker
+# then draws those whose last group taught nothing less often (ocaml_grpo/training/group_kinds.py, tracking.py).
 try:
     kept, selection = apply_selection(kept, cfg)
 except ValueError as e:
@@ -249,7 +251,7 @@ with PartialState(cpu=not on_gpu).main_process_first():
         if archive := run_dir.prepare(out_dir, cfg, resumed=resume_from is not None):
             print(f"  the earlier run's logs and config moved to {archive}")
         if cfg["AUDIT_DATASET"]:
-            dataset_audit.write_records(audit, out_dir)
+            audit.write_records(audited, out_dir)
         if selection:
             write_choices(out_dir, selection)
         if tracker:
@@ -301,7 +303,7 @@ args = GRPOConfig(
                     vllm_server_url=cfg["GRPO_VLLM_SERVER_URL"]),
 )
 
-# learning.log and the live health monitor (the rules analyze.py reports with: ocaml_grpo/health.py)
+# learning.log and the live health monitor (the rules analyze.py reports with: ocaml_grpo/training/health.py)
 header = header_lines(resume_from, cfg, len(kept), scorer.grader.sandbox.describe())
 stop = GracefulStop()
 callback = LearningLog(out_dir / "learning.log", header, resumed=resume_from is not None,

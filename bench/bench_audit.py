@@ -11,7 +11,7 @@ import tempfile
 import time
 from dataclasses import replace
 
-from ocaml_grpo.dataset_audit import audit_problems, summary
+from ocaml_grpo.grading.audit import audit_problems, summary
 from ocaml_grpo.problems import load_problems
 
 

@@ -19,8 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from ocaml_grpo.compile_server import build_server, parse_reply
-from ocaml_grpo.settings import cache_dir
+from ocaml_grpo.grading.diagnostics import parse_reply
+from ocaml_grpo.grading.server import build_server
+from ocaml_grpo.config.settings import cache_dir
 
 SOLUTION = """let rec fib n = if n < 2 then n else fib (n - 1) + fib (n - 2)
 let sum_squares xs = List.fold_left (fun acc x -> acc + x * x) 0 xs

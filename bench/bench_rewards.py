@@ -25,9 +25,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ocaml_grpo import harness
-from ocaml_grpo import ocaml_source as src
-from ocaml_grpo.completions import assemble_solution, extract_code
+from ocaml_grpo.grading import harness
+from ocaml_grpo.grading import source as src
+from ocaml_grpo.grading.completions import assemble_solution, extract_code
 from ocaml_grpo.problems import Problem, load_problems
 from rewards import RewardConfig, RewardScorer
 

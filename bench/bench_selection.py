@@ -3,7 +3,7 @@
     python -m bench.bench_selection --json OUT.json              # ~3 min on 2 cores
     python -m bench.bench_selection --seed 1 --out grpo_runs/sel-1 --json sel-1.json
 
-1. The learner model (ocaml_grpo/demo_model.py) gets a two-stage SFT (`python train.py sft`, full
+1. The learner model (ocaml_grpo/training/tiny_models.py) gets a two-stage SFT (`python train.py sft`, full
    fine-tune) so the problem set holds a mix: stage 1 on MASTERED until it is memorised, stage 2
    on MASTERED + PARTIAL stopped at partial memorisation; NEVER_SEEN is never trained on.
 2. uniform: `python train.py` on all the problems, TRL's uniform order (GRPO_TRACK_PROBLEMS=0);
@@ -33,13 +33,13 @@ import warnings
 from dataclasses import replace
 from pathlib import Path
 
-from ocaml_grpo import demo
-from ocaml_grpo.demo_model import ensure_learner_model, learner_model_dir
-from ocaml_grpo.settings import cache_dir
-from ocaml_grpo.group_stats import group_stat, learnable
-from ocaml_grpo.learning_log import parse_learning_log, series
+from ocaml_grpo.training import demo
+from ocaml_grpo.training.tiny_models import ensure_learner_model, learner_model_dir
+from ocaml_grpo.config.settings import cache_dir
+from ocaml_grpo.training.group_kinds import group_stat, learnable
+from ocaml_grpo.training.learning_log import parse_learning_log, series
 from ocaml_grpo.problems import BUNDLED, load_problems, read_rows
-from ocaml_grpo.selection import read_stats
+from ocaml_grpo.training.selection import read_stats
 from rewards import RewardScorer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -44,10 +44,10 @@ from pathlib import Path
 import torch
 
 from bench.bench_rewards import variants
-from ocaml_grpo.demo_model import ensure_plumbing_model, plumbing_model_dir
-from ocaml_grpo.models import checkpointing_kwargs
-from ocaml_grpo.settings import cache_dir
-from ocaml_grpo.generation_engines import ENGINES, engine_kwargs
+from ocaml_grpo.training.tiny_models import ensure_plumbing_model, plumbing_model_dir
+from ocaml_grpo.training.models import checkpointing_kwargs
+from ocaml_grpo.config.settings import cache_dir
+from ocaml_grpo.training.engines import ENGINES, engine_kwargs
 from ocaml_grpo.problems import Problem, load_problems
 from ocaml_grpo.prompting import END_MARKER, chat_messages, prompt_ids, prompt_token_count
 from rewards import RewardConfig, RewardScorer, make_reward_function

@@ -16,10 +16,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench.bench_rewards import build_corpus, default_exercises, no_loop_corpus, variants
-from ocaml_grpo.completions import assemble_solution, extract_code
-from ocaml_grpo.grader import OcamlGrader
+from ocaml_grpo.grading.completions import assemble_solution, extract_code
+from ocaml_grpo.grading.grader import OcamlGrader
 from ocaml_grpo.problems import Problem, load_problems
-from ocaml_sandbox import Sandbox, sandbox_config
+from ocaml_grpo.grading.sandbox import Sandbox
+from ocaml_grpo.config.sandbox import sandbox_config
 
 
 def main() -> int:

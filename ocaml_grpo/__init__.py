@@ -2,7 +2,7 @@
 
     train.py, analyze.py, evaluate.py     the commands a user runs (and `train.py sft|demo|merge`)
     rewards.py                            the reward policy: scores completions, writes its logs
-    ocaml_grpo/grader.py, compilers.py    compile, check and run one solution against its tests
+    ocaml_grpo/grading/grader.py, compilers.py    compile, check and run one solution against its tests
     ocaml_sandbox.py                      every toolchain call and every run of model code, isolated
 
 Nothing in this package imports rewards.py or a command: what they share lives here (the

@@ -16,8 +16,8 @@ import pytest
 
 import preloaded
 from ocaml_grpo.problems import Problem
-from ocaml_grpo.grader import OcamlGrader
-from ocaml_sandbox import Sandbox
+from ocaml_grpo.grading.grader import OcamlGrader
+from ocaml_grpo.grading.sandbox import Sandbox
 from rewards import RewardConfig, RewardScorer
 
 ROOT = Path(__file__).resolve().parents[1]

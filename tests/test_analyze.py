@@ -9,7 +9,7 @@ import pytest
 
 import analyze
 from conftest import FIXTURES as FIX, ROOT
-from ocaml_grpo.learning_log import LogLine, parse_learning_log
+from ocaml_grpo.training.learning_log import LogLine, parse_learning_log
 
 SEED_LINES = (FIX / "seed_learning.log").read_text(encoding="utf-8").splitlines()
 
@@ -158,7 +158,7 @@ def test_cli_writes_report_and_plots(seed_run):
 
 
 def test_training_curves_carry_the_runs_title_and_each_panels_own(tmp_path, monkeypatch):
-    from ocaml_grpo import analyze_plots
+    from ocaml_grpo.report import plots as analyze_plots
     seen, save = {}, analyze_plots._save
 
     def record(fig, path):  # observe the figure as it is written; the real save still runs
@@ -311,8 +311,8 @@ def test_type_checks_share_counts_only_completions_that_were_compiled():
 
 
 def test_the_reward_band_stays_within_0_and_1(tmp_path, monkeypatch):
-    from ocaml_grpo import analyze_plots
-    from ocaml_grpo.learning_log import parse_metric_line
+    from ocaml_grpo.report import plots as analyze_plots
+    from ocaml_grpo.training.learning_log import parse_metric_line
     bands = []
     monkeypatch.setattr(analyze_plots, "_save", lambda fig, path: bands.append(fig.axes[0].collections[0]))
     lines = [parse_metric_line(metric(e).replace("reward=0.100±0.050", f"reward={m}±0.300"))

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from conftest import BROKEN, GRADED, ROOT, UNVERIFIABLE, read_rows
-from ocaml_grpo.dataset_audit import AUDIT_SETTINGS, AuditCache, audit_problems
-from ocaml_grpo.settings import resolve
+from ocaml_grpo.grading.audit import AUDIT_SETTINGS, AuditCache, audit_problems
+from ocaml_grpo.config.settings import resolve
 from ocaml_grpo.problems import Problem, load_problems
 
 

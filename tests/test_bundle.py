@@ -24,8 +24,11 @@ import pytest
 from packaging.requirements import Requirement
 
 from conftest import BUNDLED, GRADED, ROOT, read_jsonl, read_rows, run_env
-from ocaml_grpo.settings import resolve
-from ocaml_sandbox import SANDBOX_SETTINGS, Sandbox, SandboxConfig, ToolchainError
+from ocaml_grpo.config.settings import resolve
+from ocaml_grpo.config.sandbox import SANDBOX_SETTINGS
+from ocaml_grpo.grading.sandbox import Sandbox
+from ocaml_grpo.config.sandbox import SandboxConfig
+from ocaml_grpo.grading.toolcache import ToolchainError
 
 ARCHIVE = ROOT / "dist" / "ocaml-grpo-offline.tar.xz"
 # What a GPU machine has, with what these need (requirements-offline.txt: why pyarrow and pandas).

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from conftest import ADD, GRADED, fenced, read_rows
-from ocaml_grpo import compile_server as cs
-from ocaml_grpo.completions import assemble_solution
-from ocaml_grpo.grader import OcamlGrader
+from ocaml_grpo.grading import server as cs
+from ocaml_grpo.grading.completions import assemble_solution
+from ocaml_grpo.grading.grader import OcamlGrader
 from ocaml_grpo.problems import load_problems
-from ocaml_grpo.settings import cache_dir
-from ocaml_sandbox import Sandbox, ToolchainError
+from ocaml_grpo.config.settings import cache_dir
+from ocaml_grpo.grading.sandbox import Sandbox
+from ocaml_grpo.grading.toolcache import ToolchainError
 from rewards import RewardConfig, RewardScorer
 
 WARN_OFF = ["-w", "-a", "-alert", "-all"]

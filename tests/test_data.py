@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from ocaml_grpo import ocaml_source as src
+from ocaml_grpo.grading import source as src
 from ocaml_grpo.problems import BUNDLED, load_problems
 from rewards import RewardConfig, RewardScorer
 

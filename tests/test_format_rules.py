@@ -20,8 +20,8 @@ import pytest
 
 import rewards
 from conftest import ADD, ADD_PROMPT, ADD_TESTS, END, ROOT, fenced
-from ocaml_grpo import ocaml_source as src
-from ocaml_grpo.completions import extract_code
+from ocaml_grpo.grading import source as src
+from ocaml_grpo.grading.completions import extract_code
 from rewards import RewardConfig, RewardScorer
 
 RIGHT = "let add a b = a + b"

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from conftest import ADD, ADD_PROMPT, ADD_TESTS, ROOT, UNVERIFIABLE, fenced, problem_set, read_rows
-from ocaml_grpo import ocaml_source as src
-from ocaml_grpo.completions import assemble_solution, extract_code
+from ocaml_grpo.grading import source as src
+from ocaml_grpo.grading.completions import assemble_solution, extract_code
 from ocaml_grpo.problems import Problem, load_problems
-from ocaml_grpo.grader import OcamlGrader
-from ocaml_sandbox import UID_POOL_BASE, UID_POOL_SIZE, Sandbox
+from ocaml_grpo.grading.grader import OcamlGrader
+from ocaml_grpo.grading.sandbox import UID_POOL_BASE, UID_POOL_SIZE, Sandbox
 from rewards import RewardConfig, RewardScorer, curriculum_phase
 
 def score(scorer, code, problem=ADD):
@@ -318,7 +318,7 @@ def test_weights_from_settings_and_a_curriculum_that_ends_on_them():
 
 
 def test_uids_are_never_shared_between_processes():
-    from ocaml_sandbox import UidPool
+    from ocaml_grpo.grading.sandbox import UidPool
     a, b = UidPool(size=8), UidPool(size=8)  # two pools = two processes: each flock is its own
     held_a = {a.acquire() for _ in range(5)}
     held_b = {b.acquire() for _ in range(3)}
@@ -335,7 +335,7 @@ LIMITS_PROBE = ("import json, os, resource as r; print(json.dumps([[r.getrlimit(
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop needs root")
 def test_the_launcher_sets_every_limit_then_drops_to_the_job_uid(tmp_path):
-    """ocaml_grpo/launch.c: soft = hard limits, real/effective/saved uid and gid the job's, no
+    """ocaml_grpo/grading/launch.c: soft = hard limits, real/effective/saved uid and gid the job's, no
     supplementary groups, the nice value; nothing runs when its arguments are wrong."""
     sb = Sandbox()
     lim = sb.limits

@@ -8,9 +8,10 @@ import time
 import pytest
 
 from conftest import ADD, fenced
-from ocaml_grpo import ocaml_source as src
+from ocaml_grpo.grading import source as src
 from ocaml_grpo.problems import Problem
-from ocaml_grpo.grader import Grade, tally_run
+from ocaml_grpo.grading.grader import Grade
+from ocaml_grpo.grading.harness import tally_run
 from rewards import Breakdown, RewardConfig, RewardScorer, Weights, score_grade
 
 # ---------------------------------------------------------------------------------------------

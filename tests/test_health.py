@@ -1,4 +1,4 @@
-"""The health rules themselves (ocaml_grpo/health.py), and one verdict from both of their users:
+"""The health rules themselves (ocaml_grpo/training/health.py), and one verdict from both of their users:
 train.py's live monitor (callbacks.LearningLog, fed the logs a real trainer would pass it) and
 analyze.py's report (on the learning.log that monitor wrote). No training run needed."""
 import json
@@ -8,9 +8,9 @@ from transformers import TrainerControl, TrainerState
 
 import analyze
 import rewards
-from ocaml_grpo import health
-from ocaml_grpo.callbacks import LearningLog
-from ocaml_grpo.health import Point
+from ocaml_grpo.training import health
+from ocaml_grpo.training.callbacks import LearningLog
+from ocaml_grpo.training.health import Point
 
 
 def flat(reward: float, n: int = 24, until: float = 1.5, fzs: float = 0.05) -> list[Point]:

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from conftest import ADD, fenced
-from ocaml_grpo import ocaml_source as src
-from ocaml_grpo.compile_server import ALLOWLIST, build_server
-from ocaml_grpo.completions import assemble_solution
-from ocaml_grpo.grader import OcamlGrader
-from ocaml_grpo.settings import cache_dir
-from ocaml_sandbox import Sandbox
+from ocaml_grpo.grading import source as src
+from ocaml_grpo.grading.server import ALLOWLIST, build_server
+from ocaml_grpo.grading.completions import assemble_solution
+from ocaml_grpo.grading.grader import OcamlGrader
+from ocaml_grpo.config.settings import cache_dir
+from ocaml_grpo.grading.sandbox import Sandbox
 from rewards import RewardConfig, RewardScorer
 
 

@@ -8,7 +8,7 @@ PACKAGES = ("ocaml_grpo", "bench")
 
 
 def project_modules() -> dict[str, ast.Module]:
-    files = sorted(ROOT.glob("*.py")) + [f for pkg in PACKAGES for f in sorted((ROOT / pkg).glob("*.py"))]
+    files = sorted(ROOT.glob("*.py")) + [f for pkg in PACKAGES for f in sorted((ROOT / pkg).rglob("*.py"))]
     return {".".join(f.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): ast.parse(f.read_text())
             for f in files}
 
@@ -65,31 +65,56 @@ def test_no_project_import_inside_a_function():
     assert lazy == []
 
 
-COMMANDS = {"train", "analyze", "evaluate"}  # the files a user runs (rewards.py's CLI aside: it is the policy)
+# The package's rooms, bottom to top: a module imports only from its own room and the rooms below
+# it. The package root holds what every room reads (problems, prompts, completion text, JSONL).
+ROOMS = ("", "reward", "config", "grading", "training", "report")
 
 
-def test_layers_hold():
-    """Commands on top; rewards.py (the reward policy) above the grader; ocaml_sandbox.py below it;
-    nothing in ocaml_grpo/ imports rewards.py or a command (what they share lives in ocaml_grpo/,
-    and what only a command may build, like the reward's scorer, is passed in)."""
+def room(module: str) -> int | None:
+    """The room's rank of a package module; None for a file outside the package (a command)."""
+    parts = module.split(".")
+    if parts[0] != "ocaml_grpo":
+        return None
+    return ROOMS.index(parts[1]) if len(parts) > 2 and parts[1] in ROOMS else 0
+
+
+def test_rooms_hold():
+    """Every package module lives in a room (`grading/`, `training/`, ...) and imports nothing from
+    a room above it, nor any file outside the package: no back link, by name or otherwise. The
+    package root keeps a handful of modules."""
     trees = project_modules()
     graph = {m: top_level_imports(t, set(trees)) - {m} for m, t in trees.items()}
-    up = {m: sorted(graph[m] & (COMMANDS | {"rewards"})) for m in graph if m.startswith("ocaml_grpo")}
+    package = [m for m in graph if m.startswith("ocaml_grpo")]
+    assert {m.split(".")[1] for m in package if m.count(".") >= 2} == set(ROOMS[1:])
+    up = {m: sorted(n for n in graph[m] if room(n) is None or room(n) > room(m)) for m in package}
     assert {m: v for m, v in up.items() if v} == {}
-    assert graph["rewards"] & COMMANDS == set()
-    # below the grader: its settings and the tool cache (where its launcher is built) only
-    assert graph["ocaml_sandbox"] <= {"ocaml_grpo", "ocaml_grpo.settings", "ocaml_grpo.toolcache"}
+    assert len([m for m in package if m.count(".") == 1]) <= 5
+    # the top-level sandbox file is the sandbox's public door, not a layer of its own
+    assert graph["ocaml_sandbox"] <= {m for m in package if room(m) in (2, 3)}
+
+
+def test_no_two_modules_differ_only_by_a_suffix():
+    """`evaluate`/`evaluation`, `compile_server`/`compiler_output`, `train`/`train_config`: names a
+    newcomer cannot tell apart. No two modules of the package and its commands share their first six
+    letters (the rooms themselves aside: `reward/` holds the parts `rewards.py` scores)."""
+    trees = project_modules()
+    rooms = {f"ocaml_grpo.{r}" for r in ROOMS if r} | {"ocaml_grpo"}
+    leaves = sorted(m for m in trees if not m.startswith("bench") and m not in rooms)
+    stems: dict[str, list[str]] = {}
+    for m in leaves:
+        stems.setdefault(m.rsplit(".", 1)[-1][:6], []).append(m)
+    assert {s: ms for s, ms in stems.items() if len(ms) > 1} == {}
 
 
 def test_every_settings_table_is_made_of_settings():
     """One way to write a setting: every table is `Setting(...)`s (names, defaults, parsers, meanings)."""
-    from ocaml_grpo.settings import Setting
-    from ocaml_grpo.train_config import CONFIG, SETTINGS, SFT_CONFIG
+    from ocaml_grpo.config.settings import Setting
+    from ocaml_grpo.config.train import CONFIG, SETTINGS, SFT_CONFIG
     assert [s for s in CONFIG + SETTINGS + SFT_CONFIG if not isinstance(s, Setting)] == []
 
 
 # The commands that live in the package: what `train.py sft|demo` and `evaluate.py --probe` run.
-COMMANDS_IN_PACKAGE = {"ocaml_grpo.sft", "ocaml_grpo.demo", "ocaml_grpo.probe"}
+COMMANDS_IN_PACKAGE = {"ocaml_grpo.training.sft", "ocaml_grpo.training.demo", "ocaml_grpo.training.probe"}
 
 
 def test_no_module_below_the_commands_reads_the_environment():
@@ -101,4 +126,4 @@ def test_no_module_below_the_commands_reads_the_environment():
     readers = sorted(m for m in below for node in ast.walk(trees[m])
                      if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv")
                      and isinstance(node.value, ast.Name) and node.value.id == "os")
-    assert "ocaml_grpo.settings" in below and readers == []
+    assert "ocaml_grpo.config.settings" in below and readers == []

@@ -1,4 +1,4 @@
-"""The trainer must learn: the demo's recipe (ocaml_grpo/demo.py), with fewer GRPO steps, must raise
+"""The trainer must learn: the demo's recipe (ocaml_grpo/training/demo.py), with fewer GRPO steps, must raise
 the reward, and the same run with every advantage's sign flipped must not.
 
 Real TRL, the real grader and sandbox, the learner model built locally, offline. The SFT warm start
@@ -27,7 +27,7 @@ import pytest
 
 import preloaded
 from conftest import TRAIN
-from ocaml_grpo import demo
+from ocaml_grpo.training import demo
 from ocaml_grpo.problems import load_problems
 from rewards import RewardScorer
 
@@ -44,7 +44,7 @@ def isolated(env: dict, cache_home: Path) -> dict:
 @pytest.fixture(scope="module")
 def sft_out(tmp_path_factory, cache_home) -> Path:
     """The demo's SFT warm start, once for this file."""
-    from ocaml_grpo.demo_model import LEARNER_VERSION, build_learner_model, is_built
+    from ocaml_grpo.training.tiny_models import LEARNER_VERSION, build_learner_model, is_built
     model = cache_home / "ocaml-grpo" / "demo-learner"
     if not is_built(model, LEARNER_VERSION):
         build_learner_model(model)

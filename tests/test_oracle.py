@@ -3,11 +3,11 @@ see only the entry points, at the prompt's types. Real compiler, real sandbox, t
 import pytest
 
 from conftest import ADD, fenced
-from ocaml_grpo.entry_interface import interface_of
-from ocaml_grpo.completions import assemble_solution
-from ocaml_grpo.harness import render_oracle, render_trusted
+from ocaml_grpo.grading.interface import interface_of
+from ocaml_grpo.grading.completions import assemble_solution
+from ocaml_grpo.grading.harness import render_oracle, render_trusted
 from ocaml_grpo.problems import Problem
-from ocaml_grpo import ocaml_source as src
+from ocaml_grpo.grading import source as src
 
 IS_EVEN = Problem(id="is_even", prompt="(** Whether n is even. *)\nlet is_even (n : int) : bool =",
                   tests="let () =\n  assert (is_even 2 = true);\n  assert (is_even 3 = false);\n"

@@ -9,12 +9,14 @@ import pytest
 import rewards
 from conftest import GRADED, fenced, read_rows
 from ocaml_grpo import prompting
-from ocaml_grpo.completions import assemble_solution, is_value_name
+from ocaml_grpo.grading.completions import assemble_solution, is_value_name
 from ocaml_grpo.problems import Problem
-from ocaml_grpo.settings import defaults, resolve
-from ocaml_grpo.train_config import CONFIG, PLUMBING_DEFAULTS, SETTINGS
-from ocaml_grpo.grader import OcamlGrader
-from ocaml_sandbox import SANDBOX_SETTINGS, Sandbox, SandboxConfig
+from ocaml_grpo.config.settings import defaults, resolve
+from ocaml_grpo.config.train import CONFIG, PLUMBING_DEFAULTS, SETTINGS
+from ocaml_grpo.grading.grader import OcamlGrader
+from ocaml_grpo.config.sandbox import SANDBOX_SETTINGS
+from ocaml_grpo.grading.sandbox import Sandbox
+from ocaml_grpo.config.sandbox import SandboxConfig
 
 ADD_PROMPT = "(** Add two integers. *)\nlet add (a : int) (b : int) : int ="
 ADD_TESTS = "let () =\n  assert (add 1 2 = 3);\n  assert (add 0 0 = 0)\n;;"

@@ -112,7 +112,7 @@ def test_bench_train_runs_both_transformers_engines_on_the_tiny_model(tmp_path, 
 
 
 def test_engine_caches_are_sized_to_one_step():
-    from ocaml_grpo.generation_engines import engine_kwargs
+    from ocaml_grpo.training.engines import engine_kwargs
     assert engine_kwargs("default", 24, 704, 512) == {"use_vllm": False, "use_transformers_continuous_batching": False}
     paged = engine_kwargs("paged", 24, 704, 512)
     assert paged["use_transformers_continuous_batching"] and not paged["use_vllm"]

@@ -14,13 +14,13 @@ import pytest
 import analyze
 import preloaded
 from conftest import ADD, ROOT, fenced, log_lines, read_jsonl, run_env, small_dataset, train
-from ocaml_grpo import group_stats
-from ocaml_grpo.group_report import read_group_report, render
-from ocaml_grpo.group_stats import METRIC_FRAC_ZERO_STD, METRIC_GROUP, ProblemTracker, group_stat
-from ocaml_grpo.learning_log import groups_line, metric_line
-from ocaml_grpo.probe import grade
-from ocaml_grpo.selection import ProblemStats, read_stats, sampling_differences, select
-from ocaml_grpo.tracking import TrackedSampler
+from ocaml_grpo.training import group_kinds
+from ocaml_grpo.report.groups import read_group_report, render
+from ocaml_grpo.training.group_kinds import METRIC_FRAC_ZERO_STD, METRIC_GROUP, ProblemTracker, group_stat
+from ocaml_grpo.training.learning_log import groups_line, metric_line
+from ocaml_grpo.training.probe import grade
+from ocaml_grpo.training.selection import ProblemStats, read_stats, sampling_differences, select
+from ocaml_grpo.training.tracking import TrackedSampler
 from rewards import make_reward_function
 
 RIGHT = fenced("let add a b = a + b")   # 1.0
@@ -50,7 +50,7 @@ def test_probe_statistics_on_hand_made_completions(scorer):
 def test_probe_command_appends_resumes_and_refuses_other_settings(tmp_path, cache_home):
     """`evaluate.py --probe` with the tiny model: one line per problem after each batch, a rerun
     samples only what is missing, a file probed at another temperature is refused by name."""
-    from ocaml_grpo.demo_model import build_demo_model, is_built
+    from ocaml_grpo.training.tiny_models import build_demo_model, is_built
     model = cache_home / "ocaml-grpo" / "demo-qwen2-tiny"
     if not is_built(model):
         build_demo_model(model)
@@ -129,7 +129,7 @@ def test_sampler_draws_zero_variance_problems_less_and_uniformly_when_nothing_is
 
 
 def test_tracker_records_survive_a_torn_line_and_a_replay(tmp_path):
-    path = tmp_path / "reward_logs" / group_stats.TRACKING_FILE
+    path = tmp_path / "reward_logs" / group_kinds.TRACKING_FILE
     t = ProblemTracker()
     t.open(path)
     t.update(3, [group_stat("a", [1.0, 1.0], [True] * 2, [True] * 2), group_stat("b", [0.0, 0.5], [False] * 2, [False, True])])
@@ -153,7 +153,7 @@ def test_tracker_records_survive_a_torn_line_and_a_replay(tmp_path):
 def test_report_counts_problem_states_over_time_and_the_selection(tmp_path):
     logs = tmp_path / "reward_logs"
     t = ProblemTracker(min_std=0.05, max_solved=0.9)
-    t.open(logs / group_stats.TRACKING_FILE)
+    t.open(logs / group_kinds.TRACKING_FILE)
     t.update(0, [group_stat("a", [0.0, 0.0], [False] * 2, [False] * 2), group_stat("b", [0.0, 1.0], [False, True], [False, True])])
     t.update(1, [group_stat("a", [0.0, 1.0], [False, True], [False, True])])  # too hard no more
     t.close()
@@ -185,7 +185,7 @@ def test_train_selects_from_stats_and_tracking_survives_a_resume(tmp_path, cache
     assert "was probed with other settings than this run's (model: the file has \"another-model\"" in first.stdout
     chosen = [json.loads(l) for l in (run / "problem_selection.jsonl").read_text().splitlines()]
     assert [c["id"] for c in chosen if not c["ok"]] == ids[:2]
-    tracked = read_jsonl(run / "reward_logs" / group_stats.TRACKING_FILE)
+    tracked = read_jsonl(run / "reward_logs" / group_kinds.TRACKING_FILE)
     assert [e["step"] for e in tracked] == [0, 0, 1, 1] and not {e["problem_id"] for e in tracked} & set(ids[:2])
     # under batch scaling too, learning.log's frac_zero_std is the per-group share: 1 - mixed on the [Groups] line
     lines = log_lines(run)
@@ -198,11 +198,11 @@ def test_train_selects_from_stats_and_tracking_survives_a_resume(tmp_path, cache
     second = train(tmp_path, {**env, "GRPO_MAX_STEPS": "3"})
     assert "resume from: " + str(run / "checkpoint-2") in second.stdout
     assert "problem tracking: 4 groups replayed" in second.stdout
-    tracked = read_jsonl(run / "reward_logs" / group_stats.TRACKING_FILE)
+    tracked = read_jsonl(run / "reward_logs" / group_kinds.TRACKING_FILE)
     assert [e["step"] for e in tracked] == [0, 0, 1, 1, 2, 2]
     # the resumed process knows the first session's problems too: its final states are all six groups'
     last = {e["problem_id"]: e["state"] for e in tracked}
     counts = Counter(last.values())
     assert "problem states at the end: unseen=%d  " % (len(ids) - 2 - len(last)) + "  ".join(
-        f"{k}={counts[k]}" for k in group_stats.KINDS) in second.stdout
+        f"{k}={counts[k]}" for k in group_kinds.KINDS) in second.stdout
 

@@ -1,4 +1,4 @@
-"""`python train.py sft`: the SFT warm start (ocaml_grpo/sft.py), and GRPO starting from its output.
+"""`python train.py sft`: the SFT warm start (ocaml_grpo/training/sft.py), and GRPO starting from its output.
 Real TRL, the tiny plumbing model (demo_model.py), offline."""
 import json
 import subprocess
@@ -10,8 +10,8 @@ import pytest
 
 import preloaded
 from ocaml_grpo.problems import Problem
-from ocaml_grpo.settings import Holdout
-from ocaml_grpo.sft import split_problems
+from ocaml_grpo.config.settings import Holdout
+from ocaml_grpo.training.sft import split_problems
 
 from conftest import TRAIN, log_lines, read_jsonl, run_env, small_dataset
 
@@ -104,7 +104,7 @@ def test_grpo_init_adapter_must_be_an_adapter(tmp_path, cache_home):
 @pytest.mark.slow
 def test_lora_sft_then_grpo_continues_the_adapter(tmp_path, cache_home):
     # train.py builds the plumbing model only under GRPO_PLUMBING=1; SFT takes a BASE_MODEL_ID, so build it here.
-    from ocaml_grpo.demo_model import build_demo_model
+    from ocaml_grpo.training.tiny_models import build_demo_model
     model = cache_home / "ocaml-grpo" / "demo-qwen2-tiny"
     if not (model / "config.json").exists():
         build_demo_model(model)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ocaml_grpo import ocaml_source as src
-from ocaml_grpo.entry_interface import ALIASES, BUILTINS, Entry, Interface, Type
+from ocaml_grpo.grading import source as src
+from ocaml_grpo.grading.interface import ALIASES, BUILTINS, Entry, Interface, Type
 
 # ---------------------------------------------------------------------------------------------
 # Code generation. `side` is "T" (prompt types in scope) or "U" (the answer's, as Solution.*).

@@ -39,6 +39,8 @@ TRACKING_FILE = "problem_tracking.jsonl"  # under <output dir>/reward_logs/, arc
 # What the reward function reports per step through TRL's log_metric (shares of the step's groups).
 METRIC_FRAC_ZERO_STD = "ocaml/frac_zero_std"  # per-group share with identical rewards, whatever the reward scaling
 METRIC_GROUP = {kind: f"ocaml/groups_{kind}" for kind in KINDS}
+TITLES = {"too_hard": "Zero-variance groups: problems too hard", "too_easy": "Zero-variance groups: problems too easy",
+          "identical": "Mode collapse: identical rewards", None: "Zero-variance groups"}
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@
         tc = steps.compile("solution.ml", "a")       # flags as the tool's: a i p W
         prog = steps.link("prog", ["wire.cmo", "oracle.mli", "oracle.ml"])
 
-OCAML_COMPILER=server: each step is a request to a compile server (ocaml_grpo/compile_server.py).
+OCAML_COMPILER=server: each step is a request to a compile server (ocaml_grpo/grading/server.py).
 OCAML_COMPILER=ocamlc, and every problem that `require`s packages: each step is one sandboxed
 `ocamlc` (through ocamlfind); the grader's OCaml tool, run once in the same sandbox call, adds the
 facts ocamlc does not print: what the allowlists deny, from ocamlc's own `-bin-annot` .cmt (and
@@ -26,10 +26,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Protocol
 
-from ocaml_grpo.compile_server import SERVER_IN_BOX, CompileServer, Reply, ServerPool, build_server, parse_reply
-from ocaml_grpo.compiler_output import CompileError, error_of, parse_compiler_error
-from ocaml_grpo.toolcache import Toolchain
-from ocaml_sandbox import RunResult, Sandbox
+from ocaml_grpo.grading.diagnostics import Reply, parse_reply
+from ocaml_grpo.grading.server import SERVER_IN_BOX, CompileServer, ServerPool, build_server
+from ocaml_grpo.grading.diagnostics import CompileError, error_of, parse_compiler_error
+from ocaml_grpo.grading.toolcache import Toolchain
+from ocaml_grpo.grading.sandbox import RunResult, Sandbox
 
 WARNINGS_OFF = ["-w", "-a", "-alert", "-all"]
 

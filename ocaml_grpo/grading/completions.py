@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ocaml_grpo import ocaml_source as src
+from ocaml_grpo.grading import source as src
 from ocaml_grpo.prompting import END_MARKER
 
 FENCE = "```"

@@ -32,11 +32,11 @@ from pathlib import Path
 from dotenv import load_dotenv
 
 from ocaml_grpo.jsonl import append
-from ocaml_grpo.models import go_offline_unless_needed, load_model, load_tokenizer, lora_config, model_error
+from ocaml_grpo.training.models import go_offline_unless_needed, load_model, load_tokenizer, lora_config, model_error
 from ocaml_grpo.problems import DatasetError, load_problems
 from ocaml_grpo.prompting import answer_text, chat_messages, prompt_token_count
-from ocaml_grpo.settings import describe, resolve, unknown_variables
-from ocaml_grpo.train_config import CONFIG, RETIRED, SFT_CONFIG, VARIABLES
+from ocaml_grpo.config.settings import describe, resolve, unknown_variables
+from ocaml_grpo.config.train import CONFIG, RETIRED, SFT_CONFIG, VARIABLES
 
 # Variables of train.py's CONFIG that mean the same here.
 REUSED = ("BASE_MODEL_ID", "TRAINING_DATASET", "GRPO_MAX_PROMPT", "GRPO_MAX_COMPLETION", "GRPO_SEED",

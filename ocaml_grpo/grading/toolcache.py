@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ocaml_grpo.config.sandbox import BIN, FINDLIB_CONF, OCAML_LIB, PREBUILT, STUBLIBS
+
 
 class ToolchainError(RuntimeError):
     """The OCaml toolchain or the sandbox is missing or broken; the message says what to install."""
@@ -45,32 +47,6 @@ def cached_binary(cache: Path, name: str, key_parts: list[str], build: Callable[
                 os.chmod(built, 0o755)
                 os.replace(built, exe)
     return exe
-
-
-# ---------------------------------------------------------------------------------------------
-# The offline bundle's toolchain directory (`make bundle` writes it, install-offline.sh unpacks
-# it; OCAML_TOOLCHAIN_DIR names it). Its binaries are Debian's, whose compiled-in paths are
-# /usr/bin and /usr/lib/ocaml: every one of them is told where it is by the environment instead.
-BIN = "bin"  # ocamlc (the native ocamlc.opt), ocamlfind, ocamlrun, bwrap
-OCAML_LIB = "lib/ocaml"  # the standard library and the packages the allowlist names (META, .cmi, .cma)
-STUBLIBS = "lib/ocaml/stublibs"  # the C stubs bytecode programs load (Base's, unix's)
-FINDLIB_CONF = "etc/findlib.conf"  # no paths in it: OCAMLPATH and OCAMLLIB give them
-PREBUILT = "libexec"  # the launcher and the compile server, built by `make bundle` (NAME-KEY of their sources)
-TOOLCHAIN_FILES = (f"{BIN}/ocamlc", f"{BIN}/ocamlfind", f"{BIN}/ocamlrun", f"{BIN}/bwrap",
-                   f"{OCAML_LIB}/stdlib.cma", FINDLIB_CONF)
-
-
-def ToolchainDir(s: str) -> str:
-    """OCAML_TOOLCHAIN_DIR's parser: empty, or a bundled toolchain directory (made absolute: the
-    sandboxes see it at the same path)."""
-    if not s:
-        return ""
-    root = Path(s).expanduser().resolve()
-    if not all((root / f).is_file() for f in TOOLCHAIN_FILES):
-        raise ValueError
-    return str(root)
-ToolchainDir.accepts = ("empty (the system's OCaml, findlib, bubblewrap and cc), or the `ocaml` directory "
-                        "install-offline.sh unpacked (holding " + ", ".join(TOOLCHAIN_FILES) + ")")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """OCaml source text, read as text: a small lexer, top-level phrase splitting, and the
 parsing of assertion-style test blocks and prompt signatures.
 
-Nothing here runs the toolchain; ocaml_grpo/grader.py does that, through ocaml_sandbox.py. Keeping the text side apart
+Nothing here runs the toolchain; ocaml_grpo/grading/grader.py does that, through ocaml_sandbox.py. Keeping the text side apart
 makes it testable in microseconds and keeps the sandbox file about isolation.
 """
 from __future__ import annotations

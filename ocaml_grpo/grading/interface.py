@@ -12,8 +12,8 @@ import functools
 import re
 from dataclasses import dataclass
 
-from ocaml_grpo import ocaml_source as src
-from ocaml_grpo.completions import first_word, prompt_definitions
+from ocaml_grpo.grading import source as src
+from ocaml_grpo.grading.completions import first_word, prompt_definitions
 
 BUILTINS = {"int", "float", "bool", "char", "string", "bytes", "unit", "int32", "int64", "list", "array",
             "option", "result"}

@@ -1,7 +1,7 @@
 """What a compile step's reply means for grading: the first error, its class and its location.
 
 The class, the location and the message come from the compiler's own exception and report (the
-grader's OCaml tool reports them: ocaml_grpo/compile_server.py `Reply`), never from the printed
+grader's OCaml tool reports them: `Reply` below), never from the printed
 output, where a solution can print anything: `[%%ocaml.error "..."]`, or a warning it enabled
 (`[@@@warning "+22"] [@@@ocaml.ppwarning "...\nError: ..."]`). The printed output is parsed only
 for a step the tool reported nothing about, and for messages shown to people (`test_error`).
@@ -9,9 +9,50 @@ for a step the tool reported nothing about, and for messages shown to people (`t
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ocaml_grpo.compile_server import Reply
+@dataclass
+class Reply:
+    """What one compile or link step reports: ocamlc's status and stderr, and the tool's facts."""
+    returncode: int
+    output: str  # what ocamlc would have written on stderr
+    timed_out: bool = False
+    stage: str = ""  # lexer | parser | typer | linker: where a failure came from
+    unbound: str = ""  # the name an "unbound value/type/module/..." error is about
+    items: list[int] | None = None  # byte offsets where the file's top-level items start (it parsed)
+    denied: list[str] = field(default_factory=list)  # library values and attributes the allowlists do not allow
+    loc: tuple[int, int, str] | None = None  # the error's (line, byte column, file), from the compiler's report
+    message: str = ""  # the error's message, from the compiler's report (not from `output`)
+
+    @classmethod
+    def timeout(cls) -> "Reply":
+        """A step stopped by the completion's compile budget."""
+        return cls(2, "compiler timed out", timed_out=True)
+
+    @classmethod
+    def parse(cls, returncode: int, payload: str) -> "Reply":
+        """The tool's reply payload: `key=value` lines, an empty line, then the compiler's output."""
+        head, _, output = payload.partition("\n\n")
+        facts = dict(line.partition("=")[::2] for line in head.split("\n"))
+        items, loc = facts.get("items", ""), facts.get("loc", "").split(",", 2)
+        return cls(returncode, output, stage=facts.get("stage", ""), unbound=facts.get("unbound", ""),
+                   items=[int(i) for i in items.split(",")] if items else None,
+                   denied=facts.get("denied", "").split(),
+                   loc=(int(loc[0]), int(loc[1]), loc[2]) if len(loc) == 3 else None,
+                   message=facts.get("message", ""))
+
+
+def parse_reply(data: bytes) -> Reply | None:
+    """A whole `RC LEN\n<payload>` reply, or None when it is not one (a crashed or killed tool)."""
+    head, sep, rest = data.partition(b"\n")
+    try:
+        rc, n = (int(x) for x in head.split())
+    except ValueError:
+        return None
+    if not sep or len(rest) < n:
+        return None
+    return Reply.parse(rc, rest[:n].decode("utf-8", "replace"))
+
 
 SYNTAX_STAGES = ("lexer", "parser")
 

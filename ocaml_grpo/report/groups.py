@@ -17,11 +17,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from ocaml_grpo.group_stats import KINDS, STATES, TRACKING_FILE, ZERO_VARIANCE, group_kind, states_over_time
-from ocaml_grpo.selection import SELECTION_FILE
+from ocaml_grpo.training.group_kinds import KINDS, TITLES, STATES, TRACKING_FILE, ZERO_VARIANCE, group_kind, states_over_time
+from ocaml_grpo.training.selection import SELECTION_FILE
 
-TITLES = {"too_hard": "Zero-variance groups: problems too hard", "too_easy": "Zero-variance groups: problems too easy",
-          "identical": "Mode collapse: identical rewards", None: "Zero-variance groups"}
 REMEDY = {
     "too_hard": "no completion passed any test in them. Train on problems the model sometimes solves: probe them "
                 "(`python evaluate.py --probe probe.jsonl`) and set GRPO_PROBLEM_STATS=probe.jsonl; reward partial "
@@ -52,7 +50,7 @@ class GroupReport:
         return max(z, key=z.get) if z else None
 
 
-def group_kinds(recs: list[dict]) -> dict[str, int]:
+def count_kinds(recs: list[dict]) -> dict[str, int]:
     """Groups of each kind: the `group` field the trainer wrote, or, for logs older than it, the
     kind computed from the group's rewards and test counts."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
@@ -83,7 +81,7 @@ def read_group_report(run_dir: Path, recs: list[dict], read_jsonl, drop_supersed
                      "dropped": dict(Counter(str(c.get("reason")) for c in choices if not c.get("ok")).most_common())}
     elif (p := run_dir / "dataset_audit.jsonl").is_file():  # no selection: the problems the audit kept
         kept = [str(c.get("id")) for c in read_jsonl(p)[0] if c.get("ok")]
-    return GroupReport(group_kinds(recs), states_over_time(events, kept), selection)
+    return GroupReport(count_kinds(recs), states_over_time(events, kept), selection)
 
 
 def explain(g: GroupReport) -> tuple[str, str]:

@@ -27,13 +27,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from ocaml_grpo import ocaml_source as src
-from ocaml_grpo.completions import assemble_solution, invalid_entry_point_note
+from ocaml_grpo.grading import source as src
+from ocaml_grpo.grading.completions import assemble_solution, invalid_entry_point_note
 from ocaml_grpo.problems import Problem, load_problems
-from ocaml_grpo.settings import Auto, Setting, Text, cache_dir
-from ocaml_grpo.grader import OcamlGrader
+from ocaml_grpo.config.settings import Auto, Setting, Text, cache_dir
+from ocaml_grpo.grading.grader import OcamlGrader
 from ocaml_grpo.jsonl import append, read_jsonl
-from ocaml_sandbox import Sandbox, SandboxConfig
+from ocaml_grpo.grading.sandbox import Sandbox
+from ocaml_grpo.config.sandbox import SandboxConfig
 
 AUDIT_SETTINGS = [Setting("AUDIT_CACHE_DIR", "auto", Auto(Text, lambda env: str(cache_dir(env)), "$XDG_CACHE_HOME/ocaml-grpo"),
                           "where audit results are cached by content hash")]

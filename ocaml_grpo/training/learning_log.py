@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ocaml_grpo.group_stats import KINDS, METRIC_FRAC_ZERO_STD, METRIC_GROUP
-from ocaml_grpo.health import Point
+from ocaml_grpo.training.group_kinds import KINDS, METRIC_FRAC_ZERO_STD, METRIC_GROUP
+from ocaml_grpo.training.health import Point
 
 METRIC_RE = re.compile(r"^\[Epoch\s+([-+0-9.eE]+)\]\s+(.*)$")
 FIELD_RE = re.compile(r"^([A-Za-z_][\w.]*)=(.*)$")
@@ -80,7 +80,7 @@ class LogLine:
                      self.values.get("grad"), self.values.get("loss"))
 
 
-# The other line kinds, written by the trainer's callback (ocaml_grpo/callbacks.py decides when).
+# The other line kinds, written by the trainer's callback (ocaml_grpo/training/callbacks.py decides when).
 HEADER_CONFIG = ("GRPO_BATCH_SIZE", "GRPO_GRAD_ACCUM_STEPS", "GRPO_NUM_GENERATIONS", "GRPO_MAX_PROMPT",
                  "GRPO_MAX_COMPLETION", "GRPO_NUM_EPOCHS", "GRPO_LEARNING_RATE", "GRPO_TEMPERATURE", "GRPO_BETA",
                  "GRPO_LOSS_TYPE", "LORA_R", "LORA_ALPHA", "REWARD_CURRICULUM", "MIN_NON_EMPTY_LINES",

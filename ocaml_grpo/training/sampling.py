@@ -9,7 +9,7 @@ from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
 
-from ocaml_grpo.models import load_model, load_tokenizer
+from ocaml_grpo.training.models import load_model, load_tokenizer
 from ocaml_grpo.problems import Problem
 
 CAPABILITY_THRESHOLD = 0.20  # the original training analysis: under 20% solved -> the base model is not ready for GRPO

@@ -1,12 +1,12 @@
 """The two programs of a grading, rendered as text, and what the trusted one reported.
 
-- `render_trusted`: the prompt's definitions, a stub per entry point (ocaml_grpo/oracle.py), the
+- `render_trusted`: the prompt's definitions, a stub per entry point (ocaml_grpo/grading/oracle.py), the
   tests with each assertion wrapped by the wire's `check`. Built once per problem; it holds every
   expected value and never runs model code.
 - `render_oracle`: the answer as module `Solution`, its entry points bound at the prompt's types
   (in `entry.ml`: a mismatch there is the answer's error), then the loop serving the trusted
   program's calls. The tests' text never enters it.
-ocaml_grpo/grader.py compiles, runs and judges them.
+ocaml_grpo/grading/grader.py compiles, runs and judges them.
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ocaml_grpo import ocaml_source as src
-from ocaml_grpo.entry_interface import Interface
-from ocaml_grpo.oracle import Lambda, oracle_server, trusted_stubs
+from ocaml_grpo.grading import source as src
+from ocaml_grpo.grading.interface import Interface
+from ocaml_grpo.grading.oracle import Lambda, oracle_server, trusted_stubs
 
 WIRE_ML = (Path(__file__).resolve().parent / "ocaml" / "wire.ml").read_text()
 ENTRY_FILE = "entry.ml"  # where the oracle binds the entry points: an error there is the answer's

@@ -1,7 +1,7 @@
 """Grading one solution against its tests with the real compiler, inside ocaml_sandbox's sandbox.
 
 1. type check the solution alone; the compiler's typed tree decides which library code it
-   reaches, against an allowlist (ocaml_grpo/ocaml/allowlist.txt): anything else earns no test
+   reaches, against an allowlist (ocaml_grpo/grading/ocaml/allowlist.txt): anything else earns no test
    credit (the compile server gives the same answer typing the solution once, inside the test
    program of step 2). If it fails, count independent errors phrase by phrase (the compiler's
    structure items), within one compile limit for the whole completion;
@@ -12,7 +12,7 @@
    assertion and reports on a descriptor the oracle never holds; the oracle never holds an
    expected value. A run restarts after the assertion during which the oracle died; runs are
    bounded by the cores and judged by the CPU time the oracle used.
-Compile steps return values (`Reply`) from either path of ocaml_grpo/compilers.py.
+Compile steps return values (`Reply`) from either path of ocaml_grpo/grading/compilers.py.
 """
 from __future__ import annotations
 
@@ -29,13 +29,14 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ocaml_grpo import ocaml_source as src
-from ocaml_grpo.compiler_output import TIMED_OUT, CompileError, error_of, parse_compiler_error
-from ocaml_grpo.compilers import WARNINGS_OFF, CompileBudget, Compilers, OcamlcSteps, Steps
-from ocaml_grpo.harness import ENTRY_FILE, WIRE_ML, plan_of, render_oracle, render_trusted, tally_run
-from ocaml_grpo.entry_interface import Interface, interface_of
-from ocaml_grpo.oracle import Lambda, lambda_unit_text, rewrite_tests, shippable
-from ocaml_sandbox import Sandbox, ToolchainError, blocked
+from ocaml_grpo.grading import source as src
+from ocaml_grpo.grading.diagnostics import TIMED_OUT, CompileError, error_of, parse_compiler_error
+from ocaml_grpo.grading.compilers import WARNINGS_OFF, CompileBudget, Compilers, OcamlcSteps, Steps
+from ocaml_grpo.grading.harness import ENTRY_FILE, WIRE_ML, plan_of, render_oracle, render_trusted, tally_run
+from ocaml_grpo.grading.interface import Interface, interface_of
+from ocaml_grpo.grading.oracle import Lambda, lambda_unit_text, rewrite_tests, shippable
+from ocaml_grpo.grading.sandbox import Sandbox, blocked
+from ocaml_grpo.grading.toolcache import ToolchainError
 
 # Only a trigger for a second, `-i`, type check that decides (the message itself is text a
 # solution can print with [%%ocaml.error "..."]).

@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ocaml_grpo.health import THRESHOLDS, Thresholds, expected_reward
-from ocaml_grpo.learning_log import LogLine, series
+from ocaml_grpo.training.health import THRESHOLDS, Thresholds, expected_reward
+from ocaml_grpo.training.learning_log import LogLine, series
 
 
 def plot_epochs(lines: list[LogLine]) -> list[float]:

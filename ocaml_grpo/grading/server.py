@@ -13,7 +13,7 @@ so no request inherits another's state (counters, flags, tables, descriptors). A
 overruns its completion's compile budget is stopped by killing the server (and everything in its
 sandbox); a server that dies is restarted and the request re-run once on the fresh one.
 The same binary, run once per step (`--once`, `--check-cmt`), gives the OCAML_COMPILER=ocamlc
-path the same facts (ocaml_grpo/compilers.py).
+path the same facts (ocaml_grpo/grading/compilers.py).
 """
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ import subprocess
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from ocaml_grpo.toolcache import Toolchain, ToolchainError, cached_binary
-from ocaml_sandbox import Sandbox, Spawned
+from ocaml_grpo.grading.diagnostics import Reply, parse_reply
+from ocaml_grpo.grading.toolcache import Toolchain, ToolchainError, cached_binary
+from ocaml_grpo.grading.sandbox import Sandbox, Spawned
 
 OCAML_DIR = Path(__file__).resolve().parent / "ocaml"
 SERVER_SOURCE = OCAML_DIR / "compile_server.ml"
@@ -111,49 +111,6 @@ def _allowlist_module(text: str) -> str:
     if "|allowlist}" in text:
         raise ValueError(f"{ALLOWLIST} must not contain '|allowlist}}'")
     return "let text = {allowlist|" + text + "|allowlist}\n"
-
-
-@dataclass
-class Reply:
-    """What one compile or link step reports: ocamlc's status and stderr, and the tool's facts."""
-    returncode: int
-    output: str  # what ocamlc would have written on stderr
-    timed_out: bool = False
-    stage: str = ""  # lexer | parser | typer | linker: where a failure came from
-    unbound: str = ""  # the name an "unbound value/type/module/..." error is about
-    items: list[int] | None = None  # byte offsets where the file's top-level items start (it parsed)
-    denied: list[str] = field(default_factory=list)  # library values and attributes the allowlists do not allow
-    loc: tuple[int, int, str] | None = None  # the error's (line, byte column, file), from the compiler's report
-    message: str = ""  # the error's message, from the compiler's report (not from `output`)
-
-    @classmethod
-    def timeout(cls) -> "Reply":
-        """A step stopped by the completion's compile budget."""
-        return cls(2, "compiler timed out", timed_out=True)
-
-    @classmethod
-    def parse(cls, returncode: int, payload: str) -> "Reply":
-        """The tool's reply payload: `key=value` lines, an empty line, then the compiler's output."""
-        head, _, output = payload.partition("\n\n")
-        facts = dict(line.partition("=")[::2] for line in head.split("\n"))
-        items, loc = facts.get("items", ""), facts.get("loc", "").split(",", 2)
-        return cls(returncode, output, stage=facts.get("stage", ""), unbound=facts.get("unbound", ""),
-                   items=[int(i) for i in items.split(",")] if items else None,
-                   denied=facts.get("denied", "").split(),
-                   loc=(int(loc[0]), int(loc[1]), loc[2]) if len(loc) == 3 else None,
-                   message=facts.get("message", ""))
-
-
-def parse_reply(data: bytes) -> Reply | None:
-    """A whole `RC LEN\n<payload>` reply, or None when it is not one (a crashed or killed tool)."""
-    head, sep, rest = data.partition(b"\n")
-    try:
-        rc, n = (int(x) for x in head.split())
-    except ValueError:
-        return None
-    if not sep or len(rest) < n:
-        return None
-    return Reply.parse(rc, rest[:n].decode("utf-8", "replace"))
 
 
 class CompileServer:

@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import Sampler
 from trl import GRPOTrainer
 
-from ocaml_grpo.group_stats import GroupStat, ProblemTracker
+from ocaml_grpo.training.group_kinds import GroupStat, ProblemTracker
 
 
 class TrackedSampler(Sampler):

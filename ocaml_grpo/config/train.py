@@ -1,16 +1,16 @@
 """The trainer's settings (train.py, and `train.py sft`'s): every variable they read, with its
 default, parser and meaning. The reward's own settings (weights, MIN_NON_EMPTY_LINES, ...) are defined in
-ocaml_grpo/reward_config.py, the sandbox's in ocaml_sandbox.py, the audit's in dataset_audit.py; SETTINGS
+ocaml_grpo/config/reward.py, the sandbox's in ocaml_sandbox.py, the audit's in dataset_audit.py; SETTINGS
 is all of them, as train.py resolves them and writes them to config.json.
 analyze.py falls back to these defaults for a run directory without config.json.
 """
 from __future__ import annotations
 
-from ocaml_grpo.reward_config import REWARD_SETTINGS
-from ocaml_sandbox import SANDBOX_SETTINGS
-from ocaml_grpo.dataset_audit import AUDIT_SETTINGS
-from ocaml_grpo.selection import SELECTION_SETTINGS
-from ocaml_grpo.settings import AdapterDir, Choice, Flag, Float, Holdout, Int, ModuleList, Resume, Setting, Text
+from ocaml_grpo.config.reward import REWARD_SETTINGS
+from ocaml_grpo.config.sandbox import SANDBOX_SETTINGS
+from ocaml_grpo.grading.audit import AUDIT_SETTINGS
+from ocaml_grpo.training.selection import SELECTION_SETTINGS
+from ocaml_grpo.config.settings import AdapterDir, Choice, Flag, Float, Holdout, Int, ModuleList, Resume, Setting, Text
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")  # trl 1.16 GRPOConfig.loss_type
 LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",

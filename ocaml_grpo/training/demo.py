@@ -4,7 +4,7 @@ with the real grader, visibly raises the reward.
     python train.py demo [OUT_DIR]      # default grpo_runs/demo-learn; a rerun starts over
     python train.py demo OUT_DIR --set grpo_steps=30 --set temperature=0.6   # try another recipe
 
-1. the learner model (ocaml_grpo/demo_model.py, 441k parameters) is built once and cached;
+1. the learner model (ocaml_grpo/training/tiny_models.py, 441k parameters) is built once and cached;
 2. `python train.py sft` full-fine-tunes it on the reference solutions of a few easy bundled
    problems (RECIPE.train_ids), holding RECIPE.heldout_ids out, and stops at partial memorisation
    (SFT_STOP_LOSS): some samples right, some wrong, so GRPO's groups have reward variance;
@@ -29,16 +29,16 @@ import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ocaml_grpo import models
-from ocaml_grpo.demo_model import ensure_learner_model, learner_model_dir
-from ocaml_grpo.evaluation import generate_hf, grade_completions
-from ocaml_grpo.learning_log import parse_learning_log, series
+from ocaml_grpo.training import models
+from ocaml_grpo.training.tiny_models import ensure_learner_model, learner_model_dir
+from ocaml_grpo.training.sampling import generate_hf, grade_completions
+from ocaml_grpo.training.learning_log import parse_learning_log, series
 from ocaml_grpo.problems import BUNDLED, load_problems, read_rows
 from ocaml_grpo.prompting import chat_messages
-from ocaml_grpo.reward_config import RewardConfig
-from ocaml_grpo.settings import cache_dir
+from ocaml_grpo.config.reward import RewardConfig
+from ocaml_grpo.config.settings import cache_dir
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "train.py"
 
 

@@ -29,14 +29,14 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 
-from ocaml_grpo.group_stats import group_stat
+from ocaml_grpo.training.group_kinds import group_stat
 from ocaml_grpo.jsonl import append
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo.prompting import chat_messages
-from ocaml_grpo.selection import ProblemStats, read_stats, sampling_differences, sampling_settings
-from ocaml_grpo.settings import resolve
-from ocaml_grpo.train_config import SETTINGS
-from ocaml_sandbox import SANDBOX_SETTINGS
+from ocaml_grpo.training.selection import ProblemStats, read_stats, sampling_differences, sampling_settings
+from ocaml_grpo.config.settings import resolve
+from ocaml_grpo.config.train import SETTINGS
+from ocaml_grpo.config.sandbox import SANDBOX_SETTINGS
 
 # What the probe reads from the environment (the rest of train.py's settings do not change a sample).
 USED = ("BASE_MODEL_ID", "GRPO_INIT_ADAPTER", "TRAINING_DATASET", "GRPO_TEMPERATURE", "GRPO_MAX_COMPLETION",

@@ -1,7 +1,7 @@
 """Tiny random-weight models + byte-level BPE tokenizers for the offline demo and tests.
 
-    python -m ocaml_grpo.demo_model PATH              # the plumbing model (train.py builds it under GRPO_PLUMBING=1)
-    python -m ocaml_grpo.demo_model --learner PATH    # the learner model of `python train.py demo`
+    python -m ocaml_grpo.training.tiny_models PATH              # the plumbing model (train.py builds it under GRPO_PLUMBING=1)
+    python -m ocaml_grpo.training.tiny_models --learner PATH    # the learner model of `python train.py demo`
 
 Two models, both built here and cached under ~/.cache/ocaml-grpo/:
 - the plumbing model (plumbing_model_dir, 186k parameters, Qwen2): fast random weights for the tests

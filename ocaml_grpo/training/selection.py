@@ -1,5 +1,5 @@
 """Learnable-problem selection: keep the problems whose GRPO groups will have reward variance,
-judged from a probe's statistics (`python evaluate.py --probe`, ocaml_grpo/probe.py).
+judged from a probe's statistics (`python evaluate.py --probe`, ocaml_grpo/training/probe.py).
 
 A problem is kept when its probe rewards differ (std >= GRPO_LEARNABLE_MIN_STD) and it is not
 nearly always solved (share solving every test < GRPO_LEARNABLE_MAX_SOLVED): group_stats.learnable,
@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ocaml_grpo.group_stats import learnable
-from ocaml_grpo.settings import Float, Setting
+from ocaml_grpo.training.group_kinds import learnable
+from ocaml_grpo.config.settings import Float, Setting
 
 SELECTION_FILE = "problem_selection.jsonl"
 

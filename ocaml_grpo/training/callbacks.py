@@ -16,13 +16,14 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from ocaml_grpo import health
-from ocaml_grpo.group_report import TITLES
-from ocaml_grpo.group_stats import METRIC_GROUP, ZERO_VARIANCE
-from ocaml_grpo.health import THRESHOLDS, Point, Thresholds
-from ocaml_grpo.learning_log import (curriculum_line, end_line, groups_line, health_line, metric_line,
+from ocaml_grpo.training import health
+from ocaml_grpo.training.group_kinds import TITLES
+from ocaml_grpo.training.group_kinds import METRIC_GROUP, ZERO_VARIANCE
+from ocaml_grpo.training.health import THRESHOLDS, Point, Thresholds
+from ocaml_grpo.training.learning_log import (curriculum_line, end_line, groups_line, health_line, metric_line,
                                      parse_metric_line, stop_line)
-from ocaml_grpo.reward_config import METRIC_CRASHED, METRIC_PASSED_ANY, Weights, curriculum_phase
+from ocaml_grpo.reward.parts import METRIC_CRASHED, METRIC_PASSED_ANY, curriculum_phase
+from ocaml_grpo.reward.parts import Weights
 
 
 class LearningLog(TrainerCallback):

@@ -1,0 +1,419 @@
+"""Runs the OCaml toolchain and untrusted model code, isolated and bounded.
+
+Isolation (bubblewrap): no network, no /proc, a scrubbed environment, a fresh PID namespace
+(everything the program started dies with it), and, when we are root, an unprivileged uid per
+concurrent job (held machine-wide) so that the process-count limit counts. Compiles see a
+read-only /usr and write only the job's directory; model code sees only the bytecode runtime and
+its libraries (no shell, no interpreter), with small in-memory /work and /tmp. rlimits bound CPU
+seconds, address space, file size, processes and open files, set by the sandbox's launcher
+(ocaml_grpo/grading/launch.c, built with `cc` on first use), which also drops to the job's uid; a
+wall-clock guard kills the whole tree, and each run reports the CPU time it used. The toolchain
+is the system's (apt), or the offline bundle's (OCAML_TOOLCHAIN_DIR: toolcache.Toolchain).
+
+What is compiled and run, and how it is judged, is ocaml_grpo/grading/grader.py's business.
+Environment: SANDBOX_SETTINGS below (`python train.py --help` lists them).
+"""
+from __future__ import annotations
+
+import fcntl
+import functools
+import os
+import secrets
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ocaml_grpo.config.sandbox import SandboxConfig, memory_tmpdir
+from ocaml_grpo.grading.toolcache import Toolchain, ToolchainError, cached_binary
+
+LAUNCHER_SOURCE = Path(__file__).resolve().parent / "launch.c"
+LAUNCHER_IN_BOX = "/opt/ocaml-grpo/launch"  # where both sandboxes see the launcher
+# A 32 MB minor heap: list-heavy tests on large inputs run ~1.7x faster in bytecode.
+RUNPARAM = "s=4M"
+UID_POOL_BASE, UID_POOL_SIZE = 61000, 256  # unprivileged uids lent to jobs (above the usual user range)
+# Long-lived toolchain processes (compile servers) get uids of their own, never a job's.
+SERVER_UID_BASE, SERVER_UID_SIZE = 60000, 256
+RUN_WORK_FILES = 4  # the model code's in-memory /work holds this many maximum-size files (/tmp: one)
+RUN_DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")  # Random.self_init reads urandom
+IDLE_POLL_S = 0.2
+
+
+@dataclass
+class RunResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    timed_out: bool  # the wall-clock guard fired
+    cpu_s: float = 0.0  # CPU seconds used by everything the run started
+
+
+# ---------------------------------------------------------------------------------------------
+# The isolated runner.
+
+def launcher_sources() -> list[str]:
+    return [LAUNCHER_SOURCE.read_text()]
+
+
+def build_launcher(cache: Path, toolchain: Toolchain = Toolchain()) -> Path:
+    """The sandbox's launcher (ocaml_grpo/grading/launch.c), built with `cc` on first use and cached; a
+    bundled toolchain's is prebuilt (`make bundle`)."""
+    if toolchain.root:
+        return toolchain.prebuilt("launch", launcher_sources())
+    cc = toolchain.which("cc", "gcc")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    [source] = launcher_sources()
+
+    def build(tmp: Path) -> Path:
+        (tmp / "launch.c").write_text(source)
+        res = subprocess.run([cc, "-O2", "-Wall", "-o", "launch", "launch.c"], cwd=tmp, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise ToolchainError(f"building the sandbox's launcher with `{cc}` failed: "
+                                 f"{(res.stderr or res.stdout).strip()[-600:]}")
+        return tmp / "launch"
+
+    return cached_binary(cache, "launch", [source, version], build)
+
+
+class UidPool:
+    """Unprivileged uids for concurrent jobs, each held by one job at a time across every process
+    on the machine (a flock per uid): several trainer ranks or a CLI beside a trainer never share
+    a uid, so one job's process limit and kill-by-uid never touch another's processes."""
+
+    def __init__(self, base: int = UID_POOL_BASE, size: int = UID_POOL_SIZE):
+        self.base, self.size = base, size
+        self.dir = Path(tempfile.gettempdir()) / "ocaml-grpo-uids"
+        self.dir.mkdir(mode=0o700, exist_ok=True)
+        self._held: dict[int, int] = {}  # uid -> lock fd
+        self._lock = threading.Lock()
+
+    def acquire(self) -> int:
+        start = secrets.randbelow(self.size)
+        while True:
+            for k in range(self.size):
+                uid = self.base + (start + k) % self.size
+                with self._lock:
+                    if uid in self._held:
+                        continue
+                    fd = os.open(self.dir / f"{uid}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        os.close(fd)
+                        continue
+                    self._held[uid] = fd
+                    return uid
+            time.sleep(0.01)  # every uid busy: wait for a job to end
+
+    def release(self, uid: int) -> None:
+        with self._lock:
+            fd = self._held.pop(uid)
+        os.close(fd)  # closing drops the flock
+
+
+class Sandbox:
+    def __init__(self, config: SandboxConfig | None = None):
+        self.config = config or SandboxConfig()
+        self.limits, self.mode = self.config.limits, self.config.mode
+        if self.mode not in ("bwrap", "none"):
+            raise ValueError(f"Sandbox mode {self.mode!r}: expected 'bwrap' or 'none'")
+        self.isolated = self.mode == "bwrap"
+        self.as_root = os.geteuid() == 0
+        self._uids = UidPool() if self.as_root else None
+        self._server_uids = UidPool(SERVER_UID_BASE, SERVER_UID_SIZE) if self.as_root else None
+        self._capture_dir = memory_tmpdir()  # each call's stdout/stderr (None: the system temp dir)
+        self.toolchain = tc = Toolchain(self.config.toolchain)
+        tc.which("ocamlc", "ocaml-nox")
+        tc.which("ocamlfind", "ocaml-findlib")  # problems that `require` packages compile through it
+        self.launcher = str(build_launcher(Path(self.config.cache), tc))
+        # The bytecode runtime: what the model-code sandbox runs (test programs start with #!/usr/bin/ocamlrun)
+        self._ocamlrun = os.path.realpath(tc.which("ocamlrun", "ocaml-nox"))
+        if self.isolated:
+            self._bwrap = tc.which("bwrap", "bubblewrap")
+            with tempfile.TemporaryDirectory(prefix="ocaml-probe-") as probe_dir:
+                probe = self.run(["true"], Path(probe_dir), wall_s=10, cpu_s=5)
+            if probe.returncode != 0:
+                raise ToolchainError(
+                    "bubblewrap is installed but cannot create a sandbox here: "
+                    f"{probe.stderr.strip()[:400]}. Run as root, enable unprivileged user namespaces, "
+                    "or set OCAML_SANDBOX=none to run model code WITHOUT isolation (not recommended).")
+
+    def describe(self) -> str:
+        if not self.isolated:
+            return "isolation OFF (OCAML_SANDBOX=none): model code runs unsandboxed on this host"
+        who = "per-job unprivileged uid" if self.as_root else "own uid (not root: process limit not enforced)"
+        where = f", the bundled OCaml toolchain in {self.toolchain.root}" if self.toolchain.root else ""
+        return f"bubblewrap sandbox, {who}, limits {self.limits}{where}"
+
+    def _command(self, argv: list[str], workdir: Path, cpu_s: int, uid: int | None, nice: int,
+                 program: Path | None, program_fd: int | None, ro_binds: tuple[tuple[str, str], ...] = ()) -> list[str]:
+        lim = self.limits
+        cmd = [LAUNCHER_IN_BOX if self.isolated else self.launcher, str(cpu_s), str(lim.memory_mb << 20),
+               str(lim.file_mb << 20), str(lim.max_files), str(lim.max_procs), "-" if uid is None else str(uid),
+               str(nice), "--", *argv]
+        if not self.isolated:
+            if program is not None and self.toolchain.root:
+                # A test program starts with #!/usr/bin/ocamlrun, the system's runtime: a bundled
+                # toolchain's is named instead (the sandbox binds it at that path).
+                return [*cmd[:-len(argv)], self._ocamlrun, *argv]
+            return cmd
+        box = [self._bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+               "--unshare-cgroup-try", "--as-pid-1", "--die-with-parent"]
+        if not self.as_root:
+            box.append("--unshare-user")
+        if program is None:
+            # The toolchain (trusted, runs no model code): all of /usr, the job directory writable.
+            box += ["--ro-bind", "/usr", "/usr", *_root_links(("bin", "sbin", "lib", "lib64", "lib32"))]
+            box += ["--perms", "0755", "--dir", "/etc"]  # else bwrap makes it 0700: unreadable after the uid drop
+            for f in ("/etc/ocamlfind.conf", "/etc/findlib.conf", "/etc/ld.so.cache", "/etc/ld.so.conf"):
+                box += ["--ro-bind-try", f, f]
+            box += ["--bind", str(workdir), "/work"]
+            box += _tool_binds(((self.launcher, LAUNCHER_IN_BOX), *ro_binds))  # ours: the launcher, the compile server
+        else:
+            # Model code: the bytecode runtime, its libraries and the launcher, nothing else:
+            # no shell, no interpreters (a child could read its parent's memory), no compilers.
+            # /work and /tmp are small private tmpfs, so nothing reaches the host's disk.
+            box += ["--perms", "0755", "--dir", "/usr", "--perms", "0755", "--dir", "/usr/bin",
+                    "--ro-bind", "/usr/lib", "/usr/lib", "--ro-bind-try", "/usr/lib64", "/usr/lib64",
+                    "--ro-bind-try", "/usr/local/lib", "/usr/local/lib"]
+            box += [*_root_links(("lib", "lib64", "lib32"))] + (["--symlink", "usr/bin", "/bin"] if _BIN_IS_LINK else [])
+            # all the model-code sandbox can execute: the launcher, and the runtime it starts
+            box += ["--ro-bind", self._ocamlrun, "/usr/bin/ocamlrun"] + _tool_binds(((self.launcher, LAUNCHER_IN_BOX),))
+            # The program is copied in (bwrap closes that descriptor): each run sees its own program
+            # alone (the oracle never sees the trusted program, which holds the tests' constants).
+            box += ["--perms", "0777", "--size", str(RUN_WORK_FILES * lim.file_mb << 20), "--tmpfs", "/work",
+                    "--perms", "0755", "--file", str(program_fd), "/work/prog"]
+            # Devices: only what a program's runtime may open (no terminals, no ptys, no shm).
+            box += ["--perms", "0755", "--dir", "/dev"] + [a for d in RUN_DEVICES for a in ("--dev-bind", d, d)]
+        if program is None:
+            box += ["--dev", "/dev"]
+        box += ["--perms", "1777", "--size", str(lim.file_mb << 20), "--tmpfs", "/tmp"]
+        env = self.toolchain.env
+        if self.toolchain.root:
+            # At its host path (after /tmp, which may hold it): compiles see all of the bundled
+            # toolchain, model code only the C stubs its program loads (Base's, unix's).
+            tools = self.toolchain.root if program is None else self.toolchain.stublibs
+            box += _tool_binds(((tools, tools),))  # each directory above it 0755 (bwrap would make them 0700)
+            if program is not None:
+                env = {"PATH": "/usr/bin:/bin", "CAML_LD_LIBRARY_PATH": self.toolchain.stublibs}
+        box += ["--chdir", "/work", "--clearenv", *[a for k, v in env.items() for a in ("--setenv", k, v)],
+                "--setenv", "HOME", "/work", "--setenv", "LC_ALL", "C", "--setenv", "OCAMLRUNPARAM", RUNPARAM, "--"]
+        return box + cmd
+
+    def run(self, argv: list[str], workdir: Path, *, wall_s: float, cpu_s: int | None = None,
+            pass_fds: tuple[int, ...] = (), nice: int = 0, program: Path | None = None,
+            ro_binds: tuple[tuple[str, str], ...] = (), idle_s: float | None = None,
+            on_start: Callable[[int | None], None] | None = None,
+            idle_also: Callable[[], bool] | None = None) -> RunResult:
+        """Run argv inside `workdir` (seen as /work) under every limit; never raises on the
+        program's behaviour: a crash or timeout is in the result. With `program`, run model code:
+        that file alone is visible, as /work/prog, in the stripped-down sandbox. With `idle_s`,
+        a run whose processes all stay blocked (none running or runnable) that long is stopped
+        as timed out (with a job uid, i.e. as root: its processes are found by uid), and only while
+        `idle_also()` holds too (a peer it waits on is blocked as well). `on_start(uid)` is called
+        once the process is started (e.g. to close this side's copies of its pipes)."""
+        cpu_s = int(cpu_s or self.limits.cpu_s)
+        uid = self._uids.acquire() if self._uids else None
+        try:
+            if uid is not None:
+                _chown_tree(workdir, uid, uid)
+            env = {**self.toolchain.env, "HOME": str(workdir), "LC_ALL": "C", "OCAMLRUNPARAM": RUNPARAM}
+            program_fd = os.open(program, os.O_RDONLY) if program is not None and self.isolated else None
+            if program_fd is not None:
+                pass_fds = (*pass_fds, program_fd)
+            capture = self._capture_dir
+            with tempfile.TemporaryFile(dir=capture) as out, tempfile.TemporaryFile(dir=capture) as err:
+                try:
+                    proc = subprocess.Popen(
+                        self._command(argv, workdir, cpu_s, uid, nice, program, program_fd, ro_binds), cwd=workdir,
+                        env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=pass_fds,
+                        start_new_session=True)
+                finally:
+                    if program_fd is not None:
+                        os.close(program_fd)
+                    if on_start is not None:
+                        on_start(uid)
+                status, cpu_s, timed_out = _wait_with_usage(proc, wall_s, uid, idle_s, idle_also)
+                return RunResult(status, _read_capped(out, self.limits.output_bytes),
+                                 _read_capped(err, self.limits.output_bytes), timed_out, cpu_s)
+        finally:
+            if uid is not None:
+                self._uids.release(uid)
+
+    def spawn(self, argv: list[str], workdir: Path, *, cpu_s: int, ro_binds: tuple[tuple[str, str], ...] = (),
+              stderr_file=None) -> "Spawned":
+        """Start a long-lived toolchain process (the compile server) in the toolchain sandbox, with
+        `workdir` as /work and pipes on its stdin and stdout. It holds its own uid (when we are
+        root) until `stop`: what it writes belongs to that uid, so give it the directories it
+        must write (`own`). Its limits are the toolchain's, CPU seconds counted over its life."""
+        pool = self._server_uids
+        uid = pool.acquire() if pool else None
+        try:
+            env = {**self.toolchain.env, "HOME": str(workdir), "LC_ALL": "C"}
+            proc = subprocess.Popen(self._command(argv, workdir, cpu_s, uid, 0, None, None, ro_binds), cwd=workdir,
+                                    env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=stderr_file or subprocess.DEVNULL, bufsize=0, start_new_session=True)
+        except BaseException:
+            if uid is not None:
+                pool.release(uid)
+            raise
+        return Spawned(proc, uid, pool)
+
+    def own(self, spawned: "Spawned", path: Path) -> None:
+        """Let a spawned process write `path` and everything in it (skipped when the directory is
+        its already: then so is every file not written since by us, which it only reads)."""
+        if spawned.uid is not None and os.stat(path).st_uid != spawned.uid:
+            _chown_tree(path, spawned.uid, spawned.uid)
+
+    def disown(self, path: Path) -> None:
+        """Take `path` and everything in it back from whichever spawned process owned it: a
+        long-lived one goes on to serve other jobs and must not be able to change this one's."""
+        if self._server_uids is not None:
+            _chown_tree(path, os.getuid(), os.getgid())
+
+
+@dataclass
+class Spawned:
+    proc: subprocess.Popen
+    uid: int | None
+    pool: UidPool | None  # where its uid goes back
+    stopped: bool = False
+
+    def stop(self, graceful: bool = False) -> None:
+        """Kill the process and everything it started (gracefully: close its stdin and give it a
+        moment to exit first); give its uid back."""
+        if self.stopped:
+            return
+        self.stopped = True
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        if graceful:
+            try:
+                self.proc.wait(0.5)
+            except subprocess.TimeoutExpired:
+                pass
+        # As for a run that timed out: the uid's processes first, while bwrap lives to reap them.
+        _kill_uid(self.uid)
+        try:
+            self.proc.wait(1)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        if self.uid is not None:
+            self.pool.release(self.uid)
+
+
+def _kill_uid(uid: int | None) -> None:
+    """SIGKILL every process running as the job's uid (none when there is no uid)."""
+    if uid is None:
+        return
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if os.stat(f"/proc/{pid}").st_uid == uid:
+                    os.kill(int(pid), signal.SIGKILL)
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                pass
+
+
+def blocked(uid: int | None) -> bool | None:
+    """Whether every process of the uid is blocked (sleeping or stopped, none running or
+    runnable); None when it has none."""
+    states = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if os.stat(f"/proc/{pid}").st_uid == uid:
+                    with open(f"/proc/{pid}/stat") as f:
+                        states.append(f.read().rpartition(")")[2].split()[0])
+            except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
+                pass
+    return all(st not in "R" for st in states) if states else None
+
+
+def _wait_with_usage(proc: subprocess.Popen, wall_s: float, uid: int | None,
+                     idle_s: float | None = None, idle_also: Callable[[], bool] | None = None) -> tuple[int, float, bool]:
+    """Wait for proc up to wall_s (or until it has been blocked for idle_s), then kill everything
+    it started; reap it with wait4: (exit status, CPU seconds of it and every descendant it
+    reaped, whether a guard fired). The CPU figure is what a time-out is judged by, so a run
+    slowed by its neighbours is not a loop."""
+    box: dict = {}
+    waiter = threading.Thread(target=lambda: box.update(w=os.wait4(proc.pid, 0)), daemon=True)
+    waiter.start()
+    if idle_s is None or uid is None:
+        waiter.join(wall_s)
+    else:
+        deadline, blocked_since = time.monotonic() + wall_s, None
+        while time.monotonic() < deadline:
+            waiter.join(IDLE_POLL_S)
+            if not waiter.is_alive():
+                break
+            now = time.monotonic()
+            idle = blocked(uid) and (idle_also is None or idle_also())
+            blocked_since = (blocked_since or now) if idle else None
+            if blocked_since is not None and now - blocked_since >= idle_s:
+                break
+    timed_out = waiter.is_alive()
+    if timed_out:
+        # The job's processes first, while bwrap is alive to reap its child (killing bwrap first
+        # leaves the child a zombie of init); then the process group, for the rest. proc stays
+        # unreaped until the waiter returns, so its pid (the group id) cannot be reused meanwhile.
+        if uid is not None:
+            _kill_uid(uid)
+            waiter.join(1)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        waiter.join()
+    _, status, usage = box["w"]
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+    return proc.returncode, usage.ru_utime + usage.ru_stime, timed_out
+
+
+def _chown_tree(path: Path, uid: int, gid: int) -> None:
+    """`path` and everything under it (links themselves, never what they point to)."""
+    os.chown(path, uid, gid, follow_symlinks=False)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
+
+
+def _tool_binds(tools: tuple[tuple[str, str], ...]) -> list[str]:
+    """Read-only binds of our own tools (host path, path inside), their directories created once."""
+    dirs = dict.fromkeys(str(p) for _, inside in tools for p in reversed(Path(inside).parents) if str(p) != "/")
+    return [a for d in dirs for a in ("--perms", "0755", "--dir", d)] + [a for t in tools for a in ("--ro-bind", *t)]
+
+
+_BIN_IS_LINK = Path("/bin").is_symlink()  # merged /usr
+
+
+@functools.lru_cache(maxsize=4)  # the host's layout: read once, not per call
+def _root_links(dirs: tuple[str, ...]) -> tuple[str, ...]:
+    """/bin, /lib... as on the host: symlinks into /usr (merged /usr) or read-only binds."""
+    out: list[str] = []
+    for d in dirs:
+        p = Path("/") / d
+        if p.is_symlink():
+            out += ["--symlink", os.readlink(p), f"/{d}"]
+        elif p.is_dir():
+            out += ["--ro-bind", str(p), f"/{d}"]
+    return tuple(out)
+
+
+def _read_capped(f, limit: int) -> str:
+    f.seek(0)
+    data = f.read(limit + 1)
+    text = data[:limit].decode("utf-8", "replace")
+    return text + ("\n[output truncated]" if len(data) > limit else "")
