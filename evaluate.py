@@ -44,7 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(a == "--probe" or a.startswith("--probe=") for a in argv):  # the probe for selection: ocaml_grpo/training/probe.py
         return probe.main(argv, generate_hf, generate_vllm, lambda cfg: RewardScorer(RewardConfig.from_settings(cfg)))
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="evaluate.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # The probe is a mode of its own, dispatched above; listed here so that --help shows every mode.
+    ap.add_argument("--probe", metavar="FILE", help="the probe mode: per-problem pass statistics for GRPO_PROBLEM_STATS "
+                                                   "(its options: python evaluate.py --probe FILE --help)")
     ap.add_argument("--model", required=True, help="hub id or local dir; `plumbing` = the tiny random model of the plumbing run (offline)")
     ap.add_argument("--adapter", default=None, help="a LoRA adapter dir (e.g. grpo_runs/final_adapter)")
     ap.add_argument("--dataset", default="bundled", help="bundled, a local .jsonl/.json/.csv/.parquet, or a hub id")

@@ -6,9 +6,9 @@
     python -m bench.bench_train --model qwen1.5b-shape --prompts 1 --generations 2 --completion 4   # GPU model on CPU
 
 Models: `qwen1.5b-shape` (the CUDA default) has Qwen2.5-Coder-1.5B's shape (28 layers, hidden
-1536, vocab 151936) with random weights and the demo tokenizer; `tiny` (the CPU default) is the
-demo model; a path loads a local model. Random-weight models get every prompt cut to the prompt
-budget (the demo tokenizer is less compact than Qwen's); a real model's prompts are filtered by
+1536, vocab 151936) with random weights and the plumbing tokenizer; `tiny` (the CPU default) is the
+plumbing model; a path loads a local model. Random-weight models get every prompt cut to the prompt
+budget (the plumbing tokenizer is less compact than Qwen's); a real model's prompts are filtered by
 length as train.py does. Seed config on CUDA: 4 prompts x 6 generations, prompts <= 704 tokens,
 512-token completions (random weights never stop early), bf16, LoRA r=32.
 
@@ -61,7 +61,7 @@ CPU_CONFIG = dict(prompts=2, generations=2, completion=32, max_prompt=4096)
 
 
 def qwen_shaped_model_dir() -> Path:
-    """Random-weight Qwen2.5-1.5B-shaped model with the demo tokenizer (ids it does not know decode to '')."""
+    """Random-weight Qwen2.5-1.5B-shaped model with the plumbing tokenizer (ids it does not know decode to '')."""
     path = cache_dir(os.environ) / "bench-qwen2.5-1.5b-shape"
     if not (path / "config.json").exists():
         from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
@@ -116,7 +116,7 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
     rows, prompt_lens = [], []
     for p in problems.values():
         if random_weights:
-            # The demo tokenizer spends ~1.4x Qwen2.5's tokens on the same text (its 1,500-token vocabulary),
+            # The plumbing tokenizer spends ~1.4x Qwen2.5's tokens on the same text (its 1,500-token vocabulary),
             # so few real prompts would fit the seed's budget: every templated prompt is cut to the budget
             # instead. Real prompts are 606-791 Qwen2.5 tokens (bench/BENCHMARKS.md, "Prompt length"); content is noise
             # to random weights, token counts are what cost time.

@@ -1,11 +1,18 @@
-"""Everything the commands import. The layers, checked by tests/test_layout.py:
+"""Everything the commands import, in rooms. A room imports only from itself and the rooms below
+it (tests/test_layout.py checks it), so each can be read without the ones above:
 
-    train.py, analyze.py, evaluate.py     the commands a user runs (and `train.py sft|demo|merge`)
-    rewards.py                            the reward policy: scores completions, writes its logs
-    ocaml_grpo/grading/grader.py, compilers.py    compile, check and run one solution against its tests
-    ocaml_sandbox.py                      every toolchain call and every run of model code, isolated
+    report/     what analyze.py renders: the plots, the groups' report
+    training/   the trainer's parts: callbacks, health rules, learning log, problem tracking and
+                selection, group kinds, run directory, models and generation engines, SFT, the
+                demo and its tiny models, sampling and pass@k, the probe
+    grading/    one completion against its tests: the grader, both compile paths and their
+                diagnostics, the oracle and the trusted test program, the sandbox and its launcher,
+                the grader's OCaml tools (grading/ocaml/), the audit of a problem set
+    config/     every setting, defined once and typed; resolving them loads no grader
+    reward/     the reward's parts, weights and curriculum, and the record of one scored completion
+    (root)      what every room reads: problems, prompts, JSONL files
 
-Nothing in this package imports rewards.py or a command: what they share lives here (the
-reward's settings in reward_config.py, sampling and pass@k in evaluation.py), and what only a
-command may build (the reward's scorer) is passed in by that command. Settings are resolved by
-the commands and passed down as typed configs (RewardConfig, SandboxConfig)."""
+The commands sit on top: train.py, analyze.py, evaluate.py, and rewards.py (the reward policy and
+the reward function a TRL user imports). ocaml_sandbox.py is the sandbox's public door. Nothing in
+this package imports a command: what only a command may build (the reward's scorer) is passed in.
+"""

@@ -104,7 +104,7 @@ def benchmarks() -> Path:
 
 @pytest.fixture(scope="session")
 def cache_home(tmp_path_factory) -> Path:
-    """XDG cache holding the demo model, built once per session (train.py builds it on first use)."""
+    """XDG cache holding the plumbing model, built once per session (train.py builds it on first use)."""
     return tmp_path_factory.mktemp("xdg_cache")
 
 

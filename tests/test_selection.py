@@ -50,10 +50,10 @@ def test_probe_statistics_on_hand_made_completions(scorer):
 def test_probe_command_appends_resumes_and_refuses_other_settings(tmp_path, cache_home):
     """`evaluate.py --probe` with the tiny model: one line per problem after each batch, a rerun
     samples only what is missing, a file probed at another temperature is refused by name."""
-    from ocaml_grpo.training.tiny_models import build_demo_model, is_built
-    model = cache_home / "ocaml-grpo" / "demo-qwen2-tiny"
+    from ocaml_grpo.training.tiny_models import build_plumbing_model, is_built
+    model = cache_home / "ocaml-grpo" / "plumbing-qwen2-tiny"
     if not is_built(model):
-        build_demo_model(model)
+        build_plumbing_model(model)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GRPO_", "REWARD_", "LORA_"))}
     env.update(HF_HUB_OFFLINE="1", XDG_CACHE_HOME=str(cache_home), BASE_MODEL_ID=str(model), GRPO_TEMPERATURE="1.0",
                TRAINING_DATASET=str(small_dataset(tmp_path / "p.jsonl", 3)), GRPO_MAX_COMPLETION="16",

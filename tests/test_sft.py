@@ -18,7 +18,7 @@ from conftest import TRAIN, log_lines, read_jsonl, run_env, small_dataset
 
 def sft_env(tmp: Path, cache_home: Path, **overrides) -> dict:
     env = run_env(tmp, cache_home)
-    env.update(BASE_MODEL_ID=str(cache_home / "ocaml-grpo" / "demo-qwen2-tiny"),
+    env.update(BASE_MODEL_ID=str(cache_home / "ocaml-grpo" / "plumbing-qwen2-tiny"),
                TRAINING_DATASET=str(small_dataset(tmp / "problems.jsonl", 6)), SFT_OUTPUT_DIR=str(tmp / "sft"),
                SFT_HOLDOUT="2", SFT_MAX_STEPS="3", SFT_BATCH_SIZE="2", SFT_LEARNING_RATE="1e-3",
                GRPO_MAX_COMPLETION="512", GRPO_MAX_PROMPT="4096", GRPO_REPORT_TO="none")
@@ -104,10 +104,10 @@ def test_grpo_init_adapter_must_be_an_adapter(tmp_path, cache_home):
 @pytest.mark.slow
 def test_lora_sft_then_grpo_continues_the_adapter(tmp_path, cache_home):
     # train.py builds the plumbing model only under GRPO_PLUMBING=1; SFT takes a BASE_MODEL_ID, so build it here.
-    from ocaml_grpo.training.tiny_models import build_demo_model
-    model = cache_home / "ocaml-grpo" / "demo-qwen2-tiny"
+    from ocaml_grpo.training.tiny_models import build_plumbing_model
+    model = cache_home / "ocaml-grpo" / "plumbing-qwen2-tiny"
     if not (model / "config.json").exists():
-        build_demo_model(model)
+        build_plumbing_model(model)
     res = preloaded.run(TRAIN, ["sft"], cwd=tmp_path, env=sft_env(tmp_path, cache_home, GRPO_REPORT_TO="tensorboard"),
                         timeout=240)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

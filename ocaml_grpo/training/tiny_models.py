@@ -1,9 +1,8 @@
 """Tiny random-weight models + byte-level BPE tokenizers for the offline demo and tests.
 
-    python -m ocaml_grpo.training.tiny_models PATH              # the plumbing model (train.py builds it under GRPO_PLUMBING=1)
-    python -m ocaml_grpo.training.tiny_models --learner PATH    # the learner model of `python train.py demo`
-
-Two models, both built here and cached under ~/.cache/ocaml-grpo/:
+Two models, both built on first use by the command that needs them (`GRPO_PLUMBING=1 python
+train.py`, `python evaluate.py --model plumbing`, `python train.py demo`) and cached under
+~/.cache/ocaml-grpo/:
 - the plumbing model (plumbing_model_dir, 186k parameters, Qwen2): fast random weights for the tests
   and benchmarks that exercise the machinery, never expected to write OCaml;
 - the learner model (learner_model_dir, 441k parameters, Llama layout with Qwen2's module names):
@@ -21,7 +20,6 @@ through the same `from_pretrained` code path as a real hub model.
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from ocaml_grpo.problems import BUNDLED, read_rows
@@ -57,7 +55,7 @@ def _corpus() -> list[str]:
 
 def plumbing_model_dir(cache: Path) -> Path:
     """Where the plumbing model is kept, under the project's cache directory (settings.cache_dir)."""
-    return Path(cache) / "demo-qwen2-tiny"
+    return Path(cache) / "plumbing-qwen2-tiny"
 
 
 def learner_model_dir(cache: Path) -> Path:
@@ -68,7 +66,7 @@ def ensure_plumbing_model(path: str | Path) -> Path:
     """Build the plumbing model once; later calls reuse the cached copy."""
     if not is_built(path):
         print(f"building the plumbing model once into {path}")
-        build_demo_model(path)
+        build_plumbing_model(path)
     return Path(path)
 
 
@@ -85,7 +83,7 @@ def is_built(path: str | Path, version: str = VERSION) -> bool:
     return marker.exists() and marker.read_text().strip() == version
 
 
-def build_demo_model(path: str | Path, vocab_size: int = 1500, seed: int = 0) -> Path:
+def build_plumbing_model(path: str | Path, vocab_size: int = 1500, seed: int = 0) -> Path:
     """Save a random-weight Qwen2ForCausalLM (hidden 64, 2 layers, 4 heads, 2 kv heads) and
     its tokenizer to `path`. Takes a few seconds."""
     import torch
@@ -166,13 +164,3 @@ def build_learner_model(path: str | Path, seed: int = 0) -> Path:
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
     return _save_model(path, LlamaForCausalLM(config), tokenizer, LEARNER_VERSION)
 
-
-if __name__ == "__main__":
-    args = sys.argv[1:]
-    if not args or args[0] in ("-h", "--help") or len(args) != 1 + (args[0] == "--learner"):
-        print(__doc__)
-        sys.exit(0 if args and args[0] in ("-h", "--help") else 2)
-    if args[0] == "--learner":
-        print(f"demo learner model saved to {build_learner_model(args[1])}")
-    else:
-        print(f"demo model saved to {build_demo_model(args[0])}")
