@@ -59,6 +59,7 @@ class Grade:
     tests_compiled: bool = False  # the solution links with the tests
     tests_passed: int = 0
     tests_total: int = 0
+    passed_ids: list[int] = field(default_factory=list)  # which assertions passed (0-based, in test order)
     timed_out: bool = False  # the test runs used their CPU budget
     compile_timed_out: bool = False  # a check was stopped by the compile budget (before a program was built)
     forbidden: str | None = None  # first library path off the allowlist (or `external`): no test credit
@@ -174,6 +175,7 @@ class OcamlGrader:
                 passed, finished, grade.timed_out = self._execute(workdir, workdir / "prog", trusted.program,
                                                                   grade.tests_total)
                 grade.tests_passed = len(passed) if plan else int(finished)
+                grade.passed_ids = sorted(passed) if plan else [0] * finished
             return grade
         finally:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,134 @@
+"""What the model is told after an answer, in a repair turn: the one place its text is built.
+
+It may show only two things, both about what the model already knows or wrote:
+- what the compiler says about the model's own code: the error's class, its line and column in the
+  answer's code, and the compiler's message; a library path off the allowlist, named;
+- the results of the prompt's public examples (the `>>> call` / `result` lines of its doc
+  comment), run as assertions through the same grader, sandbox and trusted program as the tests.
+Nothing from the hidden tests reaches it: not their text, values or output, not which one failed,
+not how many passed. An error located anywhere but the answer's code (the tests, the program
+that calls the answer) is reported without location or excerpt. The answer's own output is
+never shown either: printing is not a channel.
+
+`feedback_for` returns None when the answer compiles and passes every public example: the
+episode ends there, whatever the hidden tests would say.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ocaml_grpo.grading.completions import assemble_solution, completion_text, extract_code
+from ocaml_grpo.grading.grader import Grade, OcamlGrader
+from ocaml_grpo.grading.source import parse_signature
+from ocaml_grpo.problems import Problem
+
+MAX_EXAMPLES_SHOWN = 4  # failing examples listed, in the prompt's order
+MAX_MESSAGE_CHARS = 400  # a compiler message is cut here (a type can be long)
+ASK_AGAIN = "Fix it and answer again with the whole solution in one ```ocaml block, then (* END *) on its own line."
+
+EXAMPLE_START = re.compile(r"^\s*\*?\s*>>>\s?(.*)$")
+COMMENT_LINE = re.compile(r"^\s*\*?\s?(.*?)\s*(\*\))?\s*$")
+
+
+@dataclass(frozen=True)
+class Example:
+    call: str  # the OCaml expression after `>>>`
+    result: str  # the value the doc comment says it gives
+
+
+def public_examples(prompt: str) -> list[Example]:
+    """The prompt's `>>> call` lines, each with the result written under it (one or more lines,
+    up to the next `>>>`, a blank line or the comment's end). A call with no result, or one that
+    shows an exception, is not an example an assertion can check."""
+    sig = parse_signature(prompt)
+    lines = (sig.preamble if sig else prompt).splitlines()
+    out: list[Example] = []
+    i = 0
+    while i < len(lines):
+        m = EXAMPLE_START.match(lines[i])
+        i += 1
+        if not m or not m.group(1).strip():
+            continue
+        call, result = m.group(1).strip(), []
+        while i < len(lines) and not EXAMPLE_START.match(lines[i]) and not lines[i].strip().startswith("*)"):
+            body = COMMENT_LINE.match(lines[i])
+            text = body.group(1).strip() if body else ""
+            if not text:
+                break
+            result.append(text)
+            i += 1
+            if body.group(2):  # the comment ends on this line
+                break
+        value = " ".join(result).strip()
+        if value and not value.lower().startswith(("exception", "error:", "raises")):
+            out.append(Example(call, value))
+    return out
+
+
+def examples_as_tests(examples: list[Example]) -> str:
+    """The examples as one test block of assertions, in the tests' own form."""
+    if not examples:
+        return ""
+    body = ";\n".join(f"  assert (({e.call}) = ({e.result}))" for e in examples)
+    return f"let () =\n{body}\n;;"
+
+
+@dataclass(frozen=True)
+class Feedback:
+    text: str | None  # what the model reads; None: nothing to repair (compiles, examples pass)
+    compiled: bool  # the answer compiled (and linked with the calling program)
+    examples_passed: int
+    examples_total: int
+
+
+def feedback_for(grader: OcamlGrader, problem: Problem, completion) -> Feedback:
+    """Grade the answer against the prompt's public examples only, and say what went wrong."""
+    examples = public_examples(problem.prompt)
+    code = extract_code(completion_text(completion))
+    if not code.strip():
+        return Feedback("Your answer has no OCaml code. " + ASK_AGAIN, False, 0, len(examples))
+    solution, entries = assemble_solution(code, problem.prompt, problem.entry_point)
+    grade = grader.grade(solution, examples_as_tests(examples), problem.requires, entries, problem.prompt)
+    offset = solution[:len(solution) - len(code)].count("\n")  # the answer's code ends the unit
+    return render(grade, examples, offset)
+
+
+def render(grade: Grade, examples: list[Example], offset: int) -> Feedback:
+    compiled = grade.compiled and not grade.compile_errors and not grade.forbidden
+    if grade.compile_timed_out:
+        return Feedback("The compiler ran out of time on your answer. " + ASK_AGAIN, False, 0, len(examples))
+    if grade.compile_errors:
+        return Feedback(_compile_errors(grade, offset), False, 0, len(examples))
+    if grade.forbidden:
+        return Feedback(f"Your answer uses `{grade.forbidden}`, which is not allowed here. " + ASK_AGAIN,
+                        False, 0, len(examples))
+    if not grade.tests_compiled:
+        # The answer compiled, but the program that calls it did not build: its text is not the
+        # model's to see (it holds the calls), so neither is where or why.
+        return Feedback("Your answer compiles, but it cannot be called as the problem's signature says. "
+                        + ASK_AGAIN, True, 0, len(examples))
+    failed = [e for k, e in enumerate(examples) if k not in set(grade.passed_ids)]
+    if not failed:
+        return Feedback(None, compiled, len(examples), len(examples))
+    lines = [f"Your answer compiles, but {len(failed)} of the {len(examples)} examples in the problem "
+             f"statement {'fails' if len(failed) == 1 else 'fail'}" + (" (the run ran out of time)" if grade.timed_out else "") + ":"]
+    lines += [f"  {e.call}  should be  {e.result}" for e in failed[:MAX_EXAMPLES_SHOWN]]
+    return Feedback("\n".join(lines + [ASK_AGAIN]), True, len(examples) - len(failed), len(examples))
+
+
+ERROR_NAMES = {"syntax": "Syntax error", "type": "Type error", "unbound": "Unbound name",
+               "entry": "Wrong signature", "link": "Link error", "other": "Error"}
+
+
+def _compile_errors(grade: Grade, offset: int) -> str:
+    """The first compile error of the answer's own code, with its place in that code; an error
+    the compiler places outside it (the prompt's definitions, the calling program) has none."""
+    errs = grade.compile_errors
+    e = errs[0]
+    name = ERROR_NAMES.get(e.kind, "Error")
+    line = e.line - offset
+    where = f" at line {line}, column {e.col + 1}" if e.file.endswith("solution.ml") and line >= 1 else ""
+    more = f" ({len(errs)} errors in all; this is the first)" if len(errs) > 1 else ""
+    message = e.message if len(e.message) <= MAX_MESSAGE_CHARS else e.message[:MAX_MESSAGE_CHARS] + "..."
+    return f"Your answer does not compile{more}.\n{name}{where}: {message}\n{ASK_AGAIN}"

@@ -1,0 +1,97 @@
+"""The repair turn's feedback, with the real grader: it names the model's own errors and the
+prompt's public examples, and nothing of the hidden tests."""
+from dataclasses import replace
+
+import pytest
+
+from conftest import fenced
+from ocaml_grpo.grading.feedback import Example, examples_as_tests, feedback_for, public_examples
+from ocaml_grpo.grading.grader import OcamlGrader
+from ocaml_grpo.grading.sandbox import Sandbox
+from ocaml_grpo.problems import load_problems
+
+PROBLEMS = {p.id: p for p in load_problems("bundled")}
+COUNT_EVENS = PROBLEMS["p001_count_evens"]
+# Hidden assertions of p001 (not in its prompt): their values must never reach the model.
+HIDDEN = ["[7]", "1_000_000", "500_000", "[1; 3; 5; 7]", "List.init"]
+# A second, different set of hidden tests for the same prompt: the feedback must not change.
+OTHER_TESTS = "let () =\n  assert (count_evens [8; 8] = 2);\n  assert (count_evens [1] = 7)\n;;"
+
+ANSWERS = {
+    "right": "let count_evens (xs : int list) : int =\n  List.length (List.filter (fun x -> x mod 2 = 0) xs)",
+    "odd_only": "let count_evens (xs : int list) : int =\n  List.length (List.filter (fun x -> x mod 2 = 1) xs)",
+    "type_error": "let count_evens (xs : int list) : int =\n  let y = 1 + \"a\" in\n  List.length xs",
+    "signature": "let count_evens (xs : int list) : string = \"a\"",
+    "prints": "let count_evens (xs : int list) : int =\n  print_string \"1_000_000 500_000\"; prerr_string \"[7]\"; 2",
+    "raises": "let count_evens (xs : int list) : int =\n  if List.length xs > 3 then failwith \"List.init\" else 2",
+    "loops": "let count_evens (xs : int list) : int =\n  let rec f () = f () in f ()",
+    "forbidden": "let count_evens (xs : int list) : int =\n  ignore (Sys.command \"ls\"); 0",
+    "syntax": "let count_evens (xs : int list) : int =\n  match xs with\n  | [] -> 0\n  | x :: -> 1",
+}
+
+
+@pytest.fixture(scope="module")
+def grader():
+    g = OcamlGrader(Sandbox(), cores=2)
+    yield g
+    g.close()
+
+
+@pytest.fixture(scope="module")
+def feedback(grader):
+    """Each answer's feedback under the real hidden tests and under other hidden tests."""
+    return {name: (feedback_for(grader, COUNT_EVENS, fenced(code)),
+                   feedback_for(grader, replace(COUNT_EVENS, tests=OTHER_TESTS), fenced(code)))
+            for name, code in ANSWERS.items()}
+
+
+def test_the_prompt_examples_are_read_as_assertions():
+    assert public_examples(COUNT_EVENS.prompt) == [Example("count_evens [1; 2; 3; 4]", "2"),
+                                                    Example("count_evens [-2; -3; 0]", "2"),
+                                                    Example("count_evens []", "0")]
+    assert examples_as_tests(public_examples(COUNT_EVENS.prompt)).count("assert") == 3
+    # every bundled prompt has examples, and none runs into the comment's end
+    for p in PROBLEMS.values():
+        ex = public_examples(p.prompt)
+        assert ex and all("*)" not in e.result and e.result for e in ex), p.id
+
+
+def test_a_right_answer_gets_no_feedback(feedback):
+    assert feedback["right"][0].text is None
+    assert feedback["right"][0].examples_passed == feedback["right"][0].examples_total == 3
+
+
+def test_a_type_error_is_named_where_the_model_wrote_it(feedback):
+    text = feedback["type_error"][0].text
+    assert "Type error at line 2, column 15" in text  # line 2 of the answer, not of the unit compiled
+    assert "has type string but an expression was expected of type int" in text
+
+
+def test_a_syntax_error_and_a_forbidden_call_are_named(feedback):
+    assert "Syntax error at line 4" in feedback["syntax"][0].text
+    assert "Sys.command" in feedback["forbidden"][0].text
+
+
+def test_failing_public_examples_are_listed_and_hidden_ones_are_not(feedback):
+    fb = feedback["odd_only"][0]
+    assert fb.examples_passed == 2 and "count_evens [-2; -3; 0]  should be  2" in fb.text
+    assert "1 of the 3 examples" in fb.text
+
+
+def test_a_wrong_signature_gets_feedback_without_test_text(feedback):
+    text = feedback["signature"][0].text
+    assert "Wrong signature" in text and "int list -> int" in text
+    assert "assert" not in text and "count_evens [" not in text
+
+
+@pytest.mark.parametrize("name", sorted(ANSWERS))
+def test_nothing_of_the_hidden_tests_reaches_the_model(feedback, name):
+    """Printing, raising or looping: the feedback is a function of the prompt and the answer
+    alone. Under other hidden tests it is the same, byte for byte, and it holds none of the real
+    hidden tests' values, nor the grader's private unit name."""
+    real, other = feedback[name]
+    assert real == other
+    text = real.text or ""
+    assert [h for h in HIDDEN if h in text and h not in ANSWERS[name]] == []
+    assert "wire_" not in text.lower() and "trusted" not in text.lower()
+    assert "1_000_000" not in text and "500_000" not in text  # even the printed ones stay out
