@@ -2,7 +2,8 @@
 
 Usage:  python analyze.py [RUN_DIR]          (default: grpo_runs)
 
-Reads RUN_DIR/learning.log (required; missing -> exit 2), and when present
+Reads RUN_DIR/metrics.jsonl (the trainer's record of every log step; a run without one: its
+learning.log, as printed; neither -> exit 2), and when present
 reward_logs/syntax_aware_breakdown.jsonl, config.json (absent: train.py's defaults are assumed, and
 the report says so) and dataset_audit.jsonl. Writes
 RUN_DIR/analysis.md and RUN_DIR/plots/*.png and prints the executive summary. Safe while training
@@ -36,7 +37,10 @@ from ocaml_grpo.report.plots import make_plots
 from ocaml_grpo.report.groups import GroupReport, explain, read_group_report, render as render_groups
 from ocaml_grpo.training.health import THRESHOLDS, Check, Finding, Thresholds, expected_reward, mean, reward_trend
 from ocaml_grpo.jsonl import read_jsonl
+from ocaml_grpo.reward.breakdown import Breakdown
+from ocaml_grpo.reward.parts import PART_NAMES
 from ocaml_grpo.training.learning_log import LogLine, parse_learning_log, series
+from ocaml_grpo.training.metrics import METRICS_FILE, StepRecord
 from ocaml_grpo.config.settings import defaults
 from ocaml_grpo.config.train import SETTINGS
 
@@ -158,43 +162,41 @@ def normalize_error(msg: str | None) -> str:
 
 def summarize_breakdown(recs: list[dict]) -> BreakdownStats:
     n = len(recs)
-    passed_any = lambda r: (r.get("tests_passed") or 0) > 0
-    passed_all = lambda r: (r.get("tests_total") or 0) > 0 and r.get("tests_passed") == r.get("tests_total")
-    share = lambda pred: sum(1 for r in recs if pred(r)) / n
+    bds = [Breakdown.from_record(r) for r in recs]
+    share = lambda pred: sum(1 for b in bds if pred(b)) / n  # noqa: E731
     shares = {
-        "END marker": share(lambda r: bool(r.get("has_end_marker"))),
+        "END marker": share(lambda b: b.has_end_marker),
         # Of all completions, those compiled and found free of errors: one gated for too few lines
         # (MIN_NON_EMPTY_LINES) or whose grading crashed was never compiled.
         "type-checks (0 type & 0 syntax errors)":
-            share(lambda r: r.get("type_errors", 1) == 0 and r.get("syntax_errors", 1) == 0
-                  and not r.get("gated_min_lines") and r.get("reward") is not None),
-        "compiles": share(lambda r: bool(r.get("compiled"))),
-        PASS_ANY: share(passed_any),
-        "passes all tests": share(passed_all),
-        GATED: share(lambda r: bool(r.get("gated_min_lines"))),
-        RUNAWAY: share(lambda r: bool(r.get("runaway"))),
-        "timed out": share(lambda r: bool(r.get("timed_out"))),
+            share(lambda b: b.type_errors == 0 and b.syntax_errors == 0 and not b.gated_min_lines
+                  and b.reward is not None),
+        "compiles": share(lambda b: b.compiled),
+        PASS_ANY: share(lambda b: b.passed_any),
+        "passes all tests": share(lambda b: b.solved),
+        GATED: share(lambda b: b.gated_min_lines),
+        RUNAWAY: share(lambda b: b.runaway),
+        "timed out": share(lambda b: b.timed_out),
     }
-    comps = ("reward", "structural", "type_check", "compile", "tests")
+    comps = ("reward", *PART_NAMES)
     groups, by_problem, by_step = defaultdict(list), defaultdict(list), defaultdict(list)
-    for r in recs:
-        if r.get("reward") is not None:  # None: grading crashed, kept out of the group's baseline by TRL
-            groups[(r.get("step"), str(r.get("problem_id")))].append(float(r["reward"]))
-        by_problem[str(r.get("problem_id"))].append(r)
-        by_step[r.get("step")].append(r)
-    never_any = sorted(p for p, rs in by_problem.items() if not any(map(passed_any, rs)))
-    errors = Counter(normalize_error(r["first_error"]) for r in recs if r.get("first_error"))
-    cmean = lambda rs, c: statistics.fmean(float(r.get(c) or 0.0) for r in rs)
+    for r, b in zip(recs, bds):
+        if b.reward is not None:  # None: grading crashed, kept out of the group's baseline by TRL
+            groups[(r.get("step"), str(b.problem_id))].append(float(b.reward))
+        by_problem[str(b.problem_id)].append(b)
+        by_step[r.get("step")].append(b)
+    errors = Counter(normalize_error(b.first_error) for b in bds if b.first_error)
+    cmean = lambda bs, c: statistics.fmean(float(getattr(b, c) or 0.0) for b in bs)  # noqa: E731
     return BreakdownStats(
         n=n, groups=len(groups), problems=len(by_problem), shares=shares,
-        component_means={c: cmean(recs, c) for c in comps},
+        component_means={c: cmean(bds, c) for c in comps},
         top_errors=errors.most_common(8),
-        error_kinds=dict(Counter(k for r in recs for k in (r.get("error_kinds") or [])).most_common()),
-        never_solved=sorted(p for p, rs in by_problem.items() if not any(map(passed_all, rs))),
-        never_passed_any=never_any,
-        per_step={s: {c: cmean(rs, c) for c in comps} for s, rs in sorted(by_step.items())
+        error_kinds=dict(Counter(k for b in bds for k in (b.error_kinds or [])).most_common()),
+        never_solved=sorted(p for p, bs in by_problem.items() if not any(b.solved for b in bs)),
+        never_passed_any=sorted(p for p, bs in by_problem.items() if not any(b.passed_any for b in bs)),
+        per_step={s: {c: cmean(bs, c) for c in comps} for s, bs in sorted(by_step.items())
                   if isinstance(s, int)},
-        passes_by_epoch=[(float(r.get("epoch") or 0.0), passed_any(r)) for r in recs])
+        passes_by_epoch=[(float(r.get("epoch") or 0.0), b.passed_any) for r, b in zip(recs, bds)])
 
 # ----------------------------------------------------------------------------- analysis
 
@@ -226,13 +228,23 @@ class RunData:
     bad_records: int
 
 
+def read_steps(run_dir: Path) -> tuple[list[str], list[LogLine], int]:
+    """(learning.log's `#` lines, one line per log step, unreadable lines skipped): the steps from
+    metrics.jsonl, else from a bare learning.log. FileNotFoundError with neither."""
+    log_path, metrics = run_dir / "learning.log", run_dir / METRICS_FILE
+    if metrics.is_file():
+        records, skipped = read_jsonl(metrics)
+        header = parse_learning_log(log_path)[0] if log_path.is_file() else []
+        return header, [LogLine.from_record(StepRecord.from_json(r)) for r in records], skipped
+    if log_path.is_file():
+        return parse_learning_log(log_path)
+    raise FileNotFoundError(f"learning log not found: {log_path} (nor {metrics.name} beside it)")
+
+
 def read_run(run_dir: str | Path) -> RunData:
-    """Read a run directory; writes nothing. Raises FileNotFoundError without a learning.log."""
+    """Read a run directory; writes nothing. Raises FileNotFoundError without metrics.jsonl or learning.log."""
     run_dir = Path(run_dir)
-    log_path = run_dir / "learning.log"
-    if not log_path.is_file():
-        raise FileNotFoundError(f"learning log not found: {log_path}")
-    header, lines, skipped = parse_learning_log(log_path)
+    header, lines, skipped = read_steps(run_dir)
     lines = drop_superseded(lines, lambda l: l.epoch, lambda l: l.session)
     config, config_source, audit, bd, bad, recs = None, "config.json", None, None, 0, []
     try:
@@ -272,7 +284,8 @@ def judge(d: RunData, th: Thresholds = THRESHOLDS) -> Report:
     findings: list[Finding] = []
     if not lines:
         findings.append(Finding("no_lines", "No metric lines yet", "warning",
-                                f"{d.run_dir / 'learning.log'} has no complete `[Epoch ...]` line yet."))
+                                f"{d.run_dir} has no log step recorded yet (metrics.jsonl, or a complete "
+                                "`[Epoch ...]` line in learning.log)."))
     findings += health.findings(points, th)
     level = {f.key: f.severity for f in findings}
     if "zero_std" in level:  # which kind of zero variance it is, and its remedy

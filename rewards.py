@@ -3,10 +3,9 @@
     python rewards.py score PROBLEMS COMPLETIONS [--workers N]   # one JSON line per completion
     python rewards.py audit DATASET [--json]                     # which problems can ever pass
 
-Reward (weights from REWARD_SETTINGS below): structural 0.05 (the END marker on its own line after
-the last code block), type check 0.20 graduated by error count (0 errors: full; n type errors:
-1/(2n); any syntax error: 0), compile 0.10 (compiles: full; else half the share of phrases that
-compile), tests 0.65 x the fraction of assertions passed (only when the program links with the tests).
+Reward: the sum of the parts listed in ocaml_grpo/reward/parts.py (PARTS: each its weight,
+REWARD_WEIGHT_<NAME>, times the credit the grader's findings earn it; `python train.py --help` lists
+them with their defaults). The record of one scored completion is reward/breakdown.py's Breakdown.
 Rules: fewer than MIN_NON_EMPTY_LINES code lines -> 0; a check that ran out of compile time earns
 no type-check or compile credit; a completion that reached the maximum completion length is
 multiplied by RUNAWAY_PENALTY_MULTIPLIER; grading that fails on one completion makes its reward
@@ -27,14 +26,14 @@ import time
 import traceback
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from ocaml_grpo.grading import audit
 from ocaml_grpo.training import group_kinds
 from ocaml_grpo.grading import source as src
 from ocaml_grpo.grading.completions import assemble_solution, completion_text, extract_code, has_end_marker
-from ocaml_grpo.jsonl import JsonlWriter
+from ocaml_grpo.jsonl import JsonlWriter, session_id
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo.config.settings import resolve
 from ocaml_grpo.grading.grader import Grade, OcamlGrader
@@ -42,63 +41,16 @@ from ocaml_grpo.grading.grader import Grade, OcamlGrader
 from ocaml_grpo.config.reward import REWARD_SETTINGS, RewardConfig  # noqa: F401
 from ocaml_grpo.config.sandbox import SANDBOX_SETTINGS, SandboxConfig
 from ocaml_grpo.grading.sandbox import Sandbox
+from ocaml_grpo.reward.breakdown import Breakdown  # noqa: F401  (re-exported: rewards.Breakdown)
 from ocaml_grpo.reward.parts import (CURRICULUM, METRIC_COMPILED, METRIC_CRASHED, METRIC_END_MARKER,  # noqa: F401
-                                     METRIC_PASSED_ANY, METRIC_SOLVED, Weights, curriculum_phase)
+                                     METRIC_PASSED_ANY, METRIC_SOLVED, PARTS, Weights, curriculum_phase)
 from ocaml_grpo.grading.toolcache import ToolchainError
-
-@dataclass
-class Breakdown:
-    """One scored completion: what syntax_aware_breakdown.jsonl holds per line."""
-    problem_id: str
-    reward: float | None = 0.0  # None: grading crashed (GuardedScorer); TRL leaves it out of the baseline
-    structural: float = 0.0
-    type_check: float = 0.0
-    compile: float = 0.0
-    tests: float = 0.0
-    has_end_marker: bool = False
-    type_errors: int = 0
-    syntax_errors: int = 0
-    error_kinds: list[str] = field(default_factory=list)
-    first_error: str | None = None
-    compiled: bool = False
-    tests_compiled: bool = False
-    tests_passed: int = 0
-    tests_total: int = 0
-    timed_out: bool = False  # the test runs used their CPU budget
-    compile_timed_out: bool = False  # the compile budget ran out: no type-check or compile credit
-    runaway: bool = False
-    gated_min_lines: bool = False
-    forbidden: str | None = None
-    unverifiable: str | None = None  # the tests cannot run outside the answer's process: no test credit
-    code_lines: int = 0
-    elapsed_ms: float = 0.0
-    cached: bool = False
-    isolated: bool = True
-    phase: str | None = None
-    group: str | None = None  # the kind of its GRPO group (group_kinds.KINDS); None outside training
-
-    @property
-    def passed_any(self) -> bool:
-        return self.tests_passed > 0
-
-    @property
-    def solved(self) -> bool:
-        """Every test assertion passed."""
-        return self.tests_total > 0 and self.tests_passed == self.tests_total
-
 
 # ---------------------------------------------------------------------------------------------
 # Scoring.
 
-def type_check_fraction(grade: Grade) -> float:
-    # a syntax error, or an entry point missing or not of the prompt's type: nothing typed as asked
-    if grade.syntax_errors or any(e.kind == "entry" for e in grade.compile_errors):
-        return 0.0
-    n = len(grade.compile_errors)
-    return 1.0 if n == 0 else 0.5 / n
-
-
 def score_grade(grade: Grade, b: Breakdown, w: Weights) -> None:
+    """What the grader found, into the breakdown, and each part's credit for it (reward/parts.py)."""
     b.type_errors = len(grade.compile_errors)
     b.syntax_errors = grade.syntax_errors
     b.error_kinds = [e.kind for e in grade.compile_errors]
@@ -106,14 +58,7 @@ def score_grade(grade: Grade, b: Breakdown, w: Weights) -> None:
     b.compiled, b.tests_compiled = grade.compiled, grade.tests_compiled
     b.tests_passed, b.tests_total, b.timed_out = grade.tests_passed, grade.tests_total, grade.timed_out
     b.forbidden, b.unverifiable, b.compile_timed_out = grade.forbidden, grade.unverifiable, grade.compile_timed_out
-    if grade.compile_timed_out:  # a check stopped half-way proves nothing, and counted no further errors
-        b.type_check = b.compile = 0.0
-    else:
-        b.type_check = w.type_check * type_check_fraction(grade)
-        compile_frac = 1.0 if grade.compiled else 0.5 * grade.phrases_ok / max(1, grade.phrases_total)
-        b.compile = w.compile * compile_frac
-    if grade.tests_compiled and grade.tests_total and not grade.forbidden:
-        b.tests = w.tests * min(max(grade.tests_passed, 0), grade.tests_total) / grade.tests_total
+    b.credit(grade, w)
 
 
 class RewardScorer:
@@ -168,21 +113,19 @@ class RewardScorer:
         text = completion_text(completion)
         b = Breakdown(problem_id=problem.id, isolated=self.grader.sandbox.isolated)
         b.has_end_marker = has_end_marker(text)
-        b.structural = w.structural if b.has_end_marker else 0.0
         # Cut off at the limit, whatever it wrote before: a marker proves nothing about the text after it.
         b.runaway = (completion_tokens is not None and max_completion_tokens is not None
                      and completion_tokens >= max_completion_tokens)
         code = extract_code(text)
         b.code_lines = src.count_code_lines(code)
         if b.code_lines < cfg.min_lines or not code.strip():
-            b.gated_min_lines = True
-            b.structural = 0.0
+            b.gated_min_lines = True  # no part earns anything, the END marker included
             b.tests_total = src.assertion_count(src.parse_assert_tests(problem.tests))
         else:
             solution, entries = assemble_solution(code, problem.prompt, problem.entry_point)
             grade, b.cached = self._grade_cached(problem, solution, entries)
             score_grade(grade, b, w)
-        reward = b.structural + b.type_check + b.compile + b.tests
+        reward = b.parts_total()
         if b.runaway:
             reward *= cfg.runaway_multiplier
         b.reward = round(reward, 6)
@@ -230,9 +173,7 @@ class GuardedScorer(RewardScorer):
 class RewardLogger:
     def __init__(self, output_dir: str | Path, rank: int = 0):
         self.rank = rank
-        # Which training session wrote a record: a resumed run redoes the steps after its
-        # checkpoint, and analyze.py keeps only the later session's copy of them.
-        self.session = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        self.session = session_id()
         logs = Path(output_dir) / "reward_logs"
         self.completions = JsonlWriter(logs / "completions.jsonl")
         self.breakdown = JsonlWriter(logs / "syntax_aware_breakdown.jsonl")
@@ -289,6 +230,9 @@ def make_reward_function(output_dir: str | Path | None, max_completion_tokens: i
             log_metric(METRIC_END_MARKER, share(b.has_end_marker for b in breakdowns))
             log_metric(METRIC_PASSED_ANY, share(b.passed_any for b in breakdowns))
             log_metric(METRIC_CRASHED, share(b.reward is None for b in breakdowns))
+            scored = [b for b in breakdowns if b.reward is not None]
+            for part in PARTS:
+                log_metric(part.metric, sum(b.part(part.name) for b in scored) / max(1, len(scored)))
             if groups:
                 for kind, value in group_kinds.kind_shares(groups).items():
                     log_metric(group_kinds.METRIC_GROUP[kind], value)

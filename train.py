@@ -11,7 +11,8 @@
 
 Outputs (GRPO_OUTPUT_DIR, default grpo_runs/):
     config.json                              resolved config, keys = env var names
-    learning.log                             one metric line per log step + [Health]/[Stop] lines (also on the console)
+    metrics.jsonl                            the record of every log step (pandas: pd.read_json(path, lines=True))
+    learning.log                             the same as text: a metric line per log step + [Health]/[Stop] lines (also on the console)
     reward_logs/completions.jsonl            every completion with its reward
     reward_logs/syntax_aware_breakdown.jsonl the reward split into structural/type/compile/tests
     reward_logs/problem_tracking.jsonl       each GRPO group's kind and its problem's state (GRPO_TRACK_PROBLEMS)

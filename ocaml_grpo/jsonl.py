@@ -10,7 +10,14 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
+
+
+def session_id() -> str:
+    """Which training session wrote a record: a resumed run redoes the steps after its checkpoint,
+    and analyze.py keeps only the later session's copy of them."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
 class JsonlWriter:

@@ -18,6 +18,11 @@ class DatasetError(ValueError):
     """A problem set that cannot be used; the message names the file/dataset and columns."""
 
 
+# The columns of a row that hold OCaml text. The dataset's `tests` column (a problem's tests) is
+# spelled in this file only: the reward's parts (reward/parts.py) have a `tests` part too.
+TEXT_COLUMNS = ("prompt", "problem", "tests", "solution")
+
+
 @dataclass
 class Problem:
     id: str

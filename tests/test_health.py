@@ -8,7 +8,10 @@ from transformers import TrainerControl, TrainerState
 
 import analyze
 import rewards
+from ocaml_grpo.jsonl import read_jsonl
 from ocaml_grpo.training import health
+from ocaml_grpo.training.learning_log import render
+from ocaml_grpo.training.metrics import METRICS_FILE, StepRecord
 from ocaml_grpo.training.callbacks import LearningLog
 from ocaml_grpo.training.health import Point
 
@@ -101,7 +104,8 @@ def monitor(tmp_path, points: list[Point], passes: float, crashed: float = 0.0) 
     log = LearningLog(run / "learning.log", ["# started"], resumed=False, auto_stop=True, curriculum=None)
     state, control = TrainerState(), TrainerControl()
     log.on_train_begin(None, state, control)
-    for p in points:
+    for step, p in enumerate(points, 1):
+        state.global_step = step
         control = log.on_log(None, state, control, logs=trl_logs(p, passes, crashed))
         if control.should_training_stop:
             break
@@ -133,3 +137,25 @@ def test_monitor_reads_crashes_and_test_passes_from_the_logged_metrics(tmp_path)
     assert lines.count("[Health] grading crashed on 25.0% of the completions scored since the last log "
                        "(reward None: left out of the group baseline; see first_error in the breakdown log and "
                        "stderr)") == 10  # every log step up to the stop at epoch 1.0
+
+
+def test_learning_log_is_rendered_from_the_records_and_the_report_reads_them(tmp_path):
+    """metrics.jsonl holds every log step; learning.log's lines after its `#` lines are those records
+    rendered, byte for byte; analyze.py needs nothing else (learning.log deleted), and reads the
+    unrounded values the monitor judged."""
+    import pandas as pd
+    control, lines = monitor(tmp_path, flat(0.10, n=24, until=1.5), passes=0.3, crashed=0.1)
+    run = tmp_path / "run"
+    records = [StepRecord.from_json(r) for r in read_jsonl(run / METRICS_FILE)[0]]
+    assert len(records) == 16 and records[-1].notes[-1].startswith("[Stop] ")  # stopped at epoch 1.0
+    live = b"".join(l for l in (run / "learning.log").read_bytes().splitlines(keepends=True) if not l.startswith(b"#"))
+    assert "".join(line + "\n" for line in render(records)).encode() == live
+    from_log = analyze.analyze(run)
+    (run / "learning.log").unlink()
+    report = analyze.analyze(run)
+    assert (report.status, report.stop_verdict) == (from_log.status, from_log.stop_verdict)
+    assert report.stop_verdict.startswith("STOP")
+    assert [l.epoch for l in report.lines] == [p.epoch for p in flat(0.10, n=24, until=1.5)[:16]]  # 0.0625, ..., 1.0
+    assert [l.raw for l in report.lines] == [l for l in lines if l.startswith("[Epoch ")]
+    table = pd.read_json(run / METRICS_FILE, lines=True)
+    assert list(table["step"]) == list(range(1, 17)) and table["reward"].iloc[0] == 0.10

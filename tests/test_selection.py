@@ -18,6 +18,7 @@ from ocaml_grpo.training import group_kinds
 from ocaml_grpo.report.groups import read_group_report, render
 from ocaml_grpo.training.group_kinds import METRIC_FRAC_ZERO_STD, METRIC_GROUP, ProblemTracker, group_stat
 from ocaml_grpo.training.learning_log import groups_line, metric_line
+from ocaml_grpo.training.metrics import StepRecord
 from ocaml_grpo.training.probe import grade
 from ocaml_grpo.training.selection import ProblemStats, read_stats, sampling_differences, select
 from ocaml_grpo.training.tracking import TrackedSampler
@@ -106,9 +107,9 @@ def test_groups_are_classified_per_group_whatever_the_batch(scorer):
     assert rewards[:3] == [1.0, 1.0, 1.0] and rewards[3] < 1
     assert [g.kind for g in seen] == ["too_easy", "mixed"]
     assert logged[METRIC_FRAC_ZERO_STD] == 0.5 and logged[METRIC_GROUP["too_easy"]] == 0.5
-    logs = {"loss": 0.0, "reward": 0.8, "frac_reward_zero_std": 0.0, **logged}
-    assert metric_line(1.0, logs).endswith("frac_zero_std=0.50")
-    assert groups_line(1.0, logs) == "[Groups] epoch 1.00  too_easy=0.50  too_hard=0.00  identical=0.00  mixed=0.50"
+    record = StepRecord.from_logs(1, 1.0, {"loss": 0.0, "reward": 0.8, "frac_reward_zero_std": 0.0, **logged})
+    assert metric_line(record).endswith("frac_zero_std=0.50")
+    assert groups_line(record) == "[Groups] epoch 1.00  too_easy=0.50  too_hard=0.00  identical=0.00  mixed=0.50"
 
 
 def test_sampler_draws_zero_variance_problems_less_and_uniformly_when_nothing_is_known(tmp_path):

@@ -3,6 +3,7 @@ grader, offline. Each training run is a process of its own, forked with torch an
 imported (tests/preloaded.py): 3-5 s for a 4-step run; `-m "not slow"` keeps only the fast checks."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -10,7 +11,12 @@ import time
 
 import pytest
 
+import analyze
 import preloaded
+from ocaml_grpo.reward.parts import PARTS
+from ocaml_grpo.training.group_kinds import KINDS
+from ocaml_grpo.training.learning_log import render
+from ocaml_grpo.training.metrics import StepRecord
 from conftest import TRAIN, check_log_wellformed, checkpoints, log_lines, read_jsonl, run_env, small_dataset, train
 
 COMPLETION_FIELDS = {"step", "epoch", "problem_id", "completion", "reward", "completion_tokens"}
@@ -72,6 +78,15 @@ def test_missing_ocaml_toolchain_stops_before_training(tmp_path, cache_home):
 
 # ----------------------------------------------------------------------------- training runs
 
+def rendered_from_records(run) -> list[StepRecord]:
+    """learning.log's lines after its `#` lines, rendered from metrics.jsonl, are the ones the run
+    wrote live, byte for byte; returns the records."""
+    records = [StepRecord.from_json(r) for r in read_jsonl(run / "metrics.jsonl")]
+    live = b"".join(l for l in (run / "learning.log").read_bytes().splitlines(keepends=True) if not l.startswith(b"#"))
+    assert "".join(line + "\n" for line in render(records)).encode() == live
+    return records
+
+
 @pytest.mark.slow
 def test_train_logs_checkpoints_resume_and_merge(tmp_path, cache_home):
     run = tmp_path / "run"
@@ -90,6 +105,17 @@ def test_train_logs_checkpoints_resume_and_merge(tmp_path, cache_home):
     assert checkpoints(run) == [2, 4]
     assert (run / "final_adapter" / "adapter_config.json").exists()
     assert len(read_jsonl(run / "dataset_audit.jsonl")) == 16  # the audit ran and recorded its verdicts
+    records = rendered_from_records(run)
+    assert [r.step for r in records] == [1, 2, 3, 4] and records[0].epoch == 2 / 16  # unrounded (the log: 0.12)
+    assert all(r.groups and set(r.groups) == set(KINDS) and set(r.parts) == {p.name for p in PARTS}
+               and r.clipped_ratio is not None and r.grad_norm is not None for r in records)
+    # analyze.py reports from the records alone
+    records_only = tmp_path / "records_only"
+    shutil.copytree(run, records_only, ignore=shutil.ignore_patterns("checkpoint-*", "final_adapter", "learning.log"))
+    assert analyze.main([str(records_only)]) == 0
+    report = analyze.analyze(records_only)
+    assert [l.epoch for l in report.lines] == [r.epoch for r in records] and report.breakdown.n == 16
+    assert (records_only / "analysis.md").is_file() and (records_only / "plots" / "training_curves.png").is_file()
 
     # Second run: resumes from checkpoint-4, appends to the same logs.
     res = train(tmp_path, run_env(tmp_path, cache_home, GRPO_MAX_STEPS=6))
@@ -98,16 +124,17 @@ def test_train_logs_checkpoints_resume_and_merge(tmp_path, cache_home):
     assert len(check_log_wellformed(lines)) == 6
     assert any(line.startswith("# resumed from") for line in lines) and lines[0].startswith("# started")
     assert len(read_jsonl(run / "reward_logs" / "completions.jsonl")) == 6 * 2 * 2
+    assert [r.step for r in rendered_from_records(run)] == [1, 2, 3, 4, 5, 6]
     assert checkpoints(run)[-1] == 6
 
     # Third run, GRPO_RESUME=never: a fresh run; the earlier logs are kept aside, not appended to.
     res = train(tmp_path, run_env(tmp_path, cache_home, GRPO_RESUME="never", GRPO_MAX_STEPS=2))
     [archive] = (run / "previous_runs").iterdir()
     assert len(read_jsonl(archive / "reward_logs" / "completions.jsonl")) == 6 * 2 * 2
-    assert len(check_log_wellformed(log_lines(archive))) == 6
+    assert len(check_log_wellformed(log_lines(archive))) == 6 and len(read_jsonl(archive / "metrics.jsonl")) == 6
     assert json.loads((archive / "config.json").read_text())["GRPO_MAX_STEPS"] == 6  # its config stays with it
     assert json.loads((run / "config.json").read_text())["GRPO_MAX_STEPS"] == 2
-    assert len(check_log_wellformed(log_lines(run))) == 2
+    assert len(check_log_wellformed(log_lines(run))) == 2 and len(read_jsonl(run / "metrics.jsonl")) == 2
     assert len(read_jsonl(run / "reward_logs" / "completions.jsonl")) == 2 * 2 * 2
 
     merged = tmp_path / "merged"

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ocaml_grpo.reward.parts import Weights
+from ocaml_grpo.reward.parts import PARTS, Weights
 from ocaml_grpo.config.settings import Auto, Float, Int, Setting, default_workers, resolve
 from ocaml_grpo.config.sandbox import SANDBOX_SETTINGS
 from ocaml_grpo.config.sandbox import SandboxConfig
@@ -28,8 +28,7 @@ class RewardConfig:
     def from_settings(cls, values: Mapping[str, Any]) -> "RewardConfig":
         """From values already validated by settings.resolve over REWARD_SETTINGS and
         SANDBOX_SETTINGS (train.py resolves them together with its own and passes its config here)."""
-        return cls(Weights(values["REWARD_WEIGHT_STRUCTURAL"], values["REWARD_WEIGHT_TYPE_CHECK"],
-                           values["REWARD_WEIGHT_COMPILE"], values["REWARD_WEIGHT_TESTS"]),
+        return cls(Weights(**{p.name: values[p.setting] for p in PARTS}),
                    values["RUNAWAY_PENALTY_MULTIPLIER"], values["MIN_NON_EMPTY_LINES"], values["REWARD_WORKERS"],
                    SandboxConfig.from_settings(values))
 
@@ -47,11 +46,7 @@ REWARD_SETTINGS = [
     Setting("MIN_NON_EMPTY_LINES", str(RewardConfig.min_lines), Int(0), "fewer code lines than this -> reward 0"),
     Setting("RUNAWAY_PENALTY_MULTIPLIER", str(RewardConfig.runaway_multiplier), Float(0, 1),
             "reward x this when a completion hits the max length without END"),
-    *(Setting(f"REWARD_WEIGHT_{part.upper()}", str(getattr(Weights, part)), Float(0), f"reward weight: {earned}")
-      for part, earned in (("structural", "the END marker is in the completion"),
-                           ("type_check", "the solution alone type-checks (graduated by error count)"),
-                           ("compile", "the solution compiles (else half the share of phrases that compile)"),
-                           ("tests", "x the fraction of assertions passed, when the program links with the tests"))),
+    *(Setting(p.setting, str(p.weight), Float(0), f"reward weight: {p.earned}") for p in PARTS),
     Setting("REWARD_WORKERS", "auto", Auto(Int(1), default_workers, "cores / training processes on this machine"),
             "parallel compiles per training process"),
 ]

@@ -17,6 +17,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from ocaml_grpo.reward.breakdown import Breakdown
 from ocaml_grpo.training.group_kinds import KINDS, TITLES, STATES, TRACKING_FILE, ZERO_VARIANCE, group_kind, states_over_time
 from ocaml_grpo.training.selection import SELECTION_FILE
 
@@ -61,10 +62,9 @@ def count_kinds(recs: list[dict]) -> dict[str, int]:
         if rs[0].get("group") in KINDS:
             out[rs[0]["group"]] += 1
             continue
-        scored = [r for r in rs if r.get("reward") is not None]
-        out[group_kind([float(r["reward"]) for r in scored],
-                       [bool(r.get("tests_total")) and r.get("tests_passed") == r.get("tests_total") for r in scored],
-                       [(r.get("tests_passed") or 0) > 0 for r in scored])] += 1
+        scored = [Breakdown.from_record(r) for r in rs if r.get("reward") is not None]
+        out[group_kind([float(b.reward) for b in scored], [b.solved for b in scored],
+                       [b.passed_any for b in scored])] += 1
     return {k: out[k] for k in KINDS}
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ocaml_grpo.reward.parts import PART_NAMES
 from ocaml_grpo.training.health import THRESHOLDS, Thresholds, expected_reward
 from ocaml_grpo.training.learning_log import LogLine, series
 
 
 def plot_epochs(lines: list[LogLine]) -> list[float]:
-    """x positions: the log rounds epoch to 0.01, so lines sharing a value are spread across that bin."""
+    """x positions: the records' epochs. A bare learning.log rounds them to 0.01, so lines sharing a
+    value are spread across that bin."""
     xs, i = [], 0
     while i < len(lines):
         j = i
@@ -78,7 +80,7 @@ def make_plots(lines: list[LogLine], per_step: dict[int, dict[str, float]], lr_s
         # learning.log numbers the same step 1, as its epoch does: plot it the log's way.
         steps = list(per_step)
         xs = [s + 1 for s in steps]
-        for comp in ("reward", "structural", "type_check", "compile", "tests"):
+        for comp in ("reward", *PART_NAMES):
             ax.plot(xs, [per_step[s][comp] for s in steps], "o-" if len(steps) < 50 else "-",
                     ms=3, lw=2.5 if comp == "reward" else 1.2, label=comp)
         ax.set(title="Reward components per step (mean over scored completions)",

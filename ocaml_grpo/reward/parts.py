@@ -1,8 +1,12 @@
-"""The reward's parts and the names its metrics are logged under: what every consumer of a
-reward (the policy in rewards.py, the trainer's logs, analyze.py) derives from."""
+"""The reward's parts, listed once, and the names its metrics are logged under: what every consumer
+of a reward (the policy in rewards.py, the breakdown record, the settings, the trainer's logs,
+analyze.py and its plots) derives from. A new part is one more `Part` below; tests/test_parts.py
+fails if a part's name is spelled anywhere else.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, make_dataclass
+from typing import Callable, Protocol, Sequence
 
 # What the reward function reports through TRL's log_metric (averaged over the processes and the
 # reward calls of a log step); the trainer's learning log reads the last two for its health rules.
@@ -13,13 +17,86 @@ METRIC_PASSED_ANY = "ocaml/tests_passed_any"  # share of completions passing at 
 METRIC_CRASHED = "ocaml/grading_crashed"  # share of completions whose grading raised (reward None)
 
 
-@dataclass(frozen=True)
-class Weights:
-    structural: float = 0.05
-    type_check: float = 0.20
-    compile: float = 0.10
-    tests: float = 0.65
+class CompileError(Protocol):
+    kind: str  # "syntax", "entry", a type error's kind, ...
 
+
+class Facts(Protocol):
+    """What the grader found about one solution (grading.grader.Grade), as the parts read it."""
+    compile_errors: Sequence[CompileError]
+    phrases_total: int
+    phrases_ok: int
+    compiled: bool
+    tests_compiled: bool
+    tests_passed: int
+    tests_total: int
+    compile_timed_out: bool
+    forbidden: str | None
+
+    @property
+    def syntax_errors(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Part:
+    """One share of the reward: `weight` (REWARD_WEIGHT_<NAME>, default here) x `credit` in [0, 1]."""
+    name: str                           # the breakdown's field, the weight's, the settings' suffix
+    weight: float                       # the default weight
+    earned: str                         # what earns it (--help)
+    credit: Callable[[Facts, bool], float]  # (what the grader found, END marker present) -> [0, 1]
+    label: str = ""                     # its name in learning.log's [Curriculum] line, when shorter
+
+    @property
+    def setting(self) -> str:
+        return f"REWARD_WEIGHT_{self.name.upper()}"
+
+    @property
+    def metric(self) -> str:
+        """Its mean over a log step's scored completions, as the reward function logs it."""
+        return f"ocaml/part_{self.name}"
+
+    @property
+    def short(self) -> str:
+        return self.label or self.name
+
+
+def _type_check(g: Facts, end_marker: bool) -> float:
+    # a syntax error, or an entry point missing or not of the prompt's type: nothing typed as asked;
+    # a check stopped half-way by the compile budget proves nothing, and counted no further errors
+    if g.compile_timed_out or g.syntax_errors or any(e.kind == "entry" for e in g.compile_errors):
+        return 0.0
+    n = len(g.compile_errors)
+    return 1.0 if n == 0 else 0.5 / n
+
+
+def _compile(g: Facts, end_marker: bool) -> float:
+    if g.compile_timed_out:
+        return 0.0
+    return 1.0 if g.compiled else 0.5 * g.phrases_ok / max(1, g.phrases_total)
+
+
+def _tests(g: Facts, end_marker: bool) -> float:
+    if not (g.tests_compiled and g.tests_total) or g.forbidden:
+        return 0.0
+    return min(max(g.tests_passed, 0), g.tests_total) / g.tests_total
+
+
+PARTS: tuple[Part, ...] = (
+    Part("structural", 0.05, "the END marker is in the completion", lambda g, end_marker: float(end_marker)),
+    Part("type_check", 0.20, "the solution alone type-checks (graduated by error count)", _type_check, "type"),
+    Part("compile", 0.10, "the solution compiles (else half the share of phrases that compile)", _compile),
+    Part("tests", 0.65, "x the fraction of assertions passed, when the program links with the tests", _tests),
+)
+PART_NAMES = tuple(p.name for p in PARTS)
+
+# The weight of each part, a field each (`Weights(tests=0.8)`, or positionally in PARTS' order).
+Weights = make_dataclass("Weights", [(p.name, float, field(default=p.weight)) for p in PARTS], frozen=True)
+Weights.__module__ = __name__  # pickles and reprs as this module's
+Weights.__doc__ = "The reward's weights, one per part (PARTS); the defaults are the parts'."
+
+
+def weight(w: Weights, part: Part) -> float:
+    return getattr(w, part.name)
 
 
 # REWARD_CURRICULUM=1: learn syntax first, then correctness (by epoch). The last phase is the

@@ -50,8 +50,8 @@ THRESHOLDS = Thresholds()
 
 @dataclass(frozen=True)
 class Point:
-    """One log step as the rules see it: a learning.log line, or the trainer's logs at that step
-    (learning_log.py converts both). None: not logged."""
+    """One log step as the rules see it: a metrics.jsonl record (the trainer's logs at that step), or
+    a bare learning.log line (learning_log.LogLine converts both). None: not logged."""
     epoch: float
     reward: float | None = None
     reward_std: float | None = None

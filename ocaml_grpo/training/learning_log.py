@@ -1,18 +1,20 @@
-"""The learning.log format, written by the trainer (callbacks.LearningLog) and read by analyze.py:
-`#` header lines, one metric line per log step in the format of the hand-written training analysis
-this project grew out of
+"""The learning.log format, written by the trainer (callbacks.LearningLog) and read by analyze.py
+for a run without metrics.jsonl: `#` header lines, one metric line per log step in the format of
+the hand-written training analysis this project grew out of
 
     [Epoch 0.28]  loss=-0.0469  grad=0.0838  lr=3.58e-06  reward=0.102±0.077  syntax_rew=0.102±0.078  entropy=0.155  frac_zero_std=0.00
 
 and [Health], [Stop], [Curriculum] and [Groups] lines. `frac_zero_std` is the share of GRPO groups
-whose rewards were all equal (the reward function's own count, group_stats.py), whatever
+whose rewards were all equal (the reward function's own count, group_kinds.py), whatever
 GRPO_SCALE_REWARDS is; TRL's `frac_reward_zero_std` is the fallback (batch-wide under "batch").
 A [Groups] line follows each metric line with the share of groups of each kind:
 
     [Groups] epoch 0.28  too_easy=0.00  too_hard=0.25  identical=0.00  mixed=0.75
 
-The live monitor judges the line it has just written, parsed back the way analyze.py parses it,
-so the rules see the same (rounded) numbers live and afterwards.
+Every line after the `#` lines is rendered from the run's records (metrics.py's StepRecord, kept
+in metrics.jsonl): `render` rebuilds them from that file byte for byte. The live monitor and
+analyze.py judge the records' unrounded values; a bare learning.log (a run older than
+metrics.jsonl, or the hand-written analysis's lines) is read back here with the values it shows.
 """
 from __future__ import annotations
 
@@ -22,8 +24,10 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ocaml_grpo.training.group_kinds import KINDS, METRIC_FRAC_ZERO_STD, METRIC_GROUP
+from ocaml_grpo.reward.parts import PARTS, Weights, weight
+from ocaml_grpo.training.group_kinds import KINDS
 from ocaml_grpo.training.health import Point
+from ocaml_grpo.training.metrics import StepRecord
 
 METRIC_RE = re.compile(r"^\[Epoch\s+([-+0-9.eE]+)\]\s+(.*)$")
 FIELD_RE = re.compile(r"^([A-Za-z_][\w.]*)=(.*)$")
@@ -32,31 +36,41 @@ NUMBER_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?(nan|inf)", 
 
 # ----------------------------------------------------------------------------- writing
 
+# The [Epoch] line's fields, in order: (its name in the line, the StepRecord field, format). A
+# field whose record has a `<field>_std` shows as `mean±std`, read back as `<name>` and `<name>_std`.
+LINE_FIELDS = (("loss", "loss", ".4f"), ("grad", "grad_norm", ".4f"), ("lr", "learning_rate", ".2e"),
+               ("reward", "reward", ".3f"), ("syntax_rew", "syntax_rew", ".3f"), ("entropy", "entropy", ".3f"),
+               ("frac_zero_std", "frac_zero_std", ".2f"))
+
+
 def _fmt(v, spec: str) -> str:
     return "nan" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
-def metric_line(epoch: float, logs: dict) -> str:
-    """One line from the trainer's logs at a log step (TRL's metric names)."""
-    return (f"[Epoch {epoch:.2f}]  loss={_fmt(logs.get('loss'), '.4f')}  grad={_fmt(logs.get('grad_norm'), '.4f')}  "
-            f"lr={_fmt(logs.get('learning_rate'), '.2e')}  "
-            f"reward={_fmt(logs.get('reward'), '.3f')}±{_fmt(logs.get('reward_std'), '.3f')}  "
-            f"syntax_rew={_fmt(logs.get('rewards/syntax_aware_reward/mean'), '.3f')}"
-            f"±{_fmt(logs.get('rewards/syntax_aware_reward/std'), '.3f')}  "
-            f"entropy={_fmt(logs.get('entropy'), '.3f')}  frac_zero_std={_fmt(frac_zero_std(logs), '.2f')}")
+def metric_line(r: StepRecord) -> str:
+    """The [Epoch] line of a log step."""
+    def shown(name: str, attr: str, spec: str) -> str:
+        std = f"±{_fmt(getattr(r, attr + '_std'), spec)}" if hasattr(r, attr + "_std") else ""
+        return f"{name}={_fmt(getattr(r, attr), spec)}{std}"
+    return f"[Epoch {r.epoch:.2f}]  " + "  ".join(shown(*f) for f in LINE_FIELDS)
 
 
-def frac_zero_std(logs: dict) -> float | None:
-    """The per-group share with identical rewards: the reward function's own, else TRL's (per group
-    only under scale_rewards="group" or "none")."""
-    return logs.get(METRIC_FRAC_ZERO_STD, logs.get("frac_reward_zero_std"))
-
-
-def groups_line(epoch: float, logs: dict) -> str | None:
+def groups_line(r: StepRecord) -> str | None:
     """The [Groups] line of a log step; None when the reward function logged no group kinds."""
-    if not all(METRIC_GROUP[k] in logs for k in KINDS):
+    if r.groups is None:
         return None
-    return f"[Groups] epoch {epoch:.2f}  " + "  ".join(f"{k}={logs[METRIC_GROUP[k]]:.2f}" for k in KINDS)
+    return f"[Groups] epoch {r.epoch:.2f}  " + "  ".join(f"{k}={r.groups[k]:.2f}" for k in KINDS)
+
+
+def metric_lines(r: StepRecord) -> list[str]:
+    """A log step's metrics as learning.log shows them: its [Epoch] line and its [Groups] line."""
+    return [metric_line(r)] + [g for g in [groups_line(r)] if g]
+
+
+def render(records: list[StepRecord]) -> list[str]:
+    """learning.log's lines after its `#` lines, from metrics.jsonl's records: each step's metric
+    lines, then what the monitor wrote about it (the record's notes)."""
+    return [line for r in records for line in metric_lines(r) + r.notes]
 
 
 # ----------------------------------------------------------------------------- reading
@@ -67,7 +81,19 @@ class LogLine:
     raw: str
     values: dict[str, float]            # reward=0.1±0.07 -> values["reward"], values["reward_std"]
     text: dict[str, str] = field(default_factory=dict)   # non-numeric extra fields, kept as-is
-    session: int = 0                    # training sessions (a start or a resume) before this line
+    session: int | str = 0              # training sessions before this line; a record's session id
+
+    @classmethod
+    def from_record(cls, r: StepRecord) -> "LogLine":
+        """A metrics.jsonl record as its [Epoch] line would read back, with the record's unrounded
+        values (a metric not logged is left out)."""
+        values = {}
+        for name, attr, _ in LINE_FIELDS:
+            for suffix in ("", "_std"):
+                if getattr(r, attr + suffix, None) is not None:
+                    values[name + suffix] = float(getattr(r, attr + suffix))
+        return cls(r.epoch, metric_line(r), values, session=r.session)
+
     @property
     def point(self) -> Point:
         def logged(key: str) -> float | None:
@@ -99,9 +125,9 @@ def health_line(message: str) -> str:
     return f"[Health] {message}"
 
 
-def curriculum_line(phase: str, epoch: float, w) -> str:
-    return (f"[Curriculum] phase {phase} from epoch {epoch:.2f}: structural {w.structural:.2f}  "
-            f"type {w.type_check:.2f}  compile {w.compile:.2f}  tests {w.tests:.2f}")
+def curriculum_line(phase: str, epoch: float, w: Weights) -> str:
+    return f"[Curriculum] phase {phase} from epoch {epoch:.2f}: " + "  ".join(
+        f"{p.short} {weight(w, p):.2f}" for p in PARTS)
 
 
 def stop_line(reasons: str, epoch: float) -> str:

@@ -19,11 +19,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ocaml_grpo.training.metrics import METRICS_FILE
+
 FINISHED = "finished.json"
 # What the length of a run depends on: re-running with other values continues a finished run.
 LENGTH_SETTINGS = ("GRPO_MAX_STEPS", "GRPO_NUM_EPOCHS")
 # A previous run's own files, archived together when a fresh run starts in the same directory.
-RUN_FILES = ("learning.log", "reward_logs", "config.json", FINISHED, "dataset_audit.jsonl", "analysis.md", "plots")
+RUN_FILES = ("learning.log", METRICS_FILE, "reward_logs", "config.json", FINISHED, "dataset_audit.jsonl", "analysis.md", "plots")
 
 
 def write_error(out_dir: Path) -> str | None:
@@ -78,7 +80,7 @@ def prepare(out_dir: Path, cfg: dict[str, Any], resumed: bool) -> Path | None:
     out_dir.mkdir(parents=True, exist_ok=True)
     archive = None
     old = [out_dir / name for name in RUN_FILES if (out_dir / name).exists()]
-    if not resumed and any(p.name in ("learning.log", "reward_logs") for p in old):
+    if not resumed and any(p.name in ("learning.log", METRICS_FILE, "reward_logs") for p in old):
         archive = out_dir / "previous_runs" / time.strftime("%Y%m%d-%H%M%S")
         archive.mkdir(parents=True)
         for p in old:

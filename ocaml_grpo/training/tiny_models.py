@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ocaml_grpo.problems import BUNDLED, read_rows
+from ocaml_grpo.problems import BUNDLED, TEXT_COLUMNS, read_rows
 from ocaml_grpo.prompting import answer_text, user_message
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -49,7 +49,7 @@ def _corpus() -> list[str]:
     the tokenizer never starts empty."""
     texts = ["let rec f x = match x with [] -> 0 | _ :: t -> 1 + f t\n(* END *)\n```ocaml\n```\n"]
     for row in read_rows(BUNDLED):
-        texts += [str(row.get(k) or "") for k in ("prompt", "problem", "tests", "solution")]
+        texts += [str(row.get(k) or "") for k in TEXT_COLUMNS]
     return texts
 
 

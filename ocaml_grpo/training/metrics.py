@@ -1,0 +1,89 @@
+"""The run's machine-readable record: metrics.jsonl in the output directory, one `StepRecord` per
+log step, appended by the trainer's callback (callbacks.LearningLog) through jsonl.py.
+
+Everything else about a log step derives from its record: learning.log's lines (learning_log.py
+renders them), the live health monitor's points, analyze.py's report and plots. The values are
+TRL's and the reward function's as logged (unrounded; a NaN stays NaN, a metric not logged is
+null). pandas reads the file as it is: `pd.read_json(path, lines=True)`, a column per field, the
+group kinds as `groups_<kind>` and the reward's parts as `part_<name>`.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Mapping
+
+from ocaml_grpo.reward.parts import (METRIC_COMPILED, METRIC_CRASHED, METRIC_END_MARKER, METRIC_PASSED_ANY,
+                                     METRIC_SOLVED, PARTS)
+from ocaml_grpo.training.group_kinds import KINDS, METRIC_FRAC_ZERO_STD, METRIC_GROUP
+
+METRICS_FILE = "metrics.jsonl"
+
+# A record's field: the key TRL's logs (or the reward function's log_metric) give it under.
+FROM_LOGS = {
+    "loss": "loss", "grad_norm": "grad_norm", "learning_rate": "learning_rate",
+    "reward": "reward", "reward_std": "reward_std",
+    "syntax_rew": "rewards/syntax_aware_reward/mean", "syntax_rew_std": "rewards/syntax_aware_reward/std",
+    "entropy": "entropy", "kl": "kl",
+    "clip_ratio": "clip_ratio/region_mean",             # tokens whose probability ratio was clipped
+    "clipped_ratio": "completions/clipped_ratio",       # completions cut at GRPO_MAX_COMPLETION
+    "completion_length": "completions/mean_length",
+    "compiled": METRIC_COMPILED, "solved": METRIC_SOLVED, "end_marker": METRIC_END_MARKER,
+    "passed_any": METRIC_PASSED_ANY, "crashed": METRIC_CRASHED,
+}
+
+
+@dataclass
+class StepRecord:
+    """One log step. Shares (compiled ... crashed, the groups) are of the step's completions and groups."""
+    step: int
+    epoch: float
+    session: str = ""                   # the training session (start or resume) that logged it
+    loss: float | None = None
+    grad_norm: float | None = None
+    learning_rate: float | None = None
+    reward: float | None = None
+    reward_std: float | None = None
+    syntax_rew: float | None = None     # the reward function's own mean and std (TRL's per-function metrics)
+    syntax_rew_std: float | None = None
+    entropy: float | None = None
+    frac_zero_std: float | None = None  # share of groups with identical rewards (learning_log.frac_zero_std)
+    kl: float | None = None
+    clip_ratio: float | None = None
+    clipped_ratio: float | None = None
+    completion_length: float | None = None
+    compiled: float | None = None
+    solved: float | None = None
+    end_marker: float | None = None
+    passed_any: float | None = None
+    crashed: float | None = None
+    groups: dict[str, float] | None = None  # group kind -> share (group_kinds.KINDS); None: not logged
+    parts: dict[str, float] = field(default_factory=dict)  # reward part -> its mean (reward/parts.py)
+    notes: list[str] = field(default_factory=list)  # the monitor's lines after the metrics ([Health] ...)
+
+    @classmethod
+    def from_logs(cls, step: int, epoch: float, logs: Mapping[str, Any], session: str = "") -> "StepRecord | None":
+        """The record of a log step from the trainer's logs; None for a log that is not a training
+        step (the end-of-training summary, an eval log)."""
+        if "loss" not in logs or "reward" not in logs:
+            return None
+        value = lambda key: None if logs.get(key) is None else float(logs[key])  # noqa: E731
+        groups = {k: value(METRIC_GROUP[k]) for k in KINDS} if all(METRIC_GROUP[k] in logs for k in KINDS) else None
+        # the reward function's per-group count, else TRL's (per group only under scale_rewards="group"/"none")
+        fzs = value(METRIC_FRAC_ZERO_STD) if METRIC_FRAC_ZERO_STD in logs else value("frac_reward_zero_std")
+        return cls(int(step), float(epoch), session, **{f: value(k) for f, k in FROM_LOGS.items()},
+                   frac_zero_std=fzs, groups=groups,
+                   parts={p.name: value(p.metric) for p in PARTS if p.metric in logs})
+
+    def to_json(self) -> dict[str, Any]:
+        """One metrics.jsonl line: flat, so that each group kind and each part is a column."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("groups", "parts", "notes")}
+        out |= {f"groups_{k}": v for k, v in (self.groups or {}).items()}
+        out |= {f"part_{k}": v for k, v in self.parts.items()}
+        return out | {"notes": self.notes}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "StepRecord":
+        known = {f.name for f in fields(cls)} - {"groups", "parts"}
+        groups = {k: d[f"groups_{k}"] for k in KINDS} if all(f"groups_{k}" in d for k in KINDS) else None
+        return cls(**{k: v for k, v in d.items() if k in known}, groups=groups,
+                   parts={p.name: d[f"part_{p.name}"] for p in PARTS if f"part_{p.name}" in d})
