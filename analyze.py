@@ -42,7 +42,7 @@ from ocaml_grpo.reward.parts import PART_NAMES
 from ocaml_grpo.training.learning_log import LogLine, parse_learning_log, series
 from ocaml_grpo.training.metrics import METRICS_FILE, StepRecord
 from ocaml_grpo.config.settings import defaults
-from ocaml_grpo.config.train import SETTINGS
+from ocaml_grpo.config import SETTINGS
 
 ICON = {"ok": "✅", "info": "ℹ️", "warning": "⚠️", "critical": "🔴"}
 STATUS_ICON = {"green": "🟢", "yellow": "🟡", "red": "🔴"}

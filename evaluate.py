@@ -35,15 +35,16 @@ from ocaml_grpo.training.sampling import RATES, generate_hf, generate_vllm, grad
 from ocaml_grpo.training.models import go_offline_unless_needed, model_error
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo.prompting import chat_messages
-from ocaml_grpo.config.settings import cache_dir
-from rewards import RewardConfig, RewardScorer
+from ocaml_grpo.config import RewardConfig
+from ocaml_grpo.config.settings import cache_dir, from_env
+from rewards import RewardScorer
 
 atexit.register(gc.freeze)  # skips ~1.7 s of collecting torch's and transformers' objects at exit (see train.py)
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(a == "--probe" or a.startswith("--probe=") for a in argv):  # the probe for selection: ocaml_grpo/training/probe.py
-        return probe.main(argv, generate_hf, generate_vllm, lambda cfg: RewardScorer(RewardConfig.from_settings(cfg)))
+        return probe.main(argv, generate_hf, generate_vllm, RewardScorer)
     ap = argparse.ArgumentParser(prog="evaluate.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # The probe is a mode of its own, dispatched above; listed here so that --help shows every mode.
     ap.add_argument("--probe", metavar="FILE", help="the probe mode: per-problem pass statistics for GRPO_PROBLEM_STATS "
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rng = random.Random(args.seed)
     chosen: list[Problem] = rng.sample(problems, min(args.n, len(problems)))
-    env_cfg = RewardConfig.from_env(os.environ)
+    env_cfg = from_env(RewardConfig, os.environ)
     # Grade every completion (no line gate) so pass@k is about correctness; the training reward,
     # gate included, is reported as mean_reward.
     scorer = RewardScorer(replace(env_cfg, min_lines=0))

@@ -4,7 +4,7 @@ The implementation is ocaml_grpo/grading/sandbox.py (with its launcher, grading/
 file is its public door, for people who want to run OCaml the way the grader does:
 
     from ocaml_sandbox import Sandbox, SandboxConfig
-    box = Sandbox(SandboxConfig())
+    box = Sandbox(SandboxConfig())                          # or from_env(SandboxConfig, os.environ)
     box.run(["./prog"], workdir, program=workdir / "prog")   # a RunResult
 
 What it covers (bubblewrap, on by default): no network; no /proc; a scrubbed environment; a PID
@@ -28,8 +28,9 @@ What it does not cover, plainly:
 What credit a program earns is decided elsewhere, by a program the model's code never runs in
 (ocaml_grpo/grading/grader.py, docs/grader.md).
 """
-from ocaml_grpo.config.sandbox import SANDBOX_SETTINGS, Limits, SandboxConfig, sandbox_config
+from ocaml_grpo.config.isolation import SANDBOX_SETTINGS, Limits, SandboxConfig
+from ocaml_grpo.config.settings import from_env
 from ocaml_grpo.grading.sandbox import RunResult, Sandbox
 from ocaml_grpo.grading.toolcache import ToolchainError
 
-__all__ = ["Limits", "RunResult", "SANDBOX_SETTINGS", "Sandbox", "SandboxConfig", "ToolchainError", "sandbox_config"]
+__all__ = ["Limits", "RunResult", "SANDBOX_SETTINGS", "Sandbox", "SandboxConfig", "ToolchainError", "from_env"]

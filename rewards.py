@@ -4,8 +4,8 @@
     python rewards.py audit DATASET [--json]                     # which problems can ever pass
 
 Reward: the sum of the parts listed in ocaml_grpo/reward/parts.py (PARTS: each its weight,
-REWARD_WEIGHT_<NAME>, times the credit the grader's findings earn it; `python train.py --help` lists
-them with their defaults). The record of one scored completion is reward/breakdown.py's Breakdown.
+REWARD_WEIGHT_<NAME> in ocaml_grpo/config/scoring.py, times the credit the grader's findings earn
+it; `python train.py --help` lists them with their defaults). The record of one scored completion is reward/breakdown.py's Breakdown.
 Rules: fewer than MIN_NON_EMPTY_LINES code lines -> 0; a check that ran out of compile time earns
 no type-check or compile credit; a completion that reached the maximum completion length is
 multiplied by RUNAWAY_PENALTY_MULTIPLIER; grading that fails on one completion makes its reward
@@ -35,11 +35,10 @@ from ocaml_grpo.grading import source as src
 from ocaml_grpo.grading.completions import assemble_solution, completion_text, extract_code, has_end_marker
 from ocaml_grpo.jsonl import JsonlWriter, session_id
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
-from ocaml_grpo.config.settings import resolve
+from ocaml_grpo.config.settings import from_env
 from ocaml_grpo.grading.grader import Grade, OcamlGrader
 # The reward's settings (config/) and parts and metric names (reward/), re-exported for the commands.
-from ocaml_grpo.config.reward import REWARD_SETTINGS, RewardConfig  # noqa: F401
-from ocaml_grpo.config.sandbox import SANDBOX_SETTINGS, SandboxConfig
+from ocaml_grpo.config import AUDIT_SETTINGS, SANDBOX_SETTINGS, RewardConfig, resolve
 from ocaml_grpo.grading.sandbox import Sandbox
 from ocaml_grpo.reward.breakdown import Breakdown  # noqa: F401  (re-exported: rewards.Breakdown)
 from ocaml_grpo.reward.parts import (CURRICULUM, METRIC_COMPILED, METRIC_CRASHED, METRIC_END_MARKER,  # noqa: F401
@@ -286,7 +285,7 @@ def cmd_score(args) -> int:
     unknown = sorted({str(r["problem_id"]) for r in records} - set(problems))
     if unknown:
         raise DatasetError(f"{args.completions}: problem ids not in {args.problems}: {unknown[:5]}")
-    cfg = RewardConfig.from_env(os.environ)
+    cfg = from_env(RewardConfig, os.environ)
     if args.workers:
         cfg = replace(cfg, workers=args.workers)
     scorer = GuardedScorer(cfg)  # a completion whose grading fails prints reward None, not a dead batch
@@ -320,10 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "audit":
-            values, errors = resolve(audit.AUDIT_SETTINGS + SANDBOX_SETTINGS, os.environ)
+            cfg, errors = resolve(os.environ, AUDIT_SETTINGS + SANDBOX_SETTINGS)
             if errors:
                 raise ValueError("; ".join(errors))
-            return audit.cli(args, values["AUDIT_CACHE_DIR"], SandboxConfig.from_settings(values))
+            return audit.cli(args, cfg.audit.cache_dir, cfg.reward.sandbox)
         return cmd_score(args)
     except (DatasetError, ToolchainError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

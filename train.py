@@ -1,13 +1,15 @@
 """GRPO + LoRA training of a small code model to write OCaml, rewarded by compiling and testing.
 
-    python train.py                        # train with the config below (env vars / .envrc override)
+Modes:
+    python train.py                        # train (GRPO) with the config below (env vars / .envrc override)
     python train.py --help                 # every variable, its default and meaning (no torch import)
+    python train.py sft                    # SFT warm start on reference solutions (python train.py sft --help)
+    python train.py demo                   # offline demo that learns: SFT warm start, GRPO, before/after table
+    python train.py merge grpo_runs/final_adapter merged_model   # fold the LoRA adapter into a standalone model
+
     GRPO_PLUMBING=1 python train.py        # the plumbing run: tiny random Qwen2, bundled problems, CPU, ~1 min
     GRPO_RESUME=never python train.py      # start over even if the output dir has checkpoints
     accelerate launch train.py             # several GPUs; only the main process writes logs
-    python train.py merge grpo_runs/final_adapter merged_model   # fold the LoRA adapter into a standalone model
-    python train.py sft                    # SFT warm start on reference solutions (python train.py sft --help)
-    python train.py demo                   # offline demo that learns: SFT warm start, GRPO, before/after table
 
 Outputs (GRPO_OUTPUT_DIR, default grpo_runs/):
     config.json                              resolved config, keys = env var names
@@ -26,7 +28,8 @@ Ctrl-C (or SIGTERM) finishes the current step, saves a checkpoint and stops; run
 to resume from it. A second Ctrl-C stops at once (the last checkpoint is kept).
 
 Config precedence: process environment > GRPO_PLUMBING defaults > ./.envrc > the defaults defined in
-ocaml_grpo/config/train.py (the trainer's) and rewards.py (the reward's); `--help` lists them.
+ocaml_grpo/config/ (grpo.py the trainer's, scoring.py the reward's, isolation.py the sandbox's);
+`--help` lists them.
 """
 import atexit
 import gc
@@ -40,21 +43,23 @@ from dotenv import load_dotenv
 
 # None of these imports torch: --help, a config error or a missing toolchain answer in a second.
 import rewards
+from ocaml_grpo.config import (AUDIT_SETTINGS, PLUMBING_DEFAULTS, REWARD_SETTINGS, RETIRED, SANDBOX_SETTINGS, SETTINGS,
+                               VARIABLES, SftConfig, TrainConfig, recorded, resolve)
+from ocaml_grpo.config.settings import cache_dir, describe, settings_of, unknown_variables
 from ocaml_grpo.grading import audit
-from ocaml_grpo.training import run_dir
-from ocaml_grpo.training.tiny_models import ensure_plumbing_model, plumbing_model_dir
-from ocaml_grpo.training.engines import engine_kwargs
-from ocaml_grpo.training.group_kinds import TRACKING_FILE, ProblemTracker
-from ocaml_grpo.training.models import adapter_base, checkpointing_kwargs, go_offline_unless_needed, load_model, load_tokenizer, \
-    lora_config, merge_adapter, model_error
+from ocaml_grpo.grading.toolcache import ToolchainError
 from ocaml_grpo.problems import DatasetError, load_problems
 from ocaml_grpo.prompting import chat_messages, prompt_token_count
-from ocaml_grpo.training.selection import apply_selection, write_choices
+from ocaml_grpo.training import demo as demo_command
+from ocaml_grpo.training import run_dir
 from ocaml_grpo.training import sft as sft_command
-from ocaml_grpo.config.settings import cache_dir, describe, resolve, unknown_variables
-from ocaml_grpo.config.train import CONFIG, PLUMBING_DEFAULTS, RETIRED, SETTINGS, SFT_CONFIG, VARIABLES
-from ocaml_grpo.config.sandbox import SANDBOX_SETTINGS
-from ocaml_grpo.grading.toolcache import ToolchainError
+from ocaml_grpo.training.engines import engine_kwargs
+from ocaml_grpo.training.group_kinds import TRACKING_FILE, ProblemTracker
+from ocaml_grpo.training.learning_log import header_lines
+from ocaml_grpo.training.models import adapter_base, checkpointing_kwargs, go_offline_unless_needed, load_model, load_tokenizer, \
+    lora_config, merge_adapter, model_error
+from ocaml_grpo.training.selection import apply_selection, write_choices
+from ocaml_grpo.training.tiny_models import ensure_plumbing_model, plumbing_model_dir
 
 # The interpreter's last garbage collections walk torch's, transformers' and datasets' object graphs
 # for ~1.7 s at exit. Nothing needs them: our logs are written with os.write, the libraries save
@@ -62,287 +67,295 @@ from ocaml_grpo.grading.toolcache import ToolchainError
 atexit.register(gc.freeze)
 PLUMBING_MODEL_DIR = plumbing_model_dir(cache_dir(os.environ))  # the plumbing run's model (GRPO_PLUMBING=1)
 
-# ----------------------------------------------------------------------------- config
-# Every variable is defined once (ocaml_grpo/config/train.py; the reward's in rewards.py, the
-# audit's in audit.py) with its default, parser and meaning.
 
-if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
-    print(__doc__)
-    print("Environment variables (default: meaning; accepted values):")
-    print(describe(CONFIG))
-    print(f"  GRPO_PLUMBING=1 sets: {' '.join(f'{k}={v}' for k, v in PLUMBING_DEFAULTS.items())} BASE_MODEL_ID={PLUMBING_MODEL_DIR}")
-    print("The reward's (rewards.py):")
-    print(describe(rewards.REWARD_SETTINGS))
-    print("The dataset audit's (ocaml_grpo/grading/audit.py):")
-    print(describe(audit.AUDIT_SETTINGS))
-    print("The sandbox's (ocaml_sandbox.py):")
-    print(describe(SANDBOX_SETTINGS))
-    print("python train.py sft also reads (python train.py sft --help): " + " ".join(s.name for s in SFT_CONFIG))
-    sys.exit(0)
-
-if len(sys.argv) > 1 and sys.argv[1] == "sft":  # the SFT warm start: ocaml_grpo/training/sft.py
-    sys.exit(sft_command.main(sys.argv[2:]))
-
-if len(sys.argv) > 1 and sys.argv[1] == "demo":  # SFT warm start + GRPO + before/after table: ocaml_grpo/training/demo.py
-    from ocaml_grpo.training import demo as demo_command
-    sys.exit(demo_command.main(sys.argv[2:], rewards.RewardScorer))
-
-if len(sys.argv) > 1 and sys.argv[1] == "merge":
-    # Fold a LoRA adapter into its base model so it loads without peft (e.g. for vLLM / llama.cpp export).
-    if len(sys.argv) != 4:
-        sys.exit("usage: python train.py merge ADAPTER_DIR OUT_DIR")
-    adapter_dir, out_dir = sys.argv[2], sys.argv[3]
-    if not (Path(adapter_dir) / "adapter_config.json").is_file():
-        sys.exit(f"merge: {adapter_dir} is not a LoRA adapter (no adapter_config.json there); "
-                 "e.g. python train.py merge grpo_runs/final_adapter merged_model")
-    merge_adapter(adapter_dir, out_dir)
-    base_id = adapter_base(adapter_dir)
-    print(f"merged {adapter_dir} into {base_id} -> {out_dir}")
-    sys.exit(0)
-
-if len(sys.argv) > 1:
-    sys.exit(f"unknown argument {sys.argv[1]!r}; see python train.py --help")
-
-# Resolve: remember what the user exported before .envrc fills gaps, so the plumbing run can tell them apart.
-user_set = set(os.environ)
-load_dotenv(".envrc", override=False)  # python-dotenv understands `export KEY=value` lines
-plumbing = os.environ.get("GRPO_PLUMBING", "0") == "1"
-if plumbing:
-    for k, v in {**PLUMBING_DEFAULTS, "BASE_MODEL_ID": str(PLUMBING_MODEL_DIR)}.items():
-        if k not in user_set:
-            os.environ[k] = v
-# The trainer's and the reward's settings, validated together; config.json records both.
-cfg, errors = resolve(SETTINGS, os.environ)
-errors += unknown_variables(os.environ, VARIABLES, RETIRED)
-# Optional engines: asked for but missing must stop here, with the way to get them.
-if cfg.get("GRPO_USE_VLLM") and importlib.util.find_spec("vllm") is None:
-    errors.append("GRPO_USE_VLLM=1 but vLLM is not installed: `pip install -r requirements-vllm.txt` on a CUDA machine "
-                  "(server mode also needs `trl vllm-serve --model $BASE_MODEL_ID` running), or set GRPO_USE_VLLM=0")
-if cfg.get("GRPO_USE_VLLM") and cfg.get("GRPO_CONTINUOUS_BATCHING"):
-    errors.append("GRPO_USE_VLLM=1 and GRPO_CONTINUOUS_BATCHING=1: choose one generation engine")
-if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and importlib.util.find_spec("deepspeed") is None:
-    errors.append("the accelerate config asks for DeepSpeed (configs/zero*.yaml) but it is not installed: "
-                  "`pip install deepspeed`, or launch without --config_file configs/zero*.yaml")
-# Only rank 0 writes learning.log, config and checkpoints; each rank logs the completions it
-# scored. accelerate/torchrun set RANK for every process.
-RANK = int(os.environ.get("RANK", "0"))
-IS_MAIN = RANK == 0
-out_dir = Path(cfg.get("GRPO_OUTPUT_DIR", "grpo_runs"))
-plumbing_model = plumbing and cfg.get("BASE_MODEL_ID") == str(PLUMBING_MODEL_DIR)
-if not errors:
-    # A run that needs nothing from the hub says so to the libraries, which otherwise retry it for
-    # 25-50 s on an offline machine; one that needs it and cannot reach it finds out in seconds.
-    if note := go_offline_unless_needed([cfg["BASE_MODEL_ID"]], cfg["TRAINING_DATASET"], os.environ):
-        print(note)
-    if not plumbing_model:  # built on first use, below
-        errors += [e for e in [model_error("BASE_MODEL_ID", cfg["BASE_MODEL_ID"], os.environ)] if e]
-    errors += [e for e in [run_dir.write_error(out_dir)] if e]
-if errors:
-    sys.exit("config error:\n  " + "\n  ".join(errors) + "\nSee python train.py --help")
-reward_config = rewards.RewardConfig.from_settings(cfg)
-if cfg["GRPO_REPORT_TO"] != "none" and importlib.util.find_spec(cfg["GRPO_REPORT_TO"]) is None:
-    print(f"note: GRPO_REPORT_TO={cfg['GRPO_REPORT_TO']} but that package is not installed; reporting to learning.log only")
-    cfg["GRPO_REPORT_TO"] = "none"
-
-resume_from = None
-if cfg["GRPO_RESUME"] == "auto":
-    last = run_dir.last_checkpoint(out_dir)
-    resume_from = str(last) if last else None
-    if done := run_dir.finished(out_dir, last, cfg):
-        print(done)  # a finished run is left as it is: re-running the command is not a mistake
-        sys.exit(0)
-elif cfg["GRPO_RESUME"] != "never":
-    resume_from = cfg["GRPO_RESUME"]
-width = max(len(k) for k in cfg)
-print("config:\n" + "\n".join(f"  {k.ljust(width)} = {v}" for k, v in cfg.items()))
-print(f"  resume from: {resume_from or '(fresh run)'}")
-
-# ----------------------------------------------------------------------------- toolchain and data
-# Every check comes before the output directory is touched (a failed start must not move or
-# overwrite the previous run's files), and before any model loads: a missing ocamlc/bwrap should
-# cost seconds, not a GPU hour.
-try:
-    scorer = rewards.GuardedScorer(reward_config)  # a crash on one completion: reward None, not a dead run
-except ToolchainError as e:
-    sys.exit(f"OCaml toolchain check failed, not training: {e}")
-print(f"reward grader: {scorer.grader.sandbox.describe()}")
-try:
-    problems = load_problems(cfg["TRAINING_DATASET"])
-except DatasetError as e:
-    sys.exit(f"dataset error: {e}")
-print(f"dataset: {len(problems)} problems from {cfg['TRAINING_DATASET']}")
-
-import warnings  # noqa: E402
-
-import torch  # noqa: E402
-# TRL 1.16 calls a transformers API deprecated in 5.x once per step; the warning says nothing actionable.
-warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-from trl import GRPOConfig  # noqa: E402
-
-from accelerate import PartialState  # noqa: E402
-from transformers import PrinterCallback  # noqa: E402
-from ocaml_grpo.training.tracking import TrackedGRPOTrainer, shared_update  # noqa: E402
-
-from ocaml_grpo.training.callbacks import GracefulStop, LearningLog  # noqa: E402
-from ocaml_grpo.training.learning_log import header_lines  # noqa: E402
-
-if plumbing_model:
-    ensure_plumbing_model(PLUMBING_MODEL_DIR)
-tokenizer = load_tokenizer(cfg["BASE_MODEL_ID"])
-
-# ----------------------------------------------------------------------------- prompts (text: prompting.py)
-def prompt_tokens(problem) -> int:
-    return prompt_token_count(tokenizer, problem.prompt)
+def fail(message: str) -> int:
+    """sys.exit(message) as main's return value: the message on stderr, status 1."""
+    print(message, file=sys.stderr)
+    return 1
 
 
-# TRL 1.16 has no max_prompt_length: prompts longer than GRPO_MAX_PROMPT are dropped here. The audit
-# also drops problems no answer could pass (tests that do not compile against a stub, missing
-# packages, duplicates); why goes to <output dir>/audit.jsonl once the run starts.
-if cfg["AUDIT_DATASET"]:
-    audited = audit.audit_problems(problems, None, cache_dir=cfg["AUDIT_CACHE_DIR"], prompt_tokens=prompt_tokens,
-                                   max_prompt_tokens=cfg["GRPO_MAX_PROMPT"], grader=scorer.grader)
-    kept = audited.kept
-    too_long = sum(r.reason == "prompt_too_long" for r in audited.records)
-else:
-    print("AUDIT_DATASET=0: dataset audit skipped; only the prompt length filter applies")
-    kept = [p for p in problems if prompt_tokens(p) <= cfg["GRPO_MAX_PROMPT"]]
-    too_long = len(problems) - len(kept)
-print(f"prompts: dropped {too_long} longer than GRPO_MAX_PROMPT={cfg['GRPO_MAX_PROMPT']} tokens")
-# ----------------------------------------------------------------------------- learnable problems (issue 21)
-# GRPO_PROBLEM_STATS keeps the problems a probe found learnable (ocaml_grpo/training/selection.py); the tracker
-# then draws those whose last group taught nothing less often (ocaml_grpo/training/group_kinds.py, tracking.py).
-try:
-    kept, selection = apply_selection(kept, cfg)
-except ValueError as e:
-    sys.exit(f"selection error: {e}")
-tracker = None
-tracking_file = out_dir / "reward_logs" / TRACKING_FILE
-if cfg["GRPO_TRACK_PROBLEMS"]:
-    tracker = ProblemTracker(cfg["GRPO_TRACK_WEIGHT"], cfg["GRPO_LEARNABLE_MIN_STD"], cfg["GRPO_LEARNABLE_MAX_SOLVED"])
-    if resume_from:
-        print(f"problem tracking: {tracker.load(tracking_file)} groups replayed from {tracking_file}")
-if len(kept) < cfg["GRPO_BATCH_SIZE"]:
-    sys.exit(f"dataset error: only {len(kept)} usable problems, fewer than GRPO_BATCH_SIZE={cfg['GRPO_BATCH_SIZE']}")
-from datasets import Dataset  # noqa: E402
+def main(argv: list[str]) -> int:
+    # ------------------------------------------------------------------------- modes
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__)
+        print("Environment variables (default: meaning; accepted values):")
+        print("The trainer's (ocaml_grpo/config/grpo.py):")
+        print(describe(settings_of(TrainConfig)))
+        print(f"  GRPO_PLUMBING=1 sets: {' '.join(f'{k}={v}' for k, v in PLUMBING_DEFAULTS.items())} "
+              f"BASE_MODEL_ID={PLUMBING_MODEL_DIR}")
+        print("The reward's (ocaml_grpo/config/scoring.py):")
+        print(describe(REWARD_SETTINGS))
+        print("The dataset audit's (ocaml_grpo/config/grpo.py):")
+        print(describe(AUDIT_SETTINGS))
+        print("The sandbox's (ocaml_grpo/config/isolation.py):")
+        print(describe(SANDBOX_SETTINGS))
+        print("python train.py sft also reads (python train.py sft --help): "
+              + " ".join(s.name for s in settings_of(SftConfig)))
+        return 0
+    if argv and argv[0] == "sft":  # the SFT warm start: ocaml_grpo/training/sft.py
+        return sft_command.main(argv[1:])
+    if argv and argv[0] == "demo":  # SFT warm start + GRPO + before/after table: ocaml_grpo/training/demo.py
+        return demo_command.main(argv[1:], rewards.RewardScorer)
+    if argv and argv[0] == "merge":
+        # Fold a LoRA adapter into its base model so it loads without peft (e.g. for vLLM / llama.cpp export).
+        if len(argv) != 3:
+            return fail("usage: python train.py merge ADAPTER_DIR OUT_DIR")
+        adapter_dir, merged_dir = argv[1], argv[2]
+        if not (Path(adapter_dir) / "adapter_config.json").is_file():
+            return fail(f"merge: {adapter_dir} is not a LoRA adapter (no adapter_config.json there); "
+                        "e.g. python train.py merge grpo_runs/final_adapter merged_model")
+        merge_adapter(adapter_dir, merged_dir)
+        print(f"merged {adapter_dir} into {adapter_base(adapter_dir)} -> {merged_dir}")
+        return 0
+    if argv:
+        return fail(f"unknown argument {argv[0]!r}; see python train.py --help")
 
-# `prompt` (chat messages) is what TRL generates from; the other columns go to the reward as kwargs.
-train_dataset = Dataset.from_list([{"prompt": chat_messages(p.prompt), **p.to_row()}
-                                   for p in kept])
+    # ------------------------------------------------------------------------- config
+    # Every variable is defined once, in ocaml_grpo/config/, with its default, parser and meaning.
+    # Remember what the user exported before .envrc fills gaps, so the plumbing run can tell them apart.
+    user_set = set(os.environ)
+    load_dotenv(".envrc", override=False)  # python-dotenv understands `export KEY=value` lines
+    plumbing = os.environ.get("GRPO_PLUMBING", "0") == "1"
+    if plumbing:
+        for k, v in {**PLUMBING_DEFAULTS, "BASE_MODEL_ID": str(PLUMBING_MODEL_DIR)}.items():
+            if k not in user_set:
+                os.environ[k] = v
+    # The trainer's, the reward's, the sandbox's and the audit's settings, validated together;
+    # config.json records them all.
+    cfg, errors = resolve(os.environ, SETTINGS)
+    errors += unknown_variables(os.environ, VARIABLES, RETIRED)
+    train = cfg.train
+    # Optional engines: asked for but missing must stop here, with the way to get them.
+    if train.use_vllm and importlib.util.find_spec("vllm") is None:
+        errors.append("GRPO_USE_VLLM=1 but vLLM is not installed: `pip install -r requirements-vllm.txt` on a CUDA machine "
+                      "(server mode also needs `trl vllm-serve --model $BASE_MODEL_ID` running), or set GRPO_USE_VLLM=0")
+    if train.use_vllm and train.continuous_batching:
+        errors.append("GRPO_USE_VLLM=1 and GRPO_CONTINUOUS_BATCHING=1: choose one generation engine")
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and importlib.util.find_spec("deepspeed") is None:
+        errors.append("the accelerate config asks for DeepSpeed (configs/zero*.yaml) but it is not installed: "
+                      "`pip install deepspeed`, or launch without --config_file configs/zero*.yaml")
+    # Only rank 0 writes learning.log, config and checkpoints; each rank logs the completions it
+    # scored. accelerate/torchrun set RANK for every process.
+    rank = int(os.environ.get("RANK", "0"))
+    is_main = rank == 0
+    out_dir = Path(train.output_dir)
+    plumbing_model = plumbing and train.base_model == str(PLUMBING_MODEL_DIR)
+    if not errors:
+        # A run that needs nothing from the hub says so to the libraries, which otherwise retry it for
+        # 25-50 s on an offline machine; one that needs it and cannot reach it finds out in seconds.
+        if note := go_offline_unless_needed([train.base_model], train.dataset, os.environ):
+            print(note)
+        if not plumbing_model:  # built on first use, below
+            errors += [e for e in [model_error("BASE_MODEL_ID", train.base_model, os.environ)] if e]
+        errors += [e for e in [run_dir.write_error(out_dir)] if e]
+    if errors:
+        return fail("config error:\n  " + "\n  ".join(errors) + "\nSee python train.py --help")
+    if train.report_to != "none" and importlib.util.find_spec(train.report_to) is None:
+        print(f"note: GRPO_REPORT_TO={train.report_to} but that package is not installed; reporting to learning.log only")
+        train.report_to = "none"
+    values = recorded(cfg)  # by variable name: config.json, the console, learning.log's header
 
-# ----------------------------------------------------------------------------- model
-on_gpu = torch.cuda.is_available()
-model = load_model(cfg["BASE_MODEL_ID"])
-peft_config = lora_config(cfg)
-if cfg["GRPO_INIT_ADAPTER"]:  # continue the SFT adapter instead of starting a fresh one
-    from peft import PeftModel
-    trained_on = adapter_base(cfg["GRPO_INIT_ADAPTER"])
-    if trained_on and trained_on != cfg["BASE_MODEL_ID"]:
-        print(f"warning: GRPO_INIT_ADAPTER was trained on {trained_on}, BASE_MODEL_ID is {cfg['BASE_MODEL_ID']}")
-    model = PeftModel.from_pretrained(model, cfg["GRPO_INIT_ADAPTER"], is_trainable=True)
-    peft_config = None
-    print(f"starting from the adapter {cfg['GRPO_INIT_ADAPTER']} (its LoRA settings apply, not LORA_*)")
+    resume_from = None
+    if train.resume == "auto":
+        last = run_dir.last_checkpoint(out_dir)
+        resume_from = str(last) if last else None
+        if done := run_dir.finished(out_dir, last, values):
+            print(done)  # a finished run is left as it is: re-running the command is not a mistake
+            return 0
+    elif train.resume != "never":
+        resume_from = train.resume
+    width = max(len(k) for k in values)
+    print("config:\n" + "\n".join(f"  {k.ljust(width)} = {v}" for k, v in values.items()))
+    print(f"  resume from: {resume_from or '(fresh run)'}")
 
-# ----------------------------------------------------------------------------- output directory and reward
-# Every check has passed: only now is the output directory created, an earlier run's files moved
-# aside (a fresh run) and config.json written, by rank 0 before any other process opens its
-# reward logs there (a fresh run would move them aside too). cpu= as the trainer will set it: without
-# it a CPU launch looks single-process and nobody waits.
-with PartialState(cpu=not on_gpu).main_process_first():
-    if IS_MAIN:
-        if archive := run_dir.prepare(out_dir, cfg, resumed=resume_from is not None):
-            print(f"  the earlier run's logs and config moved to {archive}")
-        if cfg["AUDIT_DATASET"]:
-            audit.write_records(audited, out_dir)
-        if selection:
-            write_choices(out_dir, selection)
+    # ------------------------------------------------------------------------- toolchain and data
+    # Every check comes before the output directory is touched (a failed start must not move or
+    # overwrite the previous run's files), and before any model loads: a missing ocamlc/bwrap should
+    # cost seconds, not a GPU hour.
+    try:
+        scorer = rewards.GuardedScorer(cfg.reward)  # a crash on one completion: reward None, not a dead run
+    except ToolchainError as e:
+        return fail(f"OCaml toolchain check failed, not training: {e}")
+    print(f"reward grader: {scorer.grader.sandbox.describe()}")
+    try:
+        problems = load_problems(train.dataset)
+    except DatasetError as e:
+        return fail(f"dataset error: {e}")
+    print(f"dataset: {len(problems)} problems from {train.dataset}")
+
+    # Only now torch, TRL and the modules built on them: every check above answered without them.
+    import warnings
+
+    import torch
+    # TRL 1.16 calls a transformers API deprecated in 5.x once per step; the warning says nothing actionable.
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    from accelerate import PartialState
+    from datasets import Dataset
+    from transformers import PrinterCallback
+    from trl import GRPOConfig
+
+    from ocaml_grpo.training.callbacks import GracefulStop, LearningLog
+    from ocaml_grpo.training.tracking import TrackedGRPOTrainer, shared_update
+
+    if plumbing_model:
+        ensure_plumbing_model(PLUMBING_MODEL_DIR)
+    tokenizer = load_tokenizer(train.base_model)
+
+    # ------------------------------------------------------------------------- prompts (text: prompting.py)
+    def prompt_tokens(problem) -> int:
+        return prompt_token_count(tokenizer, problem.prompt)
+
+    # TRL 1.16 has no max_prompt_length: prompts longer than GRPO_MAX_PROMPT are dropped here. The audit
+    # also drops problems no answer could pass (tests that do not compile against a stub, missing
+    # packages, duplicates); why goes to <output dir>/audit.jsonl once the run starts.
+    if train.audit_dataset:
+        audited = audit.audit_problems(problems, None, cache_dir=cfg.audit.cache_dir, prompt_tokens=prompt_tokens,
+                                       max_prompt_tokens=train.max_prompt, grader=scorer.grader)
+        kept = audited.kept
+        too_long = sum(r.reason == "prompt_too_long" for r in audited.records)
+    else:
+        print("AUDIT_DATASET=0: dataset audit skipped; only the prompt length filter applies")
+        kept = [p for p in problems if prompt_tokens(p) <= train.max_prompt]
+        too_long = len(problems) - len(kept)
+    print(f"prompts: dropped {too_long} longer than GRPO_MAX_PROMPT={train.max_prompt} tokens")
+    # ------------------------------------------------------------------------- learnable problems (issue 21)
+    # GRPO_PROBLEM_STATS keeps the problems a probe found learnable (ocaml_grpo/training/selection.py); the tracker
+    # then draws those whose last group taught nothing less often (ocaml_grpo/training/group_kinds.py, tracking.py).
+    try:
+        kept, selection = apply_selection(kept, cfg)
+    except ValueError as e:
+        return fail(f"selection error: {e}")
+    tracker = None
+    tracking_file = out_dir / "reward_logs" / TRACKING_FILE
+    if train.track_problems:
+        tracker = ProblemTracker(train.track_weight, train.selection.min_std, train.selection.max_solved)
+        if resume_from:
+            print(f"problem tracking: {tracker.load(tracking_file)} groups replayed from {tracking_file}")
+    if len(kept) < train.batch_size:
+        return fail(f"dataset error: only {len(kept)} usable problems, fewer than GRPO_BATCH_SIZE={train.batch_size}")
+
+    # `prompt` (chat messages) is what TRL generates from; the other columns go to the reward as kwargs.
+    train_dataset = Dataset.from_list([{"prompt": chat_messages(p.prompt), **p.to_row()} for p in kept])
+
+    # ------------------------------------------------------------------------- model
+    on_gpu = torch.cuda.is_available()
+    model = load_model(train.base_model)
+    peft_config = lora_config(train.lora)
+    if train.init_adapter:  # continue the SFT adapter instead of starting a fresh one
+        from peft import PeftModel
+        trained_on = adapter_base(train.init_adapter)
+        if trained_on and trained_on != train.base_model:
+            print(f"warning: GRPO_INIT_ADAPTER was trained on {trained_on}, BASE_MODEL_ID is {train.base_model}")
+        model = PeftModel.from_pretrained(model, train.init_adapter, is_trainable=True)
+        peft_config = None
+        print(f"starting from the adapter {train.init_adapter} (its LoRA settings apply, not LORA_*)")
+
+    # ------------------------------------------------------------------------- output directory and reward
+    # Every check has passed: only now is the output directory created, an earlier run's files moved
+    # aside (a fresh run) and config.json written, by rank 0 before any other process opens its
+    # reward logs there (a fresh run would move them aside too). cpu= as the trainer will set it: without
+    # it a CPU launch looks single-process and nobody waits.
+    with PartialState(cpu=not on_gpu).main_process_first():
+        if is_main:
+            if archive := run_dir.prepare(out_dir, values, resumed=resume_from is not None):
+                print(f"  the earlier run's logs and config moved to {archive}")
+            if train.audit_dataset:
+                audit.write_records(audited, out_dir)
+            if selection:
+                write_choices(out_dir, selection)
+            if tracker:
+                tracker.open(tracking_file)
+        reward_fn = rewards.make_reward_function(out_dir, max_completion_tokens=train.max_completion,
+                                                 curriculum=train.curriculum, scorer=scorer,
+                                                 rank=rank, group_size=train.num_generations,
+                                                 on_groups=shared_update(tracker) if tracker else None)
+
+    # ------------------------------------------------------------------------- trainer
+    G = train.num_generations
+    args = GRPOConfig(
+        output_dir=str(out_dir),
+        # TRL counts completions per device; the generation batch (this x grad accum) is then a whole
+        # number of groups of G, which TRL requires.
+        per_device_train_batch_size=train.batch_size * G,
+        gradient_accumulation_steps=train.grad_accum_steps,
+        num_generations=G,
+        max_completion_length=train.max_completion,
+        num_train_epochs=train.num_epochs,
+        max_steps=train.max_steps,
+        learning_rate=train.learning_rate,
+        lr_scheduler_type=train.lr_scheduler,
+        warmup_steps=train.warmup_ratio,  # transformers 5: a float < 1 is a ratio of total steps
+        temperature=train.temperature,
+        max_grad_norm=train.max_grad_norm,
+        beta=train.beta,
+        loss_type=train.loss_type,
+        scale_rewards=train.scale_rewards,
+        importance_sampling_level="sequence" if train.loss_type == "luspo" else "token",  # luspo is sequence-level
+        top_entropy_quantile=train.top_entropy_quantile,
+        mask_truncated_completions=train.mask_truncated,
+        logging_steps=train.logging_steps,
+        save_strategy="steps",
+        save_steps=train.save_steps,
+        save_total_limit=train.save_total_limit,
+        seed=train.seed,
+        report_to=[] if train.report_to == "none" else [train.report_to],
+        bf16=on_gpu,
+        use_cpu=not on_gpu,
+        **checkpointing_kwargs(GRPOConfig, on_gpu),  # trades compute for memory; pointless for CPU-sized models
+        remove_unused_columns=False,  # the reward needs id/problem/tests/requires/entry_point
+        log_completions=False,  # completions go to reward_logs/completions.jsonl instead
+        disable_tqdm=True,  # the console shows learning.log's lines and a progress bar (LearningLog) instead
+        **engine_kwargs("vllm" if train.use_vllm else "paged" if train.continuous_batching else "default",
+                        sequences=train.batch_size * G * train.grad_accum_steps,
+                        max_prompt=train.max_prompt, max_completion=train.max_completion,
+                        vllm_mode=train.vllm_mode, vllm_gpu_memory=train.vllm_gpu_memory,
+                        vllm_server_url=train.vllm_server_url),
+    )
+
+    # learning.log and the live health monitor (the rules analyze.py reports with: ocaml_grpo/training/health.py)
+    header = header_lines(resume_from, values, len(kept), scorer.grader.sandbox.describe())
+    stop = GracefulStop()
+    callback = LearningLog(out_dir / "learning.log", header, resumed=resume_from is not None,
+                           auto_stop=train.auto_stop, echo=is_main, stop=stop,
+                           curriculum=cfg.reward.weights if train.curriculum else None)
+    trainer = TrackedGRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=train_dataset,
+                                 processing_class=tokenizer, peft_config=peft_config, callbacks=[callback, stop],
+                                 tracker=tracker)
+    trainer.remove_callback(PrinterCallback)  # its ~1,000-character metrics dict per step: LearningLog prints instead
+
+    # ------------------------------------------------------------------------- train
+    if is_main:
+        trainer.model.print_trainable_parameters()
+    t0 = time.time()
+    stop.install()
+    try:
+        trainer.train(resume_from_checkpoint=resume_from)
+    finally:
+        scorer.close()
         if tracker:
-            tracker.open(tracking_file)
-    reward_fn = rewards.make_reward_function(out_dir, max_completion_tokens=cfg["GRPO_MAX_COMPLETION"],
-                                             curriculum=cfg["REWARD_CURRICULUM"], scorer=scorer,
-                                             rank=RANK, group_size=cfg["GRPO_NUM_GENERATIONS"],
-                                             on_groups=shared_update(tracker) if tracker else None)
+            tracker.close()
+    if tracker and is_main:
+        print("problem states at the end: " + "  ".join(f"{k}={n}" for k, n in tracker.counts(train_dataset["id"]).items()))
+    state = trainer.state
+    if stop.requested and state.global_step < state.max_steps:  # this step's checkpoint is saved; the adapter is not final
+        if is_main:
+            print(f"stopped by {stop.requested} at step {state.global_step}: checkpoint saved in "
+                  f"{out_dir / f'checkpoint-{state.global_step}'}; logs in {out_dir / 'learning.log'}.\n"
+                  "Resume with the same command (GRPO_RESUME=auto, the default).")
+        return 128 + stop.signum  # the shell's status for a command a signal ended
+    final_dir = out_dir / "final_adapter"
+    trainer.save_model(str(final_dir))  # PEFT model: saves the adapter only
+    if is_main:
+        tokenizer.save_pretrained(str(final_dir))
+        why = ("the stop criteria" if callback.stopped_by_rule
+               else f"GRPO_MAX_STEPS={train.max_steps}" if train.max_steps > 0
+               else f"GRPO_NUM_EPOCHS={train.num_epochs}")
+        run_dir.mark_finished(out_dir, state.global_step, state.epoch or 0.0, why, values)
+        print(f"done in {time.time() - t0:.0f}s: finished at step {state.global_step} ({why}); adapter in {final_dir}; "
+              f"logs in {out_dir / 'learning.log'}")
+        print(f"merge with: python train.py merge {final_dir} {out_dir / 'merged'}")
+    return 0
 
-# ----------------------------------------------------------------------------- trainer
-G = cfg["GRPO_NUM_GENERATIONS"]
-args = GRPOConfig(
-    output_dir=str(out_dir),
-    # TRL counts completions per device; the generation batch (this x grad accum) is then a whole
-    # number of groups of G, which TRL requires.
-    per_device_train_batch_size=cfg["GRPO_BATCH_SIZE"] * G,
-    gradient_accumulation_steps=cfg["GRPO_GRAD_ACCUM_STEPS"],
-    num_generations=G,
-    max_completion_length=cfg["GRPO_MAX_COMPLETION"],
-    num_train_epochs=cfg["GRPO_NUM_EPOCHS"],
-    max_steps=cfg["GRPO_MAX_STEPS"],
-    learning_rate=cfg["GRPO_LEARNING_RATE"],
-    lr_scheduler_type=cfg["GRPO_LR_SCHEDULER"],
-    warmup_steps=cfg["GRPO_WARMUP_RATIO"],  # transformers 5: a float < 1 is a ratio of total steps
-    temperature=cfg["GRPO_TEMPERATURE"],
-    max_grad_norm=cfg["GRPO_MAX_GRAD_NORM"],
-    beta=cfg["GRPO_BETA"],
-    loss_type=cfg["GRPO_LOSS_TYPE"],
-    scale_rewards=cfg["GRPO_SCALE_REWARDS"],
-    importance_sampling_level="sequence" if cfg["GRPO_LOSS_TYPE"] == "luspo" else "token",  # luspo is sequence-level
-    top_entropy_quantile=cfg["GRPO_TOP_ENTROPY_QUANTILE"],
-    mask_truncated_completions=cfg["GRPO_MASK_TRUNCATED"],
-    logging_steps=cfg["GRPO_LOGGING_STEPS"],
-    save_strategy="steps",
-    save_steps=cfg["GRPO_SAVE_STEPS"],
-    save_total_limit=cfg["GRPO_SAVE_TOTAL_LIMIT"],
-    seed=cfg["GRPO_SEED"],
-    report_to=[] if cfg["GRPO_REPORT_TO"] == "none" else [cfg["GRPO_REPORT_TO"]],
-    bf16=on_gpu,
-    use_cpu=not on_gpu,
-    **checkpointing_kwargs(GRPOConfig, on_gpu),  # trades compute for memory; pointless for CPU-sized models
-    remove_unused_columns=False,  # the reward needs id/problem/tests/requires/entry_point
-    log_completions=False,  # completions go to reward_logs/completions.jsonl instead
-    disable_tqdm=True,  # the console shows learning.log's lines and a progress bar (LearningLog) instead
-    **engine_kwargs("vllm" if cfg["GRPO_USE_VLLM"] else "paged" if cfg["GRPO_CONTINUOUS_BATCHING"] else "default",
-                    sequences=cfg["GRPO_BATCH_SIZE"] * G * cfg["GRPO_GRAD_ACCUM_STEPS"],
-                    max_prompt=cfg["GRPO_MAX_PROMPT"], max_completion=cfg["GRPO_MAX_COMPLETION"],
-                    vllm_mode=cfg["GRPO_VLLM_MODE"], vllm_gpu_memory=cfg["GRPO_VLLM_GPU_MEMORY"],
-                    vllm_server_url=cfg["GRPO_VLLM_SERVER_URL"]),
-)
 
-# learning.log and the live health monitor (the rules analyze.py reports with: ocaml_grpo/training/health.py)
-header = header_lines(resume_from, cfg, len(kept), scorer.grader.sandbox.describe())
-stop = GracefulStop()
-callback = LearningLog(out_dir / "learning.log", header, resumed=resume_from is not None,
-                       auto_stop=cfg["GRPO_AUTO_STOP"], echo=IS_MAIN, stop=stop,
-                       curriculum=reward_config.weights if cfg["REWARD_CURRICULUM"] else None)
-trainer = TrackedGRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=train_dataset,
-                             processing_class=tokenizer, peft_config=peft_config, callbacks=[callback, stop],
-                             tracker=tracker)
-trainer.remove_callback(PrinterCallback)  # its ~1,000-character metrics dict per step: LearningLog prints instead
-
-# ----------------------------------------------------------------------------- train
-if IS_MAIN:
-    trainer.model.print_trainable_parameters()
-t0 = time.time()
-stop.install()
-try:
-    trainer.train(resume_from_checkpoint=resume_from)
-finally:
-    scorer.close()
-    if tracker:
-        tracker.close()
-if tracker and IS_MAIN:
-    print("problem states at the end: " + "  ".join(f"{k}={n}" for k, n in tracker.counts(train_dataset["id"]).items()))
-state = trainer.state
-if stop.requested and state.global_step < state.max_steps:  # this step's checkpoint is saved; the adapter is not final
-    if IS_MAIN:
-        print(f"stopped by {stop.requested} at step {state.global_step}: checkpoint saved in "
-              f"{out_dir / f'checkpoint-{state.global_step}'}; logs in {out_dir / 'learning.log'}.\n"
-              "Resume with the same command (GRPO_RESUME=auto, the default).")
-    sys.exit(128 + stop.signum)  # the shell's status for a command a signal ended
-final_dir = out_dir / "final_adapter"
-trainer.save_model(str(final_dir))  # PEFT model: saves the adapter only
-if IS_MAIN:
-    tokenizer.save_pretrained(str(final_dir))
-    why = ("the stop criteria" if callback.stopped_by_rule
-           else f"GRPO_MAX_STEPS={cfg['GRPO_MAX_STEPS']}" if cfg["GRPO_MAX_STEPS"] > 0
-           else f"GRPO_NUM_EPOCHS={cfg['GRPO_NUM_EPOCHS']}")
-    run_dir.mark_finished(out_dir, state.global_step, state.epoch or 0.0, why, cfg)
-    print(f"done in {time.time() - t0:.0f}s: finished at step {state.global_step} ({why}); adapter in {final_dir}; "
-          f"logs in {out_dir / 'learning.log'}")
-    print(f"merge with: python train.py merge {final_dir} {out_dir / 'merged'}")
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

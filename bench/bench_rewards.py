@@ -29,6 +29,7 @@ from ocaml_grpo.grading import harness
 from ocaml_grpo.grading import source as src
 from ocaml_grpo.grading.completions import assemble_solution, extract_code
 from ocaml_grpo.problems import Problem, load_problems
+from ocaml_grpo.config.settings import from_env
 from rewards import RewardConfig, RewardScorer
 
 
@@ -146,7 +147,7 @@ def main() -> None:
         exercises = [p for p in load_problems(args.exercises) if p.solution and not p.requires]
     else:
         print(f"note: {args.exercises} not found: the no-loop corpus is built from {args.problems}")
-    cfg = RewardConfig.from_env(os.environ)
+    cfg = from_env(RewardConfig, os.environ)
     scorer = RewardScorer(replace(cfg, min_lines=0))
     wall = scorer.grader.sandbox.limits.cpu_s  # the naive pipeline's per-run limit
     print(f"cores={os.cpu_count()} workers={cfg.workers} cpu_limit={wall}s compiler={scorer.grader.compiler}  "

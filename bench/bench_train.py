@@ -46,7 +46,7 @@ import torch
 from bench.bench_rewards import variants
 from ocaml_grpo.training.tiny_models import ensure_plumbing_model, plumbing_model_dir
 from ocaml_grpo.training.models import checkpointing_kwargs
-from ocaml_grpo.config.settings import cache_dir
+from ocaml_grpo.config.settings import cache_dir, from_env
 from ocaml_grpo.training.engines import ENGINES, engine_kwargs
 from ocaml_grpo.problems import Problem, load_problems
 from ocaml_grpo.prompting import END_MARKER, chat_messages, prompt_ids, prompt_token_count
@@ -127,7 +127,7 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
             rows.append({"prompt": chat_messages(p.prompt), **p.to_row()})
             prompt_lens.append(n)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if on_gpu else torch.float32)
-    scorer = RewardScorer(replace(RewardConfig.from_env(os.environ), min_lines=0))  # stand-ins are short; grade them all
+    scorer = RewardScorer(replace(from_env(RewardConfig, os.environ), min_lines=0))  # stand-ins are short; grade them all
     reward_fn = make_reward_function(None, a.completion, scorer=scorer)
     reward_times: list[float] = []
     reward_means: list[float] = []

@@ -20,7 +20,8 @@ from ocaml_grpo.grading.completions import assemble_solution, extract_code
 from ocaml_grpo.grading.grader import OcamlGrader
 from ocaml_grpo.problems import Problem, load_problems
 from ocaml_grpo.grading.sandbox import Sandbox
-from ocaml_grpo.config.sandbox import sandbox_config
+from ocaml_grpo.config import SandboxConfig
+from ocaml_grpo.config.settings import from_env
 
 
 def main() -> int:
@@ -40,7 +41,7 @@ def main() -> int:
         jobs += [(p, c, f"no-loop {k}") for p, c, k in no_loop_corpus(exercises)]
     jobs += [(p, c, f"mixed {k}") for p, c, k in build_corpus(runnable, 48, 4)
              if args.loops or k != "infinite_loop"]
-    sandbox = Sandbox(sandbox_config(os.environ))
+    sandbox = Sandbox(from_env(SandboxConfig, os.environ))
     graders = {name: OcamlGrader(sandbox, compiler=name) for name in ("server", "ocamlc")}
     differ = 0
     try:

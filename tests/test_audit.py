@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from conftest import BROKEN, GRADED, ROOT, UNVERIFIABLE, read_rows
-from ocaml_grpo.grading.audit import AUDIT_SETTINGS, AuditCache, audit_problems
-from ocaml_grpo.config.settings import resolve
+from ocaml_grpo.config import resolve
+from ocaml_grpo.grading.audit import AuditCache, audit_problems
 from ocaml_grpo.problems import Problem, load_problems
 
 
@@ -113,5 +113,5 @@ def test_external_sets_lose_only_the_rows_the_oracle_cannot_run(tmp_path, benchm
 def test_the_audit_cache_follows_xdg_cache_home(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("AUDIT_CACHE_DIR", raising=False)
-    directory = resolve(AUDIT_SETTINGS, os.environ)[0]["AUDIT_CACHE_DIR"]
+    directory = resolve(os.environ)[0].audit.cache_dir
     assert AuditCache(directory).path == tmp_path / "ocaml-grpo" / "audit_cache.jsonl"

@@ -24,10 +24,8 @@ import pytest
 from packaging.requirements import Requirement
 
 from conftest import BUNDLED, GRADED, ROOT, read_jsonl, read_rows, run_env
-from ocaml_grpo.config.settings import resolve
-from ocaml_grpo.config.sandbox import SANDBOX_SETTINGS
+from ocaml_grpo.config import SANDBOX_SETTINGS, resolve
 from ocaml_grpo.grading.sandbox import Sandbox
-from ocaml_grpo.config.sandbox import SandboxConfig
 from ocaml_grpo.grading.toolcache import ToolchainError
 
 ARCHIVE = ROOT / "dist" / "ocaml-grpo-offline.tar.xz"
@@ -112,13 +110,13 @@ def test_a_bundle_made_from_other_sources_stops_start_up_naming_make_bundle(arch
     with tarfile.open(archive) as tar:
         tar.extractall(tmp_path, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     toolchain = tmp_path / "ocaml-grpo-offline" / "ocaml"
-    values, errors = resolve(SANDBOX_SETTINGS, {"OCAML_TOOLCHAIN_DIR": str(toolchain)})
-    assert errors == [] and values["OCAML_TOOLCHAIN_DIR"] == str(toolchain)
+    cfg, errors = resolve({"OCAML_TOOLCHAIN_DIR": str(toolchain)}, SANDBOX_SETTINGS)
+    assert errors == [] and cfg.reward.sandbox.toolchain == str(toolchain)
     # Its launcher and compile server as another checkout's sources would name them.
     for exe in (toolchain / "libexec").iterdir():
         exe.rename(exe.with_name(exe.name.split("-")[0] + "-0123456789abcdef"))
     with pytest.raises(ToolchainError, match="another version of the project. Run `make bundle`"):
-        Sandbox(SandboxConfig.from_settings(values))
+        Sandbox(cfg.reward.sandbox)
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from ocaml_grpo.grading import server as cs
 from ocaml_grpo.grading.completions import assemble_solution
 from ocaml_grpo.grading.grader import OcamlGrader
 from ocaml_grpo.problems import load_problems
-from ocaml_grpo.config.settings import cache_dir
+from ocaml_grpo.config.settings import cache_dir, from_env
 from ocaml_grpo.grading.sandbox import Sandbox
 from ocaml_grpo.grading.toolcache import ToolchainError
 from rewards import RewardConfig, RewardScorer
@@ -214,7 +214,7 @@ def _graded(completion: str) -> tuple:
 @pytest.mark.parametrize("code", [BLOW_UP.replace("let bad : int =", "let add a b = a + b\nlet bad : int ="),
                                   "let add a b = a + b\nlet deep = " + "[" * 3000 + "]" * 3000 + "\n"])
 def test_a_pathological_completion_costs_at_most_one_compile_limit(monkeypatch, code):
-    s = RewardScorer(RewardConfig.from_env({"OCAML_COMPILE_LIMIT_S": "2", "MIN_NON_EMPTY_LINES": "0",
+    s = RewardScorer(from_env(RewardConfig, {"OCAML_COMPILE_LIMIT_S": "2", "MIN_NON_EMPTY_LINES": "0",
                                             "REWARD_WORKERS": "2"}))
     try:
         assert s.grader.compiler == "server"

@@ -7,6 +7,7 @@ import pytest
 
 from ocaml_grpo.grading import source as src
 from ocaml_grpo.problems import BUNDLED, load_problems
+from ocaml_grpo.config.settings import from_env
 from rewards import RewardConfig, RewardScorer
 
 
@@ -33,7 +34,7 @@ def test_schema_size_and_mix(problems):
 
 def test_every_solution_scores_one_and_every_stub_gets_no_test_credit(problems, monkeypatch):
     # correctness, not speed: a generous budget so a loaded machine cannot time a solution out
-    scorer = RewardScorer(RewardConfig.from_env({"OCAML_WALL_LIMIT_S": "30", "MIN_NON_EMPTY_LINES": "0",
+    scorer = RewardScorer(from_env(RewardConfig, {"OCAML_WALL_LIMIT_S": "30", "MIN_NON_EMPTY_LINES": "0",
                                                  "REWARD_WORKERS": "2"}))
     try:
         sols = scorer.score_batch(problems, [f"```ocaml\n{p.solution}\n```\n(* END *)" for p in problems])

@@ -22,6 +22,7 @@ import rewards
 from conftest import ADD, ADD_PROMPT, ADD_TESTS, END, ROOT, fenced
 from ocaml_grpo.grading import source as src
 from ocaml_grpo.grading.completions import extract_code
+from ocaml_grpo.config.settings import from_env
 from rewards import RewardConfig, RewardScorer
 
 RIGHT = "let add a b = a + b"
@@ -77,7 +78,7 @@ BLOW_UP = "let bad : int =\n  let x0 = 0 in\n" + "".join(
 
 
 def test_a_compile_time_out_earns_no_type_check_or_compile_credit():
-    s = RewardScorer(RewardConfig.from_env({"OCAML_COMPILE_LIMIT_S": "2", "MIN_NON_EMPTY_LINES": "0",
+    s = RewardScorer(from_env(RewardConfig, {"OCAML_COMPILE_LIMIT_S": "2", "MIN_NON_EMPTY_LINES": "0",
                                             "REWARD_WORKERS": "1"}))
     try:
         honest = s.score_one(ADD, fenced(RIGHT))  # compiles in milliseconds: untouched

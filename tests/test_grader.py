@@ -14,6 +14,7 @@ from ocaml_grpo.grading.completions import assemble_solution, extract_code
 from ocaml_grpo.problems import Problem, load_problems
 from ocaml_grpo.grading.grader import OcamlGrader
 from ocaml_grpo.grading.sandbox import UID_POOL_BASE, UID_POOL_SIZE, Sandbox
+from ocaml_grpo.config.settings import from_env
 from rewards import RewardConfig, RewardScorer, curriculum_phase
 
 def score(scorer, code, problem=ADD):
@@ -258,7 +259,7 @@ def surviving_job_processes() -> list[str]:
 
 
 def test_infinite_loop_and_fork_bomb_finish_within_the_limit():
-    config = RewardConfig.from_env({"OCAML_WALL_LIMIT_S": "2", "MIN_NON_EMPTY_LINES": "0", "REWARD_WORKERS": "2"})
+    config = from_env(RewardConfig, {"OCAML_WALL_LIMIT_S": "2", "MIN_NON_EMPTY_LINES": "0", "REWARD_WORKERS": "2"})
     s = RewardScorer(config, grader=OcamlGrader(Sandbox(config.sandbox), cores=2, check_library=False))
     try:
         t0 = time.monotonic()
@@ -306,10 +307,10 @@ def test_cli_score_prints_one_line_per_completion_in_order(tmp_path):
 
 
 def test_weights_from_settings_and_a_curriculum_that_ends_on_them():
-    config = RewardConfig.from_env({"REWARD_WEIGHT_TESTS": "0.5"})
+    config = from_env(RewardConfig, {"REWARD_WEIGHT_TESTS": "0.5"})
     assert config.weights.tests == 0.5
     with pytest.raises(ValueError, match="REWARD_WEIGHT_TESTS"):
-        RewardConfig.from_env({"REWARD_WEIGHT_TESTS": "abc"})
+        from_env(RewardConfig, {"REWARD_WEIGHT_TESTS": "abc"})
     assert curriculum_phase(0.2)[1].type_check == 0.40
     assert curriculum_phase(0.7)[1].tests == 0.50
     assert curriculum_phase(1.3)[1].tests == 0.65
@@ -351,7 +352,7 @@ def test_the_launcher_sets_every_limit_then_drops_to_the_job_uid(tmp_path):
 
 
 def test_explicit_no_isolation_mode_still_grades_and_says_so(monkeypatch):
-    config = RewardConfig.from_env({"OCAML_SANDBOX": "none", "MIN_NON_EMPTY_LINES": "0", "REWARD_WORKERS": "1"})
+    config = from_env(RewardConfig, {"OCAML_SANDBOX": "none", "MIN_NON_EMPTY_LINES": "0", "REWARD_WORKERS": "1"})
     s = RewardScorer(config, grader=OcamlGrader(Sandbox(config.sandbox), check_library=False))
     try:
         b = s.score_one(ADD, fenced("let add a b = a + b"))
@@ -362,7 +363,7 @@ def test_explicit_no_isolation_mode_still_grades_and_says_so(monkeypatch):
     finally:
         s.close()
     with pytest.raises(ValueError, match="OCAML_SANDBOX"):
-        RewardConfig.from_env({"OCAML_SANDBOX": "docker"})
+        from_env(RewardConfig, {"OCAML_SANDBOX": "docker"})
 
 
 @pytest.mark.parametrize("name", ["bundled", "problems_graded.jsonl", "multipl_e_ml.jsonl", "ocamler_eval_sample.csv"])

@@ -12,6 +12,7 @@ from ocaml_grpo.grading import source as src
 from ocaml_grpo.problems import Problem
 from ocaml_grpo.grading.grader import Grade
 from ocaml_grpo.grading.harness import tally_run
+from ocaml_grpo.config.settings import from_env
 from rewards import Breakdown, RewardConfig, RewardScorer, Weights, score_grade
 
 # ---------------------------------------------------------------------------------------------
@@ -154,7 +155,7 @@ def test_phrases_are_the_compilers_so_layout_cannot_merge_errors(scorer, layout)
 # 5. A compile-time blow-up costs one compile limit.
 
 def test_compile_blow_up_costs_at_most_one_compile_limit(monkeypatch):
-    s = RewardScorer(RewardConfig.from_env({"OCAML_COMPILE_LIMIT_S": "2", "MIN_NON_EMPTY_LINES": "0",
+    s = RewardScorer(from_env(RewardConfig, {"OCAML_COMPILE_LIMIT_S": "2", "MIN_NON_EMPTY_LINES": "0",
                                             "REWARD_WORKERS": "2"}))
     try:
         # Printing the type of x30 in the error message is exponential: every type check of a
@@ -184,7 +185,7 @@ SLOW_LOOP = "let slow_sum n = let s = ref 0 in while true do incr s done; !s"
 
 @pytest.mark.slow
 def test_a_slow_correct_answer_passes_beside_busy_loops(monkeypatch):
-    s = RewardScorer(RewardConfig.from_env({"OCAML_CPU_LIMIT_S": "3", "MIN_NON_EMPTY_LINES": "0",
+    s = RewardScorer(from_env(RewardConfig, {"OCAML_CPU_LIMIT_S": "3", "MIN_NON_EMPTY_LINES": "0",
                                             "REWARD_WORKERS": "2"}))
     try:
         alone = s.score_one(SLOW, fenced(SLOW_RIGHT))

@@ -5,7 +5,7 @@ import ast
 import dataclasses
 
 from conftest import ROOT
-from ocaml_grpo.config.reward import REWARD_SETTINGS, RewardConfig
+from ocaml_grpo.config import REWARD_SETTINGS, RewardConfig
 from ocaml_grpo.reward.breakdown import Breakdown
 from ocaml_grpo.reward.parts import CURRICULUM, PART_NAMES, PARTS, Weights
 from ocaml_grpo.training.learning_log import curriculum_line

@@ -11,44 +11,41 @@ from conftest import GRADED, fenced, read_rows
 from ocaml_grpo import prompting
 from ocaml_grpo.grading.completions import assemble_solution, is_value_name
 from ocaml_grpo.problems import Problem
-from ocaml_grpo.config.settings import defaults, resolve
-from ocaml_grpo.config.train import CONFIG, PLUMBING_DEFAULTS, SETTINGS
+from ocaml_grpo.config import (PLUMBING_DEFAULTS, REWARD_SETTINGS, SANDBOX_SETTINGS, SETTINGS, RewardConfig,
+                               SandboxConfig, TrainConfig, resolve)
+from ocaml_grpo.config.settings import defaults, from_env, settings_of
 from ocaml_grpo.grading.grader import OcamlGrader
-from ocaml_grpo.config.sandbox import SANDBOX_SETTINGS
 from ocaml_grpo.grading.sandbox import Sandbox
-from ocaml_grpo.config.sandbox import SandboxConfig
 
 ADD_PROMPT = "(** Add two integers. *)\nlet add (a : int) (b : int) : int ="
 ADD_TESTS = "let () =\n  assert (add 1 2 = 3);\n  assert (add 0 0 = 0)\n;;"
 
 
 def test_defaults_live_in_the_dataclasses():
-    values = defaults(rewards.REWARD_SETTINGS + SANDBOX_SETTINGS)
-    config = rewards.RewardConfig.from_settings(values)
-    plain = rewards.RewardConfig()
+    values = defaults(REWARD_SETTINGS + SANDBOX_SETTINGS)
+    config = resolve({}, REWARD_SETTINGS + SANDBOX_SETTINGS)[0].reward
+    plain = RewardConfig()
     assert (config.weights, config.runaway_multiplier, config.min_lines) == \
         (plain.weights, plain.runaway_multiplier, plain.min_lines) == (rewards.Weights(), 0.3, 8)
     assert config.sandbox == plain.sandbox == SandboxConfig()
     assert values["MIN_NON_EMPTY_LINES"] == 8
     # the trainer resolves the reward's settings with its own: each name defined once
-    names = [s[0] for s in SETTINGS]
-    assert len(names) == len(set(names)) and "MIN_NON_EMPTY_LINES" not in [s[0] for s in CONFIG]
+    names = [s.name for s in SETTINGS]
+    assert len(names) == len(set(names)) and "MIN_NON_EMPTY_LINES" not in [s.name for s in settings_of(TrainConfig)]
     assert set(PLUMBING_DEFAULTS) <= set(names)
 
 
 def test_reward_config_is_built_from_validated_values():
-    values, errors = resolve(rewards.REWARD_SETTINGS + SANDBOX_SETTINGS,
-                             {"MIN_NON_EMPTY_LINES": "3", "REWARD_WEIGHT_TESTS": "0.5", "REWARD_WORKERS": "2",
-                              "OCAML_CPU_LIMIT_S": "7", "OCAML_COMPILER": "ocamlc"})
+    cfg, errors = resolve({"MIN_NON_EMPTY_LINES": "3", "REWARD_WEIGHT_TESTS": "0.5", "REWARD_WORKERS": "2",
+                           "OCAML_CPU_LIMIT_S": "7", "OCAML_COMPILER": "ocamlc"})
     assert errors == []
-    config = rewards.RewardConfig.from_settings(values)
+    config = cfg.reward
     assert (config.min_lines, config.weights.tests, config.workers) == (3, 0.5, 2)
     assert (config.sandbox.limits.cpu_s, config.sandbox.limits.wall_s, config.sandbox.compiler) == (7, 70, "ocamlc")
-    _, errors = resolve(rewards.REWARD_SETTINGS, {"MIN_NON_EMPTY_LINES": "-1", "REWARD_WORKERS": "0",
-                                                  "REWARD_WEIGHT_COMPILE": "-0.1"})
+    _, errors = resolve({"MIN_NON_EMPTY_LINES": "-1", "REWARD_WORKERS": "0", "REWARD_WEIGHT_COMPILE": "-0.1"})
     assert [e.split("=")[0] for e in errors] == ["MIN_NON_EMPTY_LINES", "REWARD_WEIGHT_COMPILE", "REWARD_WORKERS"]
     with pytest.raises(ValueError, match="MIN_NON_EMPTY_LINES='x' is invalid: expected an integer >= 0"):
-        rewards.RewardConfig.from_env({"MIN_NON_EMPTY_LINES": "x"})
+        from_env(RewardConfig, {"MIN_NON_EMPTY_LINES": "x"})
 
 
 def test_the_reward_looks_for_the_marker_the_prompt_asks_for():

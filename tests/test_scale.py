@@ -82,13 +82,14 @@ def test_missing_or_bad_engine_is_a_clear_config_error(tmp_path, cache_home, ext
 
 
 def test_reward_workers_are_shared_between_local_processes(monkeypatch):
-    from rewards import RewardConfig
+    from ocaml_grpo.config import RewardConfig
+    from ocaml_grpo.config.settings import from_env
     monkeypatch.delenv("REWARD_WORKERS", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
     workers = {}
     for n in ("1", "2", "3", "16"):
         monkeypatch.setenv("LOCAL_WORLD_SIZE", n)
-        workers[n] = RewardConfig.from_env(os.environ).workers
+        workers[n] = from_env(RewardConfig, os.environ).workers
     assert workers == {"1": 8, "2": 4, "3": 2, "16": 1}
 
 

@@ -2,6 +2,12 @@
 that validation, `python train.py --help`, config.json and the report's fallback all come from
 the same definition.
 
+A setting is a field of a typed config record (`setting(...)`): the record's default is its
+parsed default, and `settings_of(Record)` lists what the record reads. Reading is two steps:
+`read` parses a list of settings from an environment (values by variable name, and one message
+per bad value), `build` makes a record from those values (a field whose variable was not read
+keeps its default). ocaml_grpo/config/__init__.py's `resolve` does both for every record.
+
 A parser takes the raw string and returns the typed value, or raises ValueError; its `accepts`
 attribute says what it takes, for the error message and --help. Nothing here imports torch.
 """
@@ -11,10 +17,12 @@ import difflib
 import math
 import os
 import re
+from dataclasses import field, fields
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence, TypeVar
 
 Parser = Callable[[str], Any]
+Record = TypeVar("Record")
 
 
 def cache_dir(environ: Mapping[str, str]) -> Path:
@@ -29,18 +37,92 @@ class Setting(NamedTuple):
     parse: Parser
     meaning: str
 
+    def value(self, raw: str, environ: Mapping[str, str]) -> Any:
+        return self.parse(raw, environ) if getattr(self.parse, "reads_environ", False) else self.parse(raw)
 
-def resolve(settings: Sequence[Setting | tuple], environ: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
+
+def read(settings: Sequence[Setting], environ: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
     """Typed values by name, and one message per invalid value (naming the variable). An unset
     or blank variable takes its default."""
     values, errors = {}, []
-    for name, default, parse, meaning in settings:
-        raw = environ.get(name, "").strip() or default
+    for s in settings:
+        raw = environ.get(s.name, "").strip() or s.default
         try:
-            values[name] = parse(raw, environ) if getattr(parse, "reads_environ", False) else parse(raw)
+            values[s.name] = s.value(raw, environ)
         except ValueError:
-            errors.append(f"{name}={raw!r} is invalid: expected {parse.accepts} ({meaning})")
+            errors.append(f"{s.name}={raw!r} is invalid: expected {s.parse.accepts} ({s.meaning})")
     return values, errors
+
+
+# ----------------------------------------------------------------------------- records
+# A config record is a dataclass whose fields say where their values come from (the metadata
+# key): one variable (SETTING), a record of its own read from several (GROUP: the reward's
+# weights), or another config record (SECTION: the sandbox's within the reward's).
+SETTING, GROUP, SECTION = "setting", "group", "section"
+
+
+def setting(name: str, default: str, parse: Parser, meaning: str) -> Any:
+    """A record's field read from the variable `name`; without it, the field is `default` parsed."""
+    s = Setting(name, default, parse, meaning)
+    return field(default_factory=lambda: s.value(default, {}), metadata={SETTING: s})
+
+
+def group(cls: type, settings: Mapping[str, Setting]) -> Any:
+    """A field holding a `cls` whose fields (the keys) are read from these settings."""
+    return field(default_factory=cls, metadata={GROUP: (cls, dict(settings))})
+
+
+def section(cls: type) -> Any:
+    """A field holding another config record."""
+    return field(default_factory=cls, metadata={SECTION: cls})
+
+
+def settings_of(cls: type, sections: bool = True) -> list[Setting]:
+    """What a record reads, in field order (its sections' settings too, unless sections=False)."""
+    out = []
+    for f in fields(cls):
+        if SETTING in f.metadata:
+            out.append(f.metadata[SETTING])
+        elif GROUP in f.metadata:
+            out += f.metadata[GROUP][1].values()
+        elif SECTION in f.metadata and sections:
+            out += settings_of(f.metadata[SECTION])
+    return out
+
+
+def build(cls: type[Record], values: Mapping[str, Any]) -> Record:
+    """A `cls` from values by variable name (`read`'s): a field whose variable is missing keeps its default."""
+    kwargs = {}
+    for f in fields(cls):
+        if SETTING in f.metadata and f.metadata[SETTING].name in values:
+            kwargs[f.name] = values[f.metadata[SETTING].name]
+        elif GROUP in f.metadata:
+            record, parts = f.metadata[GROUP]
+            kwargs[f.name] = record(**{part: values[s.name] for part, s in parts.items() if s.name in values})
+        elif SECTION in f.metadata:
+            kwargs[f.name] = build(f.metadata[SECTION], values)
+    return cls(**kwargs)
+
+
+def by_name(record: Any) -> Iterator[tuple[str, Any]]:
+    """(variable, value) for every setting a record holds, in field order."""
+    for f in fields(record):
+        v = getattr(record, f.name)
+        if SETTING in f.metadata:
+            yield f.metadata[SETTING].name, v
+        elif GROUP in f.metadata:
+            yield from ((s.name, getattr(v, part)) for part, s in f.metadata[GROUP][1].items())
+        elif SECTION in f.metadata:
+            yield from by_name(v)
+
+
+def from_env(cls: type[Record], environ: Mapping[str, str]) -> Record:
+    """One record alone, for the commands and tests that need only it (the reward's, the
+    sandbox's); ValueError naming every bad variable."""
+    values, errors = read(settings_of(cls), environ)
+    if errors:
+        raise ValueError("; ".join(errors))
+    return build(cls, values)
 
 
 # Variables named like the project's: one that is not a setting is a typo, not something to ignore.
@@ -87,13 +169,13 @@ def unknown_variables(environ: Mapping[str, str], known: Sequence[str], retired:
     return errors
 
 
-def defaults(settings: Sequence[Setting | tuple]) -> dict[str, Any]:
-    values, errors = resolve(settings, {})
+def defaults(settings: Sequence[Setting]) -> dict[str, Any]:
+    values, errors = read(settings, {})
     assert not errors, errors  # a default its own parser rejects is a bug in the table
     return values
 
 
-def describe(settings: Sequence[Setting | tuple]) -> str:
+def describe(settings: Sequence[Setting]) -> str:
     """The --help text: `NAME=default`, then the meaning and what is accepted."""
     return "\n".join(f"  {name}={default}\n      {meaning}; {parse.accepts}" for name, default, parse, meaning in settings)
 

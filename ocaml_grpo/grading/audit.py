@@ -30,14 +30,11 @@ from typing import Callable
 from ocaml_grpo.grading import source as src
 from ocaml_grpo.grading.completions import assemble_solution, invalid_entry_point_note
 from ocaml_grpo.problems import Problem, load_problems
-from ocaml_grpo.config.settings import Auto, Setting, Text, cache_dir
 from ocaml_grpo.grading.grader import OcamlGrader
 from ocaml_grpo.jsonl import append, read_jsonl
 from ocaml_grpo.grading.sandbox import Sandbox
-from ocaml_grpo.config.sandbox import SandboxConfig
+from ocaml_grpo.config.isolation import SandboxConfig
 
-AUDIT_SETTINGS = [Setting("AUDIT_CACHE_DIR", "auto", Auto(Text, lambda env: str(cache_dir(env)), "$XDG_CACHE_HOME/ocaml-grpo"),
-                          "where audit results are cached by content hash")]
 AUDIT_VERSION = "3"  # bump when the grader's notion of "compiles" or the stub assembly changes
 CHUNK = 16  # problems per sandbox call
 

@@ -11,7 +11,7 @@ wall-clock guard kills the whole tree, and each run reports the CPU time it used
 is the system's (apt), or the offline bundle's (OCAML_TOOLCHAIN_DIR: toolcache.Toolchain).
 
 What is compiled and run, and how it is judged, is ocaml_grpo/grading/grader.py's business.
-Environment: SANDBOX_SETTINGS below (`python train.py --help` lists them).
+Environment: SANDBOX_SETTINGS in ocaml_grpo/config/isolation.py (`python train.py --help` lists them).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ocaml_grpo.config.sandbox import SandboxConfig, memory_tmpdir
+from ocaml_grpo.config.isolation import SandboxConfig, memory_tmpdir
 from ocaml_grpo.grading.toolcache import Toolchain, ToolchainError, cached_binary
 
 LAUNCHER_SOURCE = Path(__file__).resolve().parent / "launch.c"

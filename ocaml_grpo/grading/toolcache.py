@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ocaml_grpo.config.sandbox import BIN, FINDLIB_CONF, OCAML_LIB, PREBUILT, STUBLIBS
+from ocaml_grpo.config.isolation import BIN, FINDLIB_CONF, OCAML_LIB, PREBUILT, STUBLIBS
 
 
 class ToolchainError(RuntimeError):

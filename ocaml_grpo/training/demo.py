@@ -35,7 +35,7 @@ from ocaml_grpo.training.sampling import generate_hf, grade_completions
 from ocaml_grpo.training.learning_log import parse_learning_log, series
 from ocaml_grpo.problems import BUNDLED, load_problems, read_rows
 from ocaml_grpo.prompting import chat_messages
-from ocaml_grpo.config.reward import RewardConfig
+from ocaml_grpo.config import RewardConfig
 from ocaml_grpo.config.settings import cache_dir
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,9 +13,10 @@ import json
 import re
 import socket
 from pathlib import Path
-from typing import Any, Mapping, MutableMapping
+from typing import Mapping, MutableMapping
 from urllib.parse import urlparse
 
+from ocaml_grpo.config.grpo import LoRA
 from ocaml_grpo.problems import is_hub_id
 
 # A hub id: `name` or `owner/name`. Anything else that is not an existing directory is a path
@@ -107,12 +108,11 @@ def load_model(path: str | Path, fp32: bool = False):
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
 
 
-def lora_config(cfg: Mapping[str, Any]):
-    """The LoRA adapter the LORA_* settings describe."""
+def lora_config(lora: LoRA):
+    """peft's description of the adapter the LORA_* settings describe."""
     from peft import LoraConfig
-    return LoraConfig(r=cfg["LORA_R"], lora_alpha=cfg["LORA_ALPHA"], lora_dropout=cfg["LORA_DROPOUT"],
-                      bias=cfg["LORA_BIAS"], target_modules=cfg["LORA_TARGET_MODULES"].split(","),
-                      task_type="CAUSAL_LM")
+    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, bias=lora.bias,
+                      target_modules=lora.target_modules.split(","), task_type="CAUSAL_LM")
 
 
 def adapter_base(adapter_dir: str | Path) -> str | None:

@@ -34,15 +34,12 @@ from ocaml_grpo.jsonl import append
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo.prompting import chat_messages
 from ocaml_grpo.training.selection import ProblemStats, read_stats, sampling_differences, sampling_settings
-from ocaml_grpo.config.settings import resolve
-from ocaml_grpo.config.train import SETTINGS
-from ocaml_grpo.config.sandbox import SANDBOX_SETTINGS
+from ocaml_grpo.config import SETTINGS, RewardConfig, resolve
+from ocaml_grpo.config.settings import settings_of
 
 # What the probe reads from the environment (the rest of train.py's settings do not change a sample).
-USED = ("BASE_MODEL_ID", "GRPO_INIT_ADAPTER", "TRAINING_DATASET", "GRPO_TEMPERATURE", "GRPO_MAX_COMPLETION",
-        "GRPO_NUM_GENERATIONS", "MIN_NON_EMPTY_LINES", "RUNAWAY_PENALTY_MULTIPLIER", "REWARD_WEIGHT_STRUCTURAL",
-        "REWARD_WEIGHT_TYPE_CHECK", "REWARD_WEIGHT_COMPILE", "REWARD_WEIGHT_TESTS", "REWARD_WORKERS",
-        *(s[0] for s in SANDBOX_SETTINGS))
+USED = [s for s in SETTINGS if s.name in ("BASE_MODEL_ID", "GRPO_INIT_ADAPTER", "TRAINING_DATASET", "GRPO_TEMPERATURE",
+                                          "GRPO_MAX_COMPLETION", "GRPO_NUM_GENERATIONS")] + settings_of(RewardConfig)
 
 
 def problem_stats(problem: Problem, graded: list, sampling: dict) -> ProblemStats:
@@ -61,11 +58,11 @@ def grade(problems: list[Problem], texts: list[list[str]], lens: list[list[int]]
 
 
 def main(argv: list[str], generate_hf, generate_vllm, make_scorer) -> int:
-    """evaluate.py's `--probe` mode; the generators and the training reward's scorer (make_scorer(cfg))
+    """evaluate.py's `--probe` mode; the generators and the training reward's scorer (make_scorer(cfg.reward))
     are evaluate.py's, passed in: evaluate.py is the command, and this library sits below rewards.py."""
     ap = argparse.ArgumentParser(prog="evaluate.py", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__.split("\n\n", 2)[2] + "\n\nReads (python train.py --help): " + ", ".join(USED))
+                                 epilog=__doc__.split("\n\n", 2)[2] + "\n\nReads (python train.py --help): " + ", ".join(s.name for s in USED))
     ap.add_argument("--probe", required=True, metavar="FILE", help="the per-problem statistics (JSONL), appended")
     ap.add_argument("--k", type=int, default=0, help="completions per problem (default GRPO_NUM_GENERATIONS; more "
                                                      "samples, steadier statistics)")
@@ -74,8 +71,8 @@ def main(argv: list[str], generate_hf, generate_vllm, make_scorer) -> int:
     ap.add_argument("--vllm", action="store_true", help="generate with vLLM (must be installed)")
     args = ap.parse_args(argv)
     load_dotenv(".envrc", override=False)  # environment > ./.envrc > defaults, as train.py resolves them
-    cfg, errors = resolve([s for s in SETTINGS if s[0] in USED], os.environ)
-    k = args.k or (cfg.get("GRPO_NUM_GENERATIONS") or 0)
+    cfg, errors = resolve(os.environ, USED)
+    k = args.k or cfg.train.num_generations
     errors += [m for bad, m in [(args.k < 0 or (args.k == 0 and k < 2), "--k must be >= 2"),
                                 (args.batch_size < 1, "--batch-size must be >= 1")] if bad]
     if errors:
@@ -85,7 +82,7 @@ def main(argv: list[str], generate_hf, generate_vllm, make_scorer) -> int:
     sampling = {**sampling_settings(cfg), "k": k}
     out = Path(args.probe)
     try:
-        problems = load_problems(cfg["TRAINING_DATASET"])
+        problems = load_problems(cfg.train.dataset)
         done = read_stats(out) if out.is_file() else []
     except (DatasetError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -99,18 +96,18 @@ def main(argv: list[str], generate_hf, generate_vllm, make_scorer) -> int:
         os.truncate(out, data.rfind(b"\n") + 1)
     seen = {s.id for s in done}
     todo = [p for p in problems if p.id not in seen]
-    print(f"probe: {len(problems)} problems in {cfg['TRAINING_DATASET']}, {len(seen)} already in {out}, "
-          f"{len(todo)} to sample ({k} completions each, temperature {cfg['GRPO_TEMPERATURE']}, "
-          f"{cfg['GRPO_MAX_COMPLETION']} tokens, model {sampling['model']}"
+    print(f"probe: {len(problems)} problems in {cfg.train.dataset}, {len(seen)} already in {out}, "
+          f"{len(todo)} to sample ({k} completions each, temperature {cfg.train.temperature}, "
+          f"{cfg.train.max_completion} tokens, model {sampling['model']}"
           + (f" + adapter {sampling['adapter']}" if sampling["adapter"] else "") + ")", flush=True)
     if not todo:
         return 0
-    scorer = make_scorer(cfg)
+    scorer = make_scorer(cfg.reward)
     t0, written = time.time(), 0
 
     def write(batch: list[Problem], texts: list[list[str]], lens: list[list[int]]) -> None:
         nonlocal written
-        stats = grade(batch, texts, lens, scorer, cfg["GRPO_MAX_COMPLETION"], sampling)
+        stats = grade(batch, texts, lens, scorer, cfg.train.max_completion, sampling)
         append(out, [asdict(s) for s in stats])
         written += len(batch)
         rate = (time.time() - t0) / written
@@ -118,14 +115,14 @@ def main(argv: list[str], generate_hf, generate_vllm, make_scorer) -> int:
               f"about {rate * (len(todo) - written) / 60:.1f} min left)", flush=True)
 
     prompts = [chat_messages(p.prompt) for p in todo]
-    model, adapter = cfg["BASE_MODEL_ID"], cfg["GRPO_INIT_ADAPTER"] or None
+    model, adapter = cfg.train.base_model, cfg.train.init_adapter or None
     try:
         if args.vllm:
-            texts, lens = generate_vllm(model, adapter, prompts, k, cfg["GRPO_MAX_COMPLETION"], cfg["GRPO_TEMPERATURE"],
+            texts, lens = generate_vllm(model, adapter, prompts, k, cfg.train.max_completion, cfg.train.temperature,
                                         args.seed)
             write(todo, texts, lens)
         else:
-            generate_hf(model, adapter, prompts, k, cfg["GRPO_MAX_COMPLETION"], cfg["GRPO_TEMPERATURE"],
+            generate_hf(model, adapter, prompts, k, cfg.train.max_completion, cfg.train.temperature,
                         args.batch_size, args.seed, top_k=0, progress=False,
                         on_batch=lambda start, texts, lens: write(todo[start:start + len(texts)], texts, lens))
     finally:

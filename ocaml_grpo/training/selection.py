@@ -18,30 +18,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ocaml_grpo.config import Config, recorded
+from ocaml_grpo.config.scoring import REWARD_SETTINGS
 from ocaml_grpo.training.group_kinds import learnable
-from ocaml_grpo.config.settings import Float, Setting
 
 SELECTION_FILE = "problem_selection.jsonl"
-
-
-def StatsFile(s: str) -> str:
-    if s and not Path(s).is_file():
-        raise ValueError
-    return s
-StatsFile.accepts = "empty, or an existing JSONL file written by `python evaluate.py --probe`"
-
-SELECTION_SETTINGS = [
-    Setting("GRPO_PROBLEM_STATS", "", StatsFile,
-            "the probe's per-problem statistics (python evaluate.py --probe FILE): train only on the problems whose "
-            "groups will have reward variance (GRPO_LEARNABLE_*); empty: every problem"),
-    Setting("GRPO_LEARNABLE_MIN_STD", "0.05", Float(0),
-            "a problem teaches when its rewards' std is at least this: below it, the selection drops it (its probe "
-            "samples) and the tracker draws it less (its last group); too_hard when none passed a test, identical "
-            "otherwise. GRPO divides advantages by the group std, so smaller differences teach noise; 0: any difference"),
-    Setting("GRPO_LEARNABLE_MAX_SOLVED", "0.9", Float(0, 1, lo_open=True),
-            "a problem is too_easy when at least this share of its completions pass every test (most of its groups "
-            "would all pass): the selection drops it, the tracker draws it less; 1: only when every one passed"),
-]
 
 
 @dataclass(frozen=True)
@@ -127,10 +108,10 @@ def write_choices(out_dir: Path, choices: Sequence[Choice]) -> Path:
     return path
 
 
-# The settings that decide what a completion looks like and what it scores: a probe records them,
-# and train.py warns when its own differ. top_k 0 / top_p 1 are how TRL's GRPO samples (GRPOConfig defaults).
-REWARD_KEYS = ("MIN_NON_EMPTY_LINES", "RUNAWAY_PENALTY_MULTIPLIER", "REWARD_WEIGHT_STRUCTURAL",
-               "REWARD_WEIGHT_TYPE_CHECK", "REWARD_WEIGHT_COMPILE", "REWARD_WEIGHT_TESTS")
+# The settings that decide what a completion looks like and what it scores: a probe records them
+# (by variable name), and train.py warns when its own differ. REWARD_WORKERS changes no score.
+# top_k 0 / top_p 1 are how TRL's GRPO samples (GRPOConfig defaults).
+REWARD_KEYS = [s for s in REWARD_SETTINGS if s.name != "REWARD_WORKERS"]
 
 
 def _where(name: str) -> str | None:
@@ -138,26 +119,27 @@ def _where(name: str) -> str | None:
     return str(Path(name).resolve()) if name and Path(name).exists() else (name or None)
 
 
-def sampling_settings(cfg: Mapping[str, Any]) -> dict:
-    """From train.py's resolved config (train_config.SETTINGS)."""
-    return {"model": _where(cfg["BASE_MODEL_ID"]), "adapter": _where(cfg["GRPO_INIT_ADAPTER"]),
-            "temperature": cfg["GRPO_TEMPERATURE"], "top_k": 0, "top_p": 1.0,
-            "max_completion": cfg["GRPO_MAX_COMPLETION"], "reward": {k: cfg[k] for k in REWARD_KEYS}}
+def sampling_settings(cfg: Config) -> dict:
+    """How train.py's config (or the probe's) samples and scores."""
+    return {"model": _where(cfg.train.base_model), "adapter": _where(cfg.train.init_adapter),
+            "temperature": cfg.train.temperature, "top_k": 0, "top_p": 1.0,
+            "max_completion": cfg.train.max_completion, "reward": recorded(cfg, REWARD_KEYS)}
 
 
-def apply_selection(problems: list, cfg: Mapping[str, Any]) -> tuple[list, list[Choice]]:
+def apply_selection(problems: list, cfg: Config) -> tuple[list, list[Choice]]:
     """train.py's step: the problems to train on under GRPO_PROBLEM_STATS (all of them without
     it) and the choices (train.py writes them once the output directory is prepared), counted on
     stdout. ValueError naming the file when it is not a probe's, or when it would leave nothing
     to train on."""
-    path = cfg["GRPO_PROBLEM_STATS"]
+    path = cfg.train.selection.stats_file
     if not path:
         return problems, []
     stats = read_stats(path)
     for diff in sampling_differences(stats, sampling_settings(cfg)):
         print(f"warning: GRPO_PROBLEM_STATS={path} was probed with other settings than this run's ({diff}); "
               "its statistics describe another policy: probe again with this run's settings")
-    choices = select([p.id for p in problems], stats, cfg["GRPO_LEARNABLE_MIN_STD"], cfg["GRPO_LEARNABLE_MAX_SOLVED"])
+    choices = select([p.id for p in problems], stats, cfg.train.selection.min_std,
+                     cfg.train.selection.max_solved)
     print(f"selection (GRPO_PROBLEM_STATS={path}): {summary(choices)}")
     keep = {c.id for c in choices if c.ok}
     if not keep:

@@ -35,19 +35,8 @@ from ocaml_grpo.jsonl import append
 from ocaml_grpo.training.models import go_offline_unless_needed, load_model, load_tokenizer, lora_config, model_error
 from ocaml_grpo.problems import DatasetError, load_problems
 from ocaml_grpo.prompting import answer_text, chat_messages, prompt_token_count
-from ocaml_grpo.config.settings import describe, resolve, unknown_variables
-from ocaml_grpo.config.train import CONFIG, RETIRED, SFT_CONFIG, VARIABLES
-
-# Variables of train.py's CONFIG that mean the same here.
-REUSED = ("BASE_MODEL_ID", "TRAINING_DATASET", "GRPO_MAX_PROMPT", "GRPO_MAX_COMPLETION", "GRPO_SEED",
-          "GRPO_LOGGING_STEPS", "GRPO_MAX_GRAD_NORM", "GRPO_REPORT_TO", "LORA_R", "LORA_ALPHA", "LORA_DROPOUT",
-          "LORA_BIAS", "LORA_TARGET_MODULES")
-
-
-
-
-# What `python train.py sft` reads: its own variables, then the trainer's that mean the same.
-SETTINGS = SFT_CONFIG + [s for s in CONFIG if s[0] in REUSED]
+from ocaml_grpo.config import RETIRED, SFT_SETTINGS, VARIABLES, Config, recorded, resolve
+from ocaml_grpo.config.settings import describe, unknown_variables
 
 
 def split_problems(problems: list, holdout, seed: int) -> tuple[list, list]:
@@ -73,41 +62,41 @@ def write_problems(path: Path, problems: list) -> None:
 def main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__.rsplit("\n\n", 1)[0] + "\n\nEnvironment variables (default: meaning; accepted values):")
-        print(describe(SETTINGS))
+        print(describe(SFT_SETTINGS))
         return 0
     if argv:
         print(f"unknown argument {argv[0]!r}; see python train.py sft --help", file=sys.stderr)
         return 2
     load_dotenv(".envrc", override=False)  # environment > ./.envrc > defaults, as train.py resolves its own
-    cfg, errors = resolve(SETTINGS, os.environ)
+    cfg, errors = resolve(os.environ, SFT_SETTINGS)
     errors += unknown_variables(os.environ, VARIABLES, RETIRED)
     if errors:
         print("config error:\n  " + "\n  ".join(errors) + "\nSee python train.py sft --help", file=sys.stderr)
         return 2
-    if note := go_offline_unless_needed([cfg["BASE_MODEL_ID"]], cfg["TRAINING_DATASET"], os.environ):
+    if note := go_offline_unless_needed([cfg.train.base_model], cfg.train.dataset, os.environ):
         print(note)  # before the libraries are imported: they read HF_HUB_OFFLINE once
     try:
-        problems = load_problems(cfg["TRAINING_DATASET"])
+        problems = load_problems(cfg.train.dataset)
     except DatasetError as e:
         print(f"dataset error: {e}", file=sys.stderr)
         return 2
     with_solution = [p for p in problems if p.solution.strip()]
     if not with_solution:
-        print(f"dataset error: {cfg['TRAINING_DATASET']} has no `solution` column with reference solutions; "
+        print(f"dataset error: {cfg.train.dataset} has no `solution` column with reference solutions; "
               "SFT needs them (the bundled set has them: TRAINING_DATASET=bundled)", file=sys.stderr)
         return 2
-    if error := model_error("BASE_MODEL_ID", cfg["BASE_MODEL_ID"], os.environ):
+    if error := model_error("BASE_MODEL_ID", cfg.train.base_model, os.environ):
         print(f"config error:\n  {error}\nSee python train.py sft --help", file=sys.stderr)
         return 2
     try:
-        train, held = split_problems(with_solution, cfg["SFT_HOLDOUT"], cfg["GRPO_SEED"])
+        train, held = split_problems(with_solution, cfg.sft.holdout, cfg.train.seed)
     except ValueError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     return run(cfg, train, held, skipped_no_solution=len(problems) - len(with_solution))
 
 
-def run(cfg: dict, train: list, held: list, skipped_no_solution: int) -> int:
+def run(cfg: Config, train: list, held: list, skipped_no_solution: int) -> int:
     import warnings
 
     import torch
@@ -117,19 +106,20 @@ def run(cfg: dict, train: list, held: list, skipped_no_solution: int) -> int:
     from trl import SFTConfig, SFTTrainer
 
 
-    out = Path(cfg["SFT_OUTPUT_DIR"])
+    out = Path(cfg.sft.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    width = max(map(len, cfg))
-    print("sft config:\n" + "\n".join(f"  {k.ljust(width)} = {v}" for k, v in cfg.items()))
-    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    tokenizer = load_tokenizer(cfg["BASE_MODEL_ID"])
+    values = recorded(cfg, SFT_SETTINGS)
+    width = max(map(len, values))
+    print("sft config:\n" + "\n".join(f"  {k.ljust(width)} = {v}" for k, v in values.items()))
+    (out / "config.json").write_text(json.dumps(values, indent=2) + "\n")
+    tokenizer = load_tokenizer(cfg.train.base_model)
 
     def fits(p) -> str | None:
-        if prompt_token_count(tokenizer, p.prompt) > cfg["GRPO_MAX_PROMPT"]:
-            return f"prompt longer than GRPO_MAX_PROMPT={cfg['GRPO_MAX_PROMPT']} tokens"
+        if prompt_token_count(tokenizer, p.prompt) > cfg.train.max_prompt:
+            return f"prompt longer than GRPO_MAX_PROMPT={cfg.train.max_prompt} tokens"
         # +1: the end-of-turn token the model must also learn to emit
-        if len(tokenizer(answer_text(p.solution), add_special_tokens=False)["input_ids"]) + 1 > cfg["GRPO_MAX_COMPLETION"]:
-            return f"answer longer than GRPO_MAX_COMPLETION={cfg['GRPO_MAX_COMPLETION']} tokens"
+        if len(tokenizer(answer_text(p.solution), add_special_tokens=False)["input_ids"]) + 1 > cfg.train.max_completion:
+            return f"answer longer than GRPO_MAX_COMPLETION={cfg.train.max_completion} tokens"
         return None
 
     skipped = {p.id: why for p in train + held if (why := fits(p))}
@@ -151,21 +141,21 @@ def run(cfg: dict, train: list, held: list, skipped_no_solution: int) -> int:
                                   for p in ps])
 
     on_gpu = torch.cuda.is_available()
-    model = load_model(cfg["BASE_MODEL_ID"])
-    peft_config = lora_config(cfg) if cfg["SFT_LORA"] else None
+    model = load_model(cfg.train.base_model)
+    peft_config = lora_config(cfg.train.lora) if cfg.sft.lora else None
     # The held-out evaluation logs before training begins, when TensorBoard's writer would still
     # default to ./runs/ in the working directory: keep its events in the output directory.
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(out / "tensorboard"))
     args = SFTConfig(
         output_dir=str(out / "trainer"),
-        num_train_epochs=cfg["SFT_EPOCHS"], max_steps=cfg["SFT_MAX_STEPS"],
-        per_device_train_batch_size=cfg["SFT_BATCH_SIZE"], per_device_eval_batch_size=cfg["SFT_BATCH_SIZE"],
-        gradient_accumulation_steps=cfg["SFT_GRAD_ACCUM_STEPS"], learning_rate=cfg["SFT_LEARNING_RATE"],
-        lr_scheduler_type=cfg["SFT_LR_SCHEDULER"], warmup_steps=cfg["SFT_WARMUP_RATIO"],
-        max_grad_norm=cfg["GRPO_MAX_GRAD_NORM"], logging_steps=cfg["GRPO_LOGGING_STEPS"], seed=cfg["GRPO_SEED"],
+        num_train_epochs=cfg.sft.epochs, max_steps=cfg.sft.max_steps,
+        per_device_train_batch_size=cfg.sft.batch_size, per_device_eval_batch_size=cfg.sft.batch_size,
+        gradient_accumulation_steps=cfg.sft.grad_accum_steps, learning_rate=cfg.sft.learning_rate,
+        lr_scheduler_type=cfg.sft.lr_scheduler, warmup_steps=cfg.sft.warmup_ratio,
+        max_grad_norm=cfg.train.max_grad_norm, logging_steps=cfg.train.logging_steps, seed=cfg.train.seed,
         completion_only_loss=True, max_length=None,  # lengths were checked against the GRPO budgets above
         save_strategy="no", eval_strategy="no",
-        report_to=[] if cfg["GRPO_REPORT_TO"] == "none" else [cfg["GRPO_REPORT_TO"]],
+        report_to=[] if cfg.train.report_to == "none" else [cfg.train.report_to],
         bf16=on_gpu, use_cpu=not on_gpu,  # TRL defaults to bf16, which CPUs without bf16 units run ~5x slower
         disable_tqdm=True)
     log_path = out / "sft_log.jsonl"
@@ -184,8 +174,8 @@ def run(cfg: dict, train: list, held: list, skipped_no_solution: int) -> int:
             print(f"[SFT step {state.global_step}]  loss={float(logs['loss']):.4f}  "
                   f"token_acc={float(logs.get('mean_token_accuracy', float('nan'))):.3f}  "
                   f"lr={float(logs.get('learning_rate', 0)):.2e}", flush=True)
-            if cfg["SFT_STOP_LOSS"] and float(logs["loss"]) < cfg["SFT_STOP_LOSS"]:
-                print(f"[SFT] loss {float(logs['loss']):.4f} < SFT_STOP_LOSS={cfg['SFT_STOP_LOSS']}: stopping at step "
+            if cfg.sft.stop_loss and float(logs["loss"]) < cfg.sft.stop_loss:
+                print(f"[SFT] loss {float(logs['loss']):.4f} < SFT_STOP_LOSS={cfg.sft.stop_loss}: stopping at step "
                       f"{state.global_step}", flush=True)
                 control.should_training_stop = True
             return control
@@ -198,7 +188,7 @@ def run(cfg: dict, train: list, held: list, skipped_no_solution: int) -> int:
     t0 = time.time()
     result = trainer.train()
     held_after = trainer.evaluate()["eval_loss"] if held else None
-    final = out / ("final_adapter" if cfg["SFT_LORA"] else "final_model")
+    final = out / ("final_adapter" if cfg.sft.lora else "final_model")
     trainer.save_model(str(final))
     tokenizer.save_pretrained(str(final))
     summary = {"steps": result.global_step, "train_loss": result.training_loss, "seconds": round(time.time() - t0, 1),
@@ -207,7 +197,7 @@ def run(cfg: dict, train: list, held: list, skipped_no_solution: int) -> int:
     print(f"sft done: {result.global_step} steps in {summary['seconds']}s -> {final}")
     if held:
         print(f"held-out loss ({len(held)} problems, never trained on): {held_before:.4f} before, {held_after:.4f} after")
-    start = (f"GRPO_INIT_ADAPTER={final} BASE_MODEL_ID={cfg['BASE_MODEL_ID']}" if cfg["SFT_LORA"]
+    start = (f"GRPO_INIT_ADAPTER={final} BASE_MODEL_ID={cfg.train.base_model}" if cfg.sft.lora
              else f"BASE_MODEL_ID={final}")
     print(f"GRPO from here: {start} TRAINING_DATASET={out / 'train_problems.jsonl'} python train.py")
     return 0
