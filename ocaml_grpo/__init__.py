@@ -15,4 +15,6 @@ it (tests/test_layout.py checks it), so each can be read without the ones above:
 The commands sit on top: train.py, analyze.py, evaluate.py, and rewards.py (the reward policy and
 the reward function a TRL user imports). ocaml_sandbox.py is the sandbox's public door. Nothing in
 this package imports a command: what only a command may build (the reward's scorer) is passed in.
+Settings are resolved by the commands (config.resolve) and passed down as typed configs
+(TrainConfig, RewardConfig, SandboxConfig).
 """

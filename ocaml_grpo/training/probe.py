@@ -62,7 +62,8 @@ def main(argv: list[str], generate_hf, generate_vllm, make_scorer) -> int:
     are evaluate.py's, passed in: evaluate.py is the command, and this library sits below rewards.py."""
     ap = argparse.ArgumentParser(prog="evaluate.py", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__.split("\n\n", 2)[2] + "\n\nReads (python train.py --help): " + ", ".join(s.name for s in USED))
+                                 epilog=__doc__.split("\n\n", 2)[2] + "\n\nReads (python train.py --help): "
+                                 + ", ".join(s.name for s in USED))
     ap.add_argument("--probe", required=True, metavar="FILE", help="the per-problem statistics (JSONL), appended")
     ap.add_argument("--k", type=int, default=0, help="completions per problem (default GRPO_NUM_GENERATIONS; more "
                                                      "samples, steadier statistics)")

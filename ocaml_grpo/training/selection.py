@@ -18,8 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ocaml_grpo.config import Config, recorded
-from ocaml_grpo.config.scoring import REWARD_SETTINGS
+from ocaml_grpo.config import REWARD_SETTINGS, Config, recorded
 from ocaml_grpo.training.group_kinds import learnable
 
 SELECTION_FILE = "problem_selection.jsonl"
