@@ -3,8 +3,8 @@
 The implementation is ocaml_grpo/grading/sandbox.py (with its launcher, grading/launch.c); this
 file is its public door, for people who want to run OCaml the way the grader does:
 
-    from ocaml_sandbox import Sandbox, SandboxConfig
-    box = Sandbox(SandboxConfig())                          # or from_env(SandboxConfig, os.environ)
+    from ocaml_sandbox import Sandbox, SandboxConfig, from_env
+    box = Sandbox(SandboxConfig())   # the defaults; from_env(SandboxConfig, os.environ) reads OCAML_*
     box.run(["./prog"], workdir, program=workdir / "prog")   # a RunResult
 
 What it covers (bubblewrap, on by default): no network; no /proc; a scrubbed environment; a PID

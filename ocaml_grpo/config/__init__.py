@@ -7,7 +7,7 @@ default, parser, meaning; ocaml_grpo/config/settings.py):
     Config.sft       SftConfig (warm_start.py): `train.py sft`
 
 `resolve(environ)` reads them all; a command that reads only some passes those (SETTINGS for
-train.py, SFT_SETTINGS for `train.py sft`), and the others keep their defaults. Nothing here
+train.py, SFT_SETTINGS for `train.py sft`), and the other fields keep their defaults. Nothing here
 imports a grader or torch: analyze.py reads the defaults from here.
 """
 from __future__ import annotations
@@ -36,14 +36,15 @@ SETTINGS = settings_of(TrainConfig) + settings_of(RewardConfig) + settings_of(Au
 # What `train.py sft` reads: its own, then the GRPO run's that mean the same.
 SFT_SETTINGS = settings_of(SftConfig) + [s for s in settings_of(TrainConfig) if s.name in SFT_REUSES]
 # Every variable the project reads: a GRPO_/LORA_/REWARD_/SFT_ name outside it is a config error.
-VARIABLES = tuple(s.name for s in settings_of(Config))
+EVERY_SETTING = settings_of(Config)
+VARIABLES = tuple(s.name for s in EVERY_SETTING)
 RETIRED = {"REWARD_END_MARKER": "the END marker is fixed, (* END *) (ocaml_grpo/prompting.py), so that the "
                                 "prompt and the reward cannot disagree; unset it",
            "GRPO_DEMO": "renamed GRPO_PLUMBING (the plumbing run on a random model; `python train.py demo` "
                         "is the demo that learns)"}
 
 
-def resolve(environ: Mapping[str, str], settings: Sequence[Setting] = SETTINGS) -> tuple[Config, list[str]]:
+def resolve(environ: Mapping[str, str], settings: Sequence[Setting] = EVERY_SETTING) -> tuple[Config, list[str]]:
     """The typed config from an environment, and one message per invalid value (naming the
     variable). Only `settings` are read; every other field keeps its default."""
     values, errors = read(settings, environ)
