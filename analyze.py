@@ -35,6 +35,7 @@ from pathlib import Path
 from ocaml_grpo.training import health
 from ocaml_grpo.report.plots import make_plots
 from ocaml_grpo.report.groups import GroupReport, explain, read_group_report, render as render_groups
+from ocaml_grpo.report.turns import RepairReport, read_repair_report, render as render_repair
 from ocaml_grpo.training.health import THRESHOLDS, Check, Finding, Thresholds, expected_reward, mean, reward_trend
 from ocaml_grpo.jsonl import read_jsonl
 from ocaml_grpo.reward.breakdown import Breakdown
@@ -112,6 +113,7 @@ class Report:
     audit: dict | None                  # {"problems", "failed", "reasons"}
     groups: GroupReport | None = None   # group kinds, problem states, selection (ocaml_grpo/report/groups.py)
     bad_records: int = 0                # unparsable jsonl lines (e.g. a half-written last record)
+    repair: RepairReport | None = None  # repair turns (ocaml_grpo/report/turns.py); None without them
 
 # ----------------------------------------------------------------------------- parsing
 
@@ -226,6 +228,7 @@ class RunData:
     audit: dict | None
     groups: GroupReport
     bad_records: int
+    repair: RepairReport | None = None
 
 
 def read_steps(run_dir: Path) -> tuple[list[str], list[LogLine], int]:
@@ -266,7 +269,8 @@ def read_run(run_dir: str | Path) -> RunData:
         audit = {"problems": len(arecs), "failed": [a.get("id") for a in failed],
                  "reasons": Counter(str(a.get("reason")) for a in failed).most_common(5)}
     groups = read_group_report(run_dir, recs, read_jsonl, drop_superseded)
-    return RunData(run_dir, header, lines, skipped, config, config_source, recs, bd, audit, groups, bad)
+    return RunData(run_dir, header, lines, skipped, config, config_source, recs, bd, audit, groups, bad,
+                   read_repair_report(run_dir))
 
 
 def analyze(run_dir: str | Path, th: Thresholds = THRESHOLDS) -> Report:
@@ -297,11 +301,11 @@ def judge(d: RunData, th: Thresholds = THRESHOLDS) -> Report:
     verdict = health.stop_verdict(points, bd.shares[PASS_ANY] if bd else None, th)
     if verdict.stop:
         findings.append(Finding("stop", "Stop criteria met", "critical", verdict.summary(th)))
-    actions = _actions(findings, d.config, bd, d.groups, th)
+    actions = _actions(findings, d.config, bd, d.groups, th, d.repair)
     status, rec = _status(findings, actions, verdict.stop)
     return Report(d.run_dir, status, rec, epoch, d.header, lines, d.skipped_lines, d.config, d.config_source, sched,
                   trend, ranges, findings, actions, verdict.summary(th), verdict.checks,
-                  _checkpoints(lines, bd, epoch, th), bd, d.audit, d.groups, d.bad_records)
+                  _checkpoints(lines, bd, epoch, th), bd, d.audit, d.groups, d.bad_records, d.repair)
 
 
 def _ranges(lines: list[LogLine], level: dict[str, str], config: dict, sched: str, epoch: float,
@@ -432,7 +436,7 @@ def _checkpoints(lines: list[LogLine], bd: BreakdownStats | None, epoch: float, 
 
 
 def _actions(findings: list[Finding], config: dict, bd: BreakdownStats | None, groups: GroupReport,
-             th: Thresholds) -> list[Action]:
+             th: Thresholds, repair: RepairReport | None = None) -> list[Action]:
     """Exact exports, computed from the config in use (the run's, or the trainer's defaults); none
     for a variable the config lacks."""
     titles = {f.title for f in findings}
@@ -463,6 +467,12 @@ def _actions(findings: list[Finding], config: dict, bd: BreakdownStats | None, g
                                "first `python evaluate.py --probe probe.jsonl`, then train on the learnable problems"))
         if config.get("GRPO_TRACK_PROBLEMS") in (False, 0, "0"):
             acts.append(Action("GRPO_TRACK_PROBLEMS", "1", "draw the problems whose last group taught nothing less often"))
+    if zero_kind == "too_hard" and not config.get("GRPO_REPAIR_TURNS"):
+        acts.append(Action("GRPO_REPAIR_TURNS", "1", "most zero-variance groups are too hard: let the model read the "
+                           "compiler's diagnosis and the prompt's examples and answer again (repair turns)"))
+    elif zero_kind == "too_hard" and repair is not None and repair.helps:
+        acts.append(Action("GRPO_REPAIR_TURNS", str(config.get("GRPO_REPAIR_TURNS")),
+                           f"keep: repair made {repair.too_hard_to_mixed:.1%} of the groups go from too hard to mixed"))
     if zero_kind == "too_hard" and not config.get("REWARD_CURRICULUM") and not any(a.var == "REWARD_CURRICULUM" for a in acts):
         acts.append(Action("REWARD_CURRICULUM", "1", "most zero-variance groups are too hard: partial credit first"))
     return acts
@@ -525,6 +535,7 @@ def render_markdown(r: Report, plots: list[Path] = ()) -> str:
                + (" ..." if len(bd.never_solved) > 20 else "")] if bd.never_solved else []
         md.append("")
     md += render_groups(r.groups) if r.groups else []
+    md += render_repair(r.repair) if r.repair else []
     if r.audit:
         md += ["## Dataset Audit", "", f"{len(r.audit['failed'])}/{r.audit['problems']} problems failed the audit. "
                "Reasons: " + (", ".join(f"{k} ({n})" for k, n in r.audit["reasons"]) or "none"), ""]

@@ -6,6 +6,7 @@ a before/after check.
     python evaluate.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --adapter grpo_runs/final_adapter --n 50 --k 4
     python evaluate.py --model plumbing --dataset ../shared/benchmarks/multipl_e_ml.jsonl --n 20   # offline
     python evaluate.py --model PATH --vllm       # generate with vLLM when it is installed
+    python evaluate.py --model PATH --repair-turns 1   # pass@1 at turn 1 and after one repair turn (RLEF's protocol)
     python evaluate.py --probe stats.jsonl       # per-problem statistics for GRPO_PROBLEM_STATS (--probe --help)
 
 Writes OUT/report.json, OUT/report.md and OUT/completions.jsonl (default OUT: eval_runs/<time>,
@@ -29,10 +30,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from ocaml_grpo.grading.feedback import feedback_for
 from ocaml_grpo.training import probe
 from ocaml_grpo.training.tiny_models import ensure_plumbing_model, plumbing_model_dir
 from ocaml_grpo.training.sampling import RATES, generate_hf, generate_vllm, grade_completions
 from ocaml_grpo.training.models import go_offline_unless_needed, model_error
+from ocaml_grpo.training.repair import sample_episodes
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo.prompting import chat_messages
 from ocaml_grpo.config import RewardConfig
@@ -60,12 +63,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=512)
     ap.add_argument("--batch-size", type=int, default=8, help="problems per generate() call")
     ap.add_argument("--vllm", action="store_true", help="generate with vLLM (must be installed)")
+    ap.add_argument("--repair-turns", type=int, default=0, metavar="N",
+                    help="after an answer that does not compile or fails the prompt's examples, show the model the "
+                         "feedback training shows (GRPO_REPAIR_TURNS) and let it answer again, up to N times; "
+                         "reports pass@1 at turn 1 and after the last turn (transformers generation)")
     ap.add_argument("--out", default=None, help="report directory (default eval_runs/<time>)")
     args = ap.parse_args(argv)
     samples = args.samples or args.k
     errors = [m for bad, m in [(args.n < 1, "--n must be >= 1"), (args.k < 1, "--k must be >= 1"),
                                (samples < args.k, f"--samples {samples} must be >= --k {args.k}"),
-                               (args.max_new_tokens < 1, "--max-new-tokens must be >= 1")] if bad]
+                               (args.max_new_tokens < 1, "--max-new-tokens must be >= 1"),
+                               (args.repair_turns < 0, "--repair-turns must be >= 0"),
+                               (args.repair_turns > 0 and args.vllm, "--repair-turns samples each turn with "
+                                "transformers: drop --vllm")] if bad]
     if errors:
         ap.error("; ".join(errors))
     temperature = args.temperature if args.temperature is not None else (0.0 if samples == 1 else 0.8)
@@ -96,7 +106,14 @@ def main(argv: list[str] | None = None) -> int:
 
     prompts = [chat_messages(p.prompt) for p in chosen]
     t0 = time.time()
-    if args.vllm:
+    episodes = None
+    if args.repair_turns:
+        episodes = sample_episodes(model_id, args.adapter, chosen, samples, args.repair_turns,
+                                   lambda problem, answer: feedback_for(scorer.grader, problem, answer), scorer.pool,
+                                   args.max_new_tokens, temperature, args.batch_size, args.seed)
+        texts = [[e.answers[0] for e in eps] for eps in episodes]
+        lens = [[e.answer_tokens[0] for e in eps] for eps in episodes]
+    elif args.vllm:
         texts, lens = generate_vllm(model_id, args.adapter, prompts, samples, args.max_new_tokens, temperature, args.seed)
     else:
         texts, lens = generate_hf(model_id, args.adapter, prompts, samples, args.max_new_tokens, temperature,
@@ -104,6 +121,17 @@ def main(argv: list[str] | None = None) -> int:
     t_gen = time.time() - t0
     try:
         core, rows = grade_completions(chosen, texts, lens, args.k, args.max_new_tokens, scorer, env_cfg.min_lines)
+        if episodes:
+            # RLEF's protocol: the same episodes judged by their last answer
+            final, rows = grade_completions(chosen, [[e.answers[-1] for e in eps] for eps in episodes],
+                                            [[e.answer_tokens[-1] for e in eps] for eps in episodes], args.k,
+                                            args.max_new_tokens, scorer, env_cfg.min_lines)
+            flat = [e for eps in episodes for e in eps]
+            for row, e in zip(rows, flat):
+                row["turns"] = [{"completion": a, "feedback": e.feedback[t] if t < len(e.feedback) else None}
+                                for t, a in enumerate(e.answers)]
+            core["repair"] = {"turns": args.repair_turns, "pass@1_final": final["pass@1"], "pass@k_final": final["pass@k"],
+                              "mean_turns": sum(e.turns for e in flat) / len(flat)}
     finally:
         scorer.close()
     out.mkdir(parents=True, exist_ok=True)
@@ -127,6 +155,9 @@ def render_markdown(r: dict) -> str:
              "| metric | value |", "|---|---:|",
              f"| pass@1 | {r['pass@1']:.1%} |"] + ([f"| pass@{r['k']} | {r['pass@k']:.1%} |"] if r["k"] > 1 else []) + [
              f"| mean training reward | {r['mean_reward']:.3f} |"]
+    if rep := r.get("repair"):
+        lines += [f"| pass@1 after up to {rep['turns']} repair turn(s) | {rep['pass@1_final']:.1%} |",
+                  f"| mean turns | {rep['mean_turns']:.2f} |"]
     lines += [f"| `{name}` rate: {RATES[name]} | {v:.1%} |" for name, v in r["rates"].items()]
     lines += ["", "| difficulty | problems | pass@1 | mean reward |", "|---|---:|---:|---:|"]
     lines += [f"| {d} | {v['n_problems']} | {v['pass@1']:.1%} | {v['mean_reward']:.3f} |"

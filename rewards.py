@@ -1,6 +1,7 @@
 """The reward policy for OCaml completions, its JSONL logs, and a CLI to re-score them.
 
     python rewards.py score PROBLEMS COMPLETIONS [--workers N]   # one JSON line per completion
+    python rewards.py feedback PROBLEMS COMPLETIONS              # what a repair turn would show the model
     python rewards.py audit DATASET [--json]                     # which problems can ever pass
 
 Reward: the sum of the parts listed in ocaml_grpo/reward/parts.py (PARTS: each its weight,
@@ -36,13 +37,16 @@ from ocaml_grpo.grading.completions import assemble_solution, completion_text, e
 from ocaml_grpo.jsonl import JsonlWriter, session_id
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo.config.settings import from_env
+from ocaml_grpo.grading.feedback import feedback_for
 from ocaml_grpo.grading.grader import Grade, OcamlGrader
 # The reward's settings (config/) and parts and metric names (reward/), re-exported for the commands.
 from ocaml_grpo.config import AUDIT_SETTINGS, SANDBOX_SETTINGS, RewardConfig, resolve
 from ocaml_grpo.grading.sandbox import Sandbox
 from ocaml_grpo.reward.breakdown import Breakdown  # noqa: F401  (re-exported: rewards.Breakdown)
 from ocaml_grpo.reward.parts import (CURRICULUM, METRIC_COMPILED, METRIC_CRASHED, METRIC_END_MARKER,  # noqa: F401
-                                     METRIC_PASSED_ANY, METRIC_SOLVED, PARTS, Weights, curriculum_phase)
+                                     METRIC_PASSED_ANY, METRIC_REPAIR_PASS_FINAL, METRIC_REPAIR_PASS_FIRST,
+                                     METRIC_REPAIR_RESCUED, METRIC_REPAIR_TOO_HARD_FIRST, METRIC_REPAIR_TURNS,
+                                     METRIC_SOLVED, PARTS, Weights, curriculum_phase, discounted)
 from ocaml_grpo.grading.toolcache import ToolchainError
 
 # ---------------------------------------------------------------------------------------------
@@ -178,12 +182,15 @@ class RewardLogger:
         self.breakdown = JsonlWriter(logs / "syntax_aware_breakdown.jsonl")
 
     def log(self, step: int, epoch: float, breakdowns: list[Breakdown], completions: list,
-            completion_tokens: list | None = None) -> None:
+            completion_tokens: list | None = None, turns: list[list[dict]] | None = None) -> None:
+        """`turns` (repair turns): each completion's answers, each {completion, feedback, reward};
+        `completion` is then the final answer, the one `reward` grades."""
         toks = completion_tokens or [None] * len(breakdowns)
         self.completions.write_many([
             {"step": step, "epoch": epoch, "problem_id": b.problem_id, "completion": completion_text(c),
-             "reward": b.reward, "completion_tokens": t, "rank": self.rank, "session": self.session}
-            for b, c, t in zip(breakdowns, completions, toks)])
+             "reward": b.reward, "completion_tokens": t, "rank": self.rank, "session": self.session,
+             **({"turns": turns[k]} if turns else {})}
+            for k, (b, c, t) in enumerate(zip(breakdowns, completions, toks))])
         self.breakdown.write_many([{"step": step, "epoch": epoch, "rank": self.rank, "session": self.session,
                                     **asdict(b)} for b in breakdowns])
 
@@ -193,13 +200,16 @@ class RewardLogger:
 
 def make_reward_function(output_dir: str | Path | None, max_completion_tokens: int | None = None,
                          curriculum: bool = False, scorer: RewardScorer | None = None, rank: int = 0,
-                         group_size: int | None = None, on_groups=None):
+                         group_size: int | None = None, on_groups=None, repair_discount: float = 1.0):
     """An async TRL reward function named `syntax_aware_reward`: TRL logs it under that name
     (`rewards/syntax_aware_reward/mean`), the name users know from the run this grew out of.
     Dataset columns used: Problem.to_row's (`id`, `problem`: the OCaml prompt, `tests`;
     optional `requires`, `entry_point`). With `group_size` (TRL's num_generations: a
     batch is whole groups of that many consecutive completions) each group's kind is logged
-    (group_kinds.py) and the groups are handed to `on_groups(step, groups)`."""
+    (group_kinds.py) and the groups are handed to `on_groups(step, groups)`.
+    With repair turns (training/repair.py's rollout passes each completion's episode as `repair`)
+    the final answer is graded on the hidden tests and discounted per extra turn; every answer is
+    graded too, for the logs and the [Repair] metrics only."""
     scorer = scorer or RewardScorer()
     # Under accelerate every process scores (and logs) its own share of the batch: each line is
     # written once, whole, by the process that scored it, tagged with its rank.
@@ -208,20 +218,53 @@ def make_reward_function(output_dir: str | Path | None, max_completion_tokens: i
     async def syntax_aware_reward(prompts, completions, completion_ids=None, trainer_state=None,
                                   log_metric=None, **columns) -> list[float | None]:
         n = len(completions)
+        episodes = columns.pop("repair", None)
         # Dataset columns arrive as lists; TRL passes other keywords too (log_extra, ...).
         rows = {k: v for k, v in columns.items() if isinstance(v, (list, tuple))}
         problems = [Problem.from_row({k: v[i] for k, v in rows.items()}) for i in range(n)]
         epoch = float(getattr(trainer_state, "epoch", 0.0) or 0.0)
         step = int(getattr(trainer_state, "global_step", 0) or 0)
         phase, weights = curriculum_phase(epoch, scorer.config.weights) if curriculum else (None, scorer.config.weights)
-        tokens = [len(ids) for ids in completion_ids] if completion_ids is not None else None
-        breakdowns = await asyncio.get_running_loop().run_in_executor(
-            None, scorer.score_batch, problems, list(completions), tokens, max_completion_tokens, weights)
+        loop = asyncio.get_running_loop()
+        if episodes:
+            answers = [e["answers"][-1] for e in episodes]
+            tokens = [e["answer_tokens"][-1] for e in episodes]
+        else:
+            answers = list(completions)
+            tokens = [len(ids) for ids in completion_ids] if completion_ids is not None else None
+        breakdowns = await loop.run_in_executor(None, scorer.score_batch, problems, answers, tokens,
+                                                max_completion_tokens, weights)
+        turns, firsts = None, None
+        if episodes:
+            # every earlier answer too (the final one is cached): the logs' per-turn rewards, turn 1's groups
+            flat = [(k, t) for k, e in enumerate(episodes) for t in range(e["turns"] - 1)]
+            earlier = await loop.run_in_executor(None, scorer.score_batch, [problems[k] for k, _ in flat],
+                                                 [episodes[k]["answers"][t] for k, t in flat],
+                                                 [episodes[k]["answer_tokens"][t] for k, t in flat],
+                                                 max_completion_tokens, weights)
+            graded = {kt: b for kt, b in zip(flat, earlier)}
+            firsts = [graded.get((k, 0), b) for k, b in enumerate(breakdowns)]
+            turns = [[{"completion": e["answers"][t], "feedback": e["feedback"][t] if t < len(e["feedback"]) else None,
+                       "reward": (graded[(k, t)] if t < e["turns"] - 1 else breakdowns[k]).reward}
+                      for t in range(e["turns"])] for k, e in enumerate(episodes)]
+            for b, e in zip(breakdowns, episodes):
+                b.reward = discounted(b.reward, e["turns"], repair_discount)
         for b in breakdowns:
             b.phase = phase
         groups = groups_of(breakdowns, group_size) if group_size else []
         if logger:
-            logger.log(step, round(epoch, 4), breakdowns, list(completions), tokens)
+            logger.log(step, round(epoch, 4), breakdowns, answers, tokens, turns)
+        if log_metric is not None and episodes:
+            share = lambda flags: sum(flags) / max(1, n)  # noqa: E731
+            log_metric(METRIC_REPAIR_PASS_FIRST, share(b.solved for b in firsts))
+            log_metric(METRIC_REPAIR_PASS_FINAL, share(b.solved for b in breakdowns))
+            log_metric(METRIC_REPAIR_TURNS, sum(e["turns"] for e in episodes) / max(1, n))
+            if group_size:
+                # copies: groups_of marks each breakdown with its group's kind, and the logged one is the final's
+                first_groups = [g.kind for g in groups_of([replace(b) for b in firsts], group_size)]
+                log_metric(METRIC_REPAIR_TOO_HARD_FIRST, first_groups.count("too_hard") / max(1, len(groups)))
+                log_metric(METRIC_REPAIR_RESCUED, sum(f == "too_hard" and g.kind == "mixed"
+                                                      for f, g in zip(first_groups, groups)) / max(1, len(groups)))
         if log_metric is not None:
             share = lambda flags: sum(flags) / max(1, n)  # noqa: E731
             log_metric(METRIC_COMPILED, share(b.compiled for b in breakdowns))
@@ -279,12 +322,34 @@ def _read_completions(path: str) -> list[dict]:
     return records
 
 
-def cmd_score(args) -> int:
+def _problems_and_completions(args) -> tuple[dict[str, Problem], list[dict]]:
     problems = {p.id: p for p in load_problems(args.problems)}
     records = _read_completions(args.completions)
     unknown = sorted({str(r["problem_id"]) for r in records} - set(problems))
     if unknown:
         raise DatasetError(f"{args.completions}: problem ids not in {args.problems}: {unknown[:5]}")
+    return problems, records
+
+
+def cmd_feedback(args) -> int:
+    """Exactly what a repair turn would show the model after each completion (null: nothing to repair)."""
+    problems, records = _problems_and_completions(args)
+    cfg = from_env(RewardConfig, os.environ)
+    scorer = RewardScorer(replace(cfg, workers=args.workers) if args.workers else cfg)
+    try:
+        futures = [scorer.pool.submit(feedback_for, scorer.grader, problems[str(r["problem_id"])], r["completion"])
+                   for r in records]
+        for r, fut in zip(records, futures):
+            fb = fut.result()
+            print(json.dumps({"problem_id": str(r["problem_id"]), "feedback": fb.text, "compiled": fb.compiled,
+                              "examples_passed": fb.examples_passed, "examples_total": fb.examples_total}), flush=True)
+    finally:
+        scorer.close()
+    return 0
+
+
+def cmd_score(args) -> int:
+    problems, records = _problems_and_completions(args)
     cfg = from_env(RewardConfig, os.environ)
     if args.workers:
         cfg = replace(cfg, workers=args.workers)
@@ -311,6 +376,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("problems", help=".jsonl/.json/.csv/.parquet with id, prompt|problem, tests[, requires]")
     p.add_argument("completions", help='JSONL of {"problem_id", "completion"[, "completion_tokens", "max_completion_tokens"]}')
     p.add_argument("--workers", type=int, default=0)
+    f = sub.add_parser("feedback", help="what a repair turn would show the model after each completion "
+                                        "(GRPO_REPAIR_TURNS), one JSON line each")
+    f.add_argument("problems", help="as for score")
+    f.add_argument("completions", help='JSONL of {"problem_id", "completion"}')
+    f.add_argument("--workers", type=int, default=0)
     a = sub.add_parser("audit", help="which problems' tests can compile at all (see audit.py)")
     a.add_argument("dataset", help="a local file, `bundled`, or a hub id")
     a.add_argument("--json", action="store_true", help='one line per problem: {"id", "ok", "reason"}')
@@ -323,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             if errors:
                 raise ValueError("; ".join(errors))
             return audit.cli(args, cfg.audit.cache_dir, cfg.reward.sandbox)
-        return cmd_score(args)
+        return cmd_feedback(args) if args.command == "feedback" else cmd_score(args)
     except (DatasetError, ToolchainError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

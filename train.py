@@ -47,6 +47,7 @@ from ocaml_grpo.config import (AUDIT_SETTINGS, PLUMBING_DEFAULTS, REWARD_SETTING
                                VARIABLES, SftConfig, TrainConfig, recorded, resolve)
 from ocaml_grpo.config.settings import cache_dir, describe, settings_of, unknown_variables
 from ocaml_grpo.grading import audit
+from ocaml_grpo.grading.feedback import feedback_for
 from ocaml_grpo.grading.toolcache import ToolchainError
 from ocaml_grpo.problems import DatasetError, load_problems
 from ocaml_grpo.prompting import chat_messages, prompt_token_count
@@ -56,6 +57,7 @@ from ocaml_grpo.training import sft as sft_command
 from ocaml_grpo.training.engines import engine_kwargs
 from ocaml_grpo.training.group_kinds import TRACKING_FILE, ProblemTracker
 from ocaml_grpo.training.learning_log import header_lines
+from ocaml_grpo.training.repair import RepairRollout
 from ocaml_grpo.training.models import adapter_base, checkpointing_kwargs, go_offline_unless_needed, load_model, load_tokenizer, \
     lora_config, merge_adapter, model_error
 from ocaml_grpo.training.selection import apply_selection, write_choices
@@ -268,7 +270,17 @@ def main(argv: list[str]) -> int:
         reward_fn = rewards.make_reward_function(out_dir, max_completion_tokens=train.max_completion,
                                                  curriculum=train.curriculum, scorer=scorer,
                                                  rank=rank, group_size=train.num_generations,
-                                                 on_groups=shared_update(tracker) if tracker else None)
+                                                 on_groups=shared_update(tracker) if tracker else None,
+                                                 repair_discount=train.repair_discount)
+    # Repair turns: TRL's rollout_func generates every turn with the trainer's own engine
+    # (ocaml_grpo/training/repair.py); the feedback comes from the same grader as the reward.
+    rollout = None
+    if train.repair_turns:
+        rollout = RepairRollout(kept, lambda problem, answer: feedback_for(scorer.grader, problem, answer),
+                                train.repair_turns, train.max_completion, tokenizer, scorer.pool)
+        if is_main:
+            print(f"repair turns: up to {train.repair_turns} more answer(s) after feedback; reward x "
+                  f"{train.repair_discount:g} per extra turn; episode budget {rollout.budget} completion tokens")
 
     # ------------------------------------------------------------------------- trainer
     G = train.num_generations
@@ -320,7 +332,7 @@ def main(argv: list[str]) -> int:
                            curriculum=cfg.reward.weights if train.curriculum else None)
     trainer = TrackedGRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=train_dataset,
                                  processing_class=tokenizer, peft_config=peft_config, callbacks=[callback, stop],
-                                 tracker=tracker)
+                                 tracker=tracker, rollout_func=rollout)
     trainer.remove_callback(PrinterCallback)  # its ~1,000-character metrics dict per step: LearningLog prints instead
 
     # ------------------------------------------------------------------------- train

@@ -125,6 +125,8 @@ METRIC_RE = re.compile(
     r"^\[Epoch \d+\.\d{2}\]  loss=-?\d+\.\d{4}  grad=\d+\.\d{4}  lr=\d\.\d{2}e[-+]\d{2}  "
     r"reward=-?\d+\.\d{3}±\d+\.\d{3}  syntax_rew=-?\d+\.\d{3}±\d+\.\d{3}  entropy=\d+\.\d{3}  frac_zero_std=\d\.\d{2}$")
 GROUPS_RE = re.compile(r"^\[Groups\] epoch \d+\.\d{2}  too_easy=\d\.\d{2}  too_hard=\d\.\d{2}  identical=\d\.\d{2}  mixed=\d\.\d{2}$")
+REPAIR_RE = re.compile(r"^\[Repair\] epoch \d+\.\d{2}  pass_turn1=\d\.\d{2}  pass_final=\d\.\d{2}  turns=\d\.\d{2}  "
+                       r"too_hard_turn1=\d\.\d{2}  too_hard_to_mixed=\d\.\d{2}$")
 
 
 def small_dataset(path: Path, n: int) -> Path:
@@ -162,7 +164,7 @@ def check_log_wellformed(lines: list[str]) -> list[str]:
     """Every line is a header, a health/stop line, or an exact metric line; returns the metric lines."""
     for line in lines:
         assert (line.startswith(("# ", "[Health] ", "[Stop] ", "[Curriculum] ")) or METRIC_RE.match(line)
-                or GROUPS_RE.match(line)), repr(line)
+                or GROUPS_RE.match(line) or REPAIR_RE.match(line)), repr(line)
     return [line for line in lines if line.startswith("[Epoch")]
 
 

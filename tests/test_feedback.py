@@ -1,10 +1,13 @@
 """The repair turn's feedback, with the real grader: it names the model's own errors and the
 prompt's public examples, and nothing of the hidden tests."""
+import json
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
 
-from conftest import fenced
+from conftest import ROOT, fenced
 from ocaml_grpo.grading.feedback import Example, examples_as_tests, feedback_for, public_examples
 from ocaml_grpo.grading.grader import OcamlGrader
 from ocaml_grpo.grading.sandbox import Sandbox
@@ -95,3 +98,15 @@ def test_nothing_of_the_hidden_tests_reaches_the_model(feedback, name):
     assert [h for h in HIDDEN if h in text and h not in ANSWERS[name]] == []
     assert "wire_" not in text.lower() and "trusted" not in text.lower()
     assert "1_000_000" not in text and "500_000" not in text  # even the printed ones stay out
+
+
+def test_the_feedback_command_prints_what_the_model_would_see(tmp_path, feedback):
+    names = ["right", "type_error", "odd_only"]
+    path = tmp_path / "completions.jsonl"
+    path.write_text("".join(json.dumps({"problem_id": COUNT_EVENS.id, "completion": fenced(ANSWERS[n])}) + "\n"
+                            for n in names))
+    out = subprocess.run([sys.executable, str(ROOT / "rewards.py"), "feedback", "bundled", str(path)],
+                         capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    printed = [json.loads(line) for line in out.splitlines()]
+    assert [p["feedback"] for p in printed] == [feedback[n][0].text for n in names]
+    assert printed[0]["feedback"] is None and printed[2]["examples_passed"] == 2

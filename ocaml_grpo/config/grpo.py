@@ -119,6 +119,13 @@ class TrainConfig:
     track_weight: float = setting("GRPO_TRACK_WEIGHT", "0.2", Float(0, 1),
                                   "with GRPO_TRACK_PROBLEMS=1: the draw weight of a problem whose last "
                                   "group taught nothing, against 1 for the others (0: never again)")
+    repair_turns: int = setting("GRPO_REPAIR_TURNS", "0", Int(0),
+                                "repair turns: after an answer that does not compile or fails the prompt's examples, the "
+                                "model reads the compiler's diagnosis and the failing examples and answers again, up to "
+                                "this many more times (0: one answer, as before)")
+    repair_discount: float = setting("GRPO_REPAIR_DISCOUNT", "0.8", Float(0, 1, lo_open=True, hi_open=True),
+                                     "with repair turns: the final answer's reward x this per extra turn it took, so "
+                                     "a right first answer is worth the most")
     selection: SelectionConfig = section(SelectionConfig)
     init_adapter: str = setting("GRPO_INIT_ADAPTER", "", AdapterDir,
                                 "a LoRA adapter to continue (python train.py sft with SFT_LORA=1); "
@@ -126,7 +133,7 @@ class TrainConfig:
 
 
 PLUMBING_DEFAULTS = {  # GRPO_PLUMBING=1 replaces defaults and .envrc values, never the process environment
-    "TRAINING_DATASET": "bundled", "GRPO_OUTPUT_DIR": "grpo_runs/demo", "GRPO_BATCH_SIZE": "2",
+    "TRAINING_DATASET": "bundled", "GRPO_OUTPUT_DIR": "grpo_runs/plumbing", "GRPO_BATCH_SIZE": "2",
     "GRPO_NUM_GENERATIONS": "4", "GRPO_MAX_PROMPT": "4096", "GRPO_MAX_COMPLETION": "64", "GRPO_MAX_STEPS": "20",
     "GRPO_SAVE_STEPS": "10", "GRPO_LEARNING_RATE": "1e-4", "GRPO_TEMPERATURE": "1.0", "MIN_NON_EMPTY_LINES": "0",
     "GRPO_REPORT_TO": "none", "LORA_R": "8", "LORA_ALPHA": "16",

@@ -24,7 +24,8 @@ from ocaml_grpo.training.selection import SELECTION_FILE
 REMEDY = {
     "too_hard": "no completion passed any test in them. Train on problems the model sometimes solves: probe them "
                 "(`python evaluate.py --probe probe.jsonl`) and set GRPO_PROBLEM_STATS=probe.jsonl; reward partial "
-                "credit first (REWARD_CURRICULUM=1); or start from a stronger base model or an SFT warm start "
+                "credit first (REWARD_CURRICULUM=1); let the model read the compiler's diagnosis and answer again "
+                "(GRPO_REPAIR_TURNS=1); or start from a stronger base model or an SFT warm start "
                 "(`python train.py sft`). More samples or a higher temperature rarely help here.",
     "too_easy": "every completion passed every test in them. Drop the mastered problems: probe them "
                 "(`python evaluate.py --probe probe.jsonl`) and set GRPO_PROBLEM_STATS=probe.jsonl; the problem "

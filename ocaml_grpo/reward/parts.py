@@ -15,6 +15,14 @@ METRIC_SOLVED = "ocaml/tests_all_passed"
 METRIC_END_MARKER = "ocaml/end_marker"
 METRIC_PASSED_ANY = "ocaml/tests_passed_any"  # share of completions passing at least one test
 METRIC_CRASHED = "ocaml/grading_crashed"  # share of completions whose grading raised (reward None)
+# Repair turns (GRPO_REPAIR_TURNS): shares of the completions solving every test at turn 1 and
+# after the last turn, the mean turns taken, and shares of the groups too hard at turn 1 and of
+# those that repair made mixed (they teach something at the end).
+METRIC_REPAIR_PASS_FIRST = "ocaml/repair_pass_turn1"
+METRIC_REPAIR_PASS_FINAL = "ocaml/repair_pass_final"
+METRIC_REPAIR_TURNS = "ocaml/repair_turns"
+METRIC_REPAIR_TOO_HARD_FIRST = "ocaml/repair_too_hard_turn1"
+METRIC_REPAIR_RESCUED = "ocaml/repair_too_hard_to_mixed"
 
 
 class CompileError(Protocol):
@@ -114,3 +122,10 @@ def curriculum_phase(epoch: float, final: Weights = Weights()) -> tuple[str, Wei
         if epoch >= start:
             name, weights = n, w or final
     return name, weights
+
+
+def discounted(reward: float | None, turns: int, discount: float) -> float | None:
+    """Repair turns (GRPO_REPAIR_TURNS): the final answer's reward, times the discount per extra
+    turn it took. A right first answer is worth the most, so no first answer written to fish for
+    feedback beats it."""
+    return None if reward is None else round(reward * discount ** (turns - 1), 6)

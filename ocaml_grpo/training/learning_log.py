@@ -27,7 +27,7 @@ from pathlib import Path
 from ocaml_grpo.reward.parts import PARTS, Weights, weight
 from ocaml_grpo.training.group_kinds import KINDS
 from ocaml_grpo.training.health import Point
-from ocaml_grpo.training.metrics import StepRecord
+from ocaml_grpo.training.metrics import REPAIR_KEYS, StepRecord
 
 METRIC_RE = re.compile(r"^\[Epoch\s+([-+0-9.eE]+)\]\s+(.*)$")
 FIELD_RE = re.compile(r"^([A-Za-z_][\w.]*)=(.*)$")
@@ -62,9 +62,21 @@ def groups_line(r: StepRecord) -> str | None:
     return f"[Groups] epoch {r.epoch:.2f}  " + "  ".join(f"{k}={r.groups[k]:.2f}" for k in KINDS)
 
 
+def repair_line(r: StepRecord) -> str | None:
+    """The [Repair] line of a log step (GRPO_REPAIR_TURNS > 0): the share of completions solving
+    every test at turn 1 and after the last turn, the mean turns, and the share of groups too hard
+    at turn 1 and of those repair turned mixed. None without repair turns."""
+    if r.repair is None:
+        return None
+    v = {k: _fmt(r.repair.get(k), ".2f") for k in REPAIR_KEYS}
+    return (f"[Repair] epoch {r.epoch:.2f}  pass_turn1={v['pass_turn1']}  pass_final={v['pass_final']}  "
+            f"turns={v['turns']}  too_hard_turn1={v['too_hard_turn1']}  too_hard_to_mixed={v['too_hard_to_mixed']}")
+
+
 def metric_lines(r: StepRecord) -> list[str]:
-    """A log step's metrics as learning.log shows them: its [Epoch] line and its [Groups] line."""
-    return [metric_line(r)] + [g for g in [groups_line(r)] if g]
+    """A log step's metrics as learning.log shows them: its [Epoch] line, its [Groups] line and,
+    with repair turns, its [Repair] line."""
+    return [metric_line(r)] + [g for g in [groups_line(r), repair_line(r)] if g]
 
 
 def render(records: list[StepRecord]) -> list[str]:

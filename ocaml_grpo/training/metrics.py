@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
 from ocaml_grpo.reward.parts import (METRIC_COMPILED, METRIC_CRASHED, METRIC_END_MARKER, METRIC_PASSED_ANY,
-                                     METRIC_SOLVED, PARTS)
+                                     METRIC_REPAIR_PASS_FINAL, METRIC_REPAIR_PASS_FIRST, METRIC_REPAIR_RESCUED,
+                                     METRIC_REPAIR_TOO_HARD_FIRST, METRIC_REPAIR_TURNS, METRIC_SOLVED, PARTS)
 from ocaml_grpo.training.group_kinds import KINDS, METRIC_FRAC_ZERO_STD, METRIC_GROUP
 
 METRICS_FILE = "metrics.jsonl"
@@ -30,6 +31,12 @@ FROM_LOGS = {
     "compiled": METRIC_COMPILED, "solved": METRIC_SOLVED, "end_marker": METRIC_END_MARKER,
     "passed_any": METRIC_PASSED_ANY, "crashed": METRIC_CRASHED,
 }
+
+# Repair turns' metrics (GRPO_REPAIR_TURNS > 0), as `repair_<key>` columns.
+REPAIR_FROM_LOGS = {"pass_turn1": METRIC_REPAIR_PASS_FIRST, "pass_final": METRIC_REPAIR_PASS_FINAL,
+                    "turns": METRIC_REPAIR_TURNS, "too_hard_turn1": METRIC_REPAIR_TOO_HARD_FIRST,
+                    "too_hard_to_mixed": METRIC_REPAIR_RESCUED}
+REPAIR_KEYS = tuple(REPAIR_FROM_LOGS)
 
 
 @dataclass
@@ -58,6 +65,7 @@ class StepRecord:
     crashed: float | None = None
     groups: dict[str, float] | None = None  # group kind -> share (group_kinds.KINDS); None: not logged
     parts: dict[str, float] = field(default_factory=dict)  # reward part -> its mean (reward/parts.py)
+    repair: dict[str, float | None] | None = None  # REPAIR_KEYS -> value; None: no repair turns
     notes: list[str] = field(default_factory=list)  # the monitor's lines after the metrics ([Health] ...)
 
     @classmethod
@@ -72,18 +80,21 @@ class StepRecord:
         fzs = value(METRIC_FRAC_ZERO_STD) if METRIC_FRAC_ZERO_STD in logs else value("frac_reward_zero_std")
         return cls(int(step), float(epoch), session, **{f: value(k) for f, k in FROM_LOGS.items()},
                    frac_zero_std=fzs, groups=groups,
-                   parts={p.name: value(p.metric) for p in PARTS if p.metric in logs})
+                   parts={p.name: value(p.metric) for p in PARTS if p.metric in logs},
+                   repair={k: value(m) for k, m in REPAIR_FROM_LOGS.items()} if METRIC_REPAIR_TURNS in logs else None)
 
     def to_json(self) -> dict[str, Any]:
         """One metrics.jsonl line: flat, so that each group kind and each part is a column."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("groups", "parts", "notes")}
+        out = {k: v for k, v in asdict(self).items() if k not in ("groups", "parts", "repair", "notes")}
         out |= {f"groups_{k}": v for k, v in (self.groups or {}).items()}
         out |= {f"part_{k}": v for k, v in self.parts.items()}
+        out |= {f"repair_{k}": v for k, v in (self.repair or {}).items()}
         return out | {"notes": self.notes}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "StepRecord":
-        known = {f.name for f in fields(cls)} - {"groups", "parts"}
+        known = {f.name for f in fields(cls)} - {"groups", "parts", "repair"}
         groups = {k: d[f"groups_{k}"] for k in KINDS} if all(f"groups_{k}" in d for k in KINDS) else None
+        repair = {k: d.get(f"repair_{k}") for k in REPAIR_KEYS} if "repair_turns" in d else None
         return cls(**{k: v for k, v in d.items() if k in known}, groups=groups,
-                   parts={p.name: d[f"part_{p.name}"] for p in PARTS if f"part_{p.name}" in d})
+                   parts={p.name: d[f"part_{p.name}"] for p in PARTS if f"part_{p.name}" in d}, repair=repair)

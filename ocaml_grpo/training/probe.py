@@ -29,7 +29,10 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 
+from ocaml_grpo.grading.feedback import feedback_for
+from ocaml_grpo.reward.parts import discounted
 from ocaml_grpo.training.group_kinds import group_stat
+from ocaml_grpo.training.repair import sample_episodes
 from ocaml_grpo.jsonl import append
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo.prompting import chat_messages
@@ -39,7 +42,8 @@ from ocaml_grpo.config.settings import settings_of
 
 # What the probe reads from the environment (the rest of train.py's settings do not change a sample).
 USED = [s for s in SETTINGS if s.name in ("BASE_MODEL_ID", "GRPO_INIT_ADAPTER", "TRAINING_DATASET", "GRPO_TEMPERATURE",
-                                          "GRPO_MAX_COMPLETION", "GRPO_NUM_GENERATIONS")] + settings_of(RewardConfig)
+                                          "GRPO_MAX_COMPLETION", "GRPO_NUM_GENERATIONS", "GRPO_REPAIR_TURNS",
+                                          "GRPO_REPAIR_DISCOUNT")] + settings_of(RewardConfig)
 
 
 def problem_stats(problem: Problem, graded: list, sampling: dict) -> ProblemStats:
@@ -49,10 +53,16 @@ def problem_stats(problem: Problem, graded: list, sampling: dict) -> ProblemStat
 
 
 def grade(problems: list[Problem], texts: list[list[str]], lens: list[list[int]], scorer,
-          max_completion: int, sampling: dict) -> list[ProblemStats]:
-    """Each problem's k completions graded with the training reward (rewards.RewardScorer), as one group."""
+          max_completion: int, sampling: dict, turns: list[list[int]] | None = None,
+          discount: float = 1.0) -> list[ProblemStats]:
+    """Each problem's k completions graded with the training reward (rewards.RewardScorer), as one
+    group; with repair turns, `texts` are the final answers and `turns` how many turns each took
+    (the reward is discounted per extra turn, as training discounts it)."""
     flat = [(p, t, n) for p, ts, ns in zip(problems, texts, lens) for t, n in zip(ts, ns)]
     graded = scorer.score_batch([f[0] for f in flat], [f[1] for f in flat], [f[2] for f in flat], max_completion)
+    if turns is not None:
+        for b, n in zip(graded, [n for ns in turns for n in ns]):
+            b.reward = discounted(b.reward, n, discount)
     k = len(texts[0]) if texts else 0
     return [problem_stats(p, graded[i * k:(i + 1) * k], sampling) for i, p in enumerate(problems)]
 
@@ -70,12 +80,21 @@ def main(argv: list[str], generate_hf, generate_vllm, make_scorer) -> int:
     ap.add_argument("--batch-size", type=int, default=8, help="problems per generate() call (and per write)")
     ap.add_argument("--seed", type=int, default=0, help="sampling seed")
     ap.add_argument("--vllm", action="store_true", help="generate with vLLM (must be installed)")
+    ap.add_argument("--repair-turns", type=int, default=None, metavar="N",
+                    help="probe with repair turns, as training with GRPO_REPAIR_TURNS=N samples (default: "
+                         "GRPO_REPAIR_TURNS); transformers generation")
     args = ap.parse_args(argv)
     load_dotenv(".envrc", override=False)  # environment > ./.envrc > defaults, as train.py resolves them
     cfg, errors = resolve(os.environ, USED)
+    if args.repair_turns is not None:
+        cfg.train.repair_turns = args.repair_turns
+    repair = cfg.train.repair_turns
     k = args.k or cfg.train.num_generations
     errors += [m for bad, m in [(args.k < 0 or (args.k == 0 and k < 2), "--k must be >= 2"),
-                                (args.batch_size < 1, "--batch-size must be >= 1")] if bad]
+                                (args.batch_size < 1, "--batch-size must be >= 1"),
+                                (repair < 0, "--repair-turns must be >= 0"),
+                                (repair > 0 and args.vllm, "--repair-turns samples each turn with transformers: "
+                                                           "drop --vllm")] if bad]
     if errors:
         print("config error:\n  " + "\n  ".join(errors), file=sys.stderr)
         return 2
@@ -106,9 +125,9 @@ def main(argv: list[str], generate_hf, generate_vllm, make_scorer) -> int:
     scorer = make_scorer(cfg.reward)
     t0, written = time.time(), 0
 
-    def write(batch: list[Problem], texts: list[list[str]], lens: list[list[int]]) -> None:
+    def write(batch: list[Problem], texts: list[list[str]], lens: list[list[int]], turns=None) -> None:
         nonlocal written
-        stats = grade(batch, texts, lens, scorer, cfg.train.max_completion, sampling)
+        stats = grade(batch, texts, lens, scorer, cfg.train.max_completion, sampling, turns, cfg.train.repair_discount)
         append(out, [asdict(s) for s in stats])
         written += len(batch)
         rate = (time.time() - t0) / written
@@ -118,7 +137,16 @@ def main(argv: list[str], generate_hf, generate_vllm, make_scorer) -> int:
     prompts = [chat_messages(p.prompt) for p in todo]
     model, adapter = cfg.train.base_model, cfg.train.init_adapter or None
     try:
-        if args.vllm:
+        if repair:
+            for start in range(0, len(todo), args.batch_size):
+                batch = todo[start:start + args.batch_size]
+                eps = sample_episodes(model, adapter, batch, k, repair,
+                                      lambda problem, answer: feedback_for(scorer.grader, problem, answer), scorer.pool,
+                                      cfg.train.max_completion, cfg.train.temperature, args.batch_size, args.seed + start,
+                                      top_k=0)
+                write(batch, [[e.answers[-1] for e in es] for es in eps], [[e.answer_tokens[-1] for e in es] for es in eps],
+                      [[e.turns for e in es] for es in eps])
+        elif args.vllm:
             texts, lens = generate_vllm(model, adapter, prompts, k, cfg.train.max_completion, cfg.train.temperature,
                                         args.seed)
             write(todo, texts, lens)

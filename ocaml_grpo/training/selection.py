@@ -122,7 +122,10 @@ def sampling_settings(cfg: Config) -> dict:
     """How train.py's config (or the probe's) samples and scores."""
     return {"model": _where(cfg.train.base_model), "adapter": _where(cfg.train.init_adapter),
             "temperature": cfg.train.temperature, "top_k": 0, "top_p": 1.0,
-            "max_completion": cfg.train.max_completion, "reward": recorded(cfg, REWARD_KEYS)}
+            "max_completion": cfg.train.max_completion, "reward": recorded(cfg, REWARD_KEYS),
+            # repair turns change what a problem's group scores; absent without them (older probes match)
+            **({"repair": {"turns": cfg.train.repair_turns, "discount": cfg.train.repair_discount}}
+               if cfg.train.repair_turns else {})}
 
 
 def apply_selection(problems: list, cfg: Config) -> tuple[list, list[Choice]]:

@@ -1,0 +1,159 @@
+"""GRPO single-turn against GRPO with repair turns, side by side, compute-matched, on CPU with the
+demo's learner model.
+
+    python -m bench.bench_repair --json OUT.json           # ~6 min on 2 cores
+    python -m bench.bench_repair --seed 1 --turns 2 --json repair-1.json
+
+1. The learner model (ocaml_grpo/training/tiny_models.py) gets the demo's SFT warm start (`python
+   train.py sft`, stopped at partial memorisation) on the demo's training problems.
+2. repair: `python train.py` from that start with GRPO_REPAIR_TURNS=--turns for --steps steps.
+3. single: `python train.py` from the same start, single-turn, checkpointed every step, for up to
+   three times as many steps; it is judged at the checkpoint where the completion tokens it
+   generated first reach the repair run's (feedback tokens are not generated and not counted:
+   TRL's completions/mean_length counts the model's own tokens only).
+4. The SFT model and each run's model are sampled as GRPO samples (same temperature, budget and
+   sampling seed) on the training problems and graded by the training grader: the share solving
+   every test at turn 1, and, for the repair run, after its repair turns with the same feedback.
+
+Reported per run (JSON keys): tokens, grpo_steps, frac_zero_std (mean over the run's log steps up
+to the matched one), pass_turn1_before (the SFT model), pass_turn1_after, pass_final_after (the
+final turn; the same as turn 1 for single).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+from ocaml_grpo.config.settings import cache_dir
+from ocaml_grpo.grading.feedback import feedback_for
+from ocaml_grpo.jsonl import read_jsonl
+from ocaml_grpo.problems import load_problems
+from ocaml_grpo.training import demo, models
+from ocaml_grpo.training.metrics import METRICS_FILE, StepRecord
+from ocaml_grpo.training.repair import sample_episodes
+from ocaml_grpo.training.tiny_models import ensure_learner_model, learner_model_dir
+from rewards import RewardConfig, RewardScorer
+
+RECIPE = demo.RECIPE
+STEPS = 12  # the repair run's
+EVAL_SAMPLES = 48  # per training problem and model
+MARK = ".bench_repair"
+
+
+def records(run: Path) -> list[StepRecord]:
+    return [StepRecord.from_json(r) for r in read_jsonl(run / METRICS_FILE)[0]]
+
+
+def tokens_per_step(run: Path, completions_per_step: int) -> list[float]:
+    """Completion tokens the model generated at each step (its own tokens, feedback excluded)."""
+    return [(r.completion_length or 0.0) * completions_per_step for r in records(run)]
+
+
+def passes(model_dir: str, problems: list, turns: int, scorer: RewardScorer, seed: int) -> tuple[float, float]:
+    """Shares of the completions solving every test at turn 1 and after the last turn."""
+    with ThreadPoolExecutor(2) as pool:
+        episodes = sample_episodes(model_dir, None, problems, EVAL_SAMPLES, turns,
+                                   lambda p, a: feedback_for(scorer.grader, p, a), pool, int(RECIPE.max_completion),
+                                   float(RECIPE.temperature), len(problems), seed, top_k=0)
+    flat = [(p, e) for p, eps in zip(problems, episodes) for e in eps]
+    max_c = int(RECIPE.max_completion)
+    first = scorer.score_batch([p for p, _ in flat], [e.answers[0] for _, e in flat],
+                               [e.answer_tokens[0] for _, e in flat], max_c)
+    final = scorer.score_batch([p for p, _ in flat], [e.answers[-1] for _, e in flat],
+                               [e.answer_tokens[-1] for _, e in flat], max_c)
+    return sum(b.solved for b in first) / len(first), sum(b.solved for b in final) / len(final)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--out", default="grpo_runs/bench-repair", help="working directory (a rerun starts it over)")
+    ap.add_argument("--seed", default=RECIPE.seed, help="GRPO_SEED of both runs (the SFT stage keeps 42)")
+    ap.add_argument("--steps", type=int, default=STEPS, help="the repair run's GRPO steps")
+    ap.add_argument("--turns", type=int, default=1, help="GRPO_REPAIR_TURNS of the repair run")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from transformers.utils import logging as hf_logging
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)  # as train.py
+    out = Path(args.out).resolve()
+    if out.is_dir() and any(out.iterdir()) and not (out / MARK).exists():
+        sys.exit(f"{out} holds files this benchmark did not write; give another --out")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    (out / MARK).touch()  # a rerun may start this directory over
+    t0 = time.time()
+    echo = lambda l: l.startswith(("[SFT]", "repair turns", "done in", "warning"))  # noqa: E731
+
+    model = ensure_learner_model(learner_model_dir(cache_dir(os.environ)))
+    problems_file = demo.write_problems(RECIPE, out / "problems.jsonl")
+    sft = out / "sft"
+    demo.run_stage("SFT warm start", [str(demo.TRAIN), "sft"], demo.sft_env(RECIPE, model, problems_file, sft), out,
+                   out / "sft.out", echo)
+
+    def grpo(name: str, steps: int, **extra) -> Path:
+        env = {**demo.grpo_env(RECIPE, sft, out / name), "GRPO_MAX_STEPS": str(steps), "GRPO_SEED": str(args.seed),
+               **{k: str(v) for k, v in extra.items()}}
+        demo.run_stage(f"GRPO {name}", [str(demo.TRAIN)], env, out, out / f"{name}.out", echo)
+        return out / name
+
+    per_step = int(RECIPE.batch_size) * int(RECIPE.generations)
+    repair = grpo("repair", args.steps, GRPO_REPAIR_TURNS=args.turns)
+    budget = sum(tokens_per_step(repair, per_step))
+    single = grpo("single", 3 * args.steps, GRPO_REPAIR_TURNS=0, GRPO_SAVE_STEPS=1, GRPO_SAVE_TOTAL_LIMIT=3 * args.steps)
+    spent, matched = 0.0, 0
+    for matched, t in enumerate(tokens_per_step(single, per_step), 1):
+        spent += t
+        if spent >= budget:
+            break
+    single_model = str(models.merge_adapter(single / f"checkpoint-{matched}", single / "merged", fp32=True))
+
+    print("\n== pass rates, sampled as GRPO samples (same seed), training grader", flush=True)
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    problems = load_problems(str(sft / "train_problems.jsonl"))
+    scorer = RewardScorer(replace(RewardConfig(), min_lines=0))
+    try:
+        before, _ = passes(str(sft / "final_model"), problems, 0, scorer, 0)
+        single_first, _ = passes(single_model, problems, 0, scorer, 0)
+        repair_first, repair_final = passes(demo.merge_adapter(repair), problems, args.turns, scorer, 0)
+    finally:
+        scorer.close()
+
+    def zero_std(run: Path, steps: int) -> float:
+        zs = [r.frac_zero_std for r in records(run)[:steps] if r.frac_zero_std is not None]
+        return sum(zs) / len(zs)
+
+    results = {
+        "single": {"tokens": round(spent), "grpo_steps": matched, "frac_zero_std": zero_std(single, matched),
+                   "pass_turn1_before": before, "pass_turn1_after": single_first, "pass_final_after": single_first},
+        "repair": {"tokens": round(budget), "grpo_steps": args.steps, "turns": args.turns,
+                   "frac_zero_std": zero_std(repair, args.steps), "pass_turn1_before": before,
+                   "pass_turn1_after": repair_first, "pass_final_after": repair_final,
+                   "mean_turns": sum(r.repair["turns"] or 1 for r in records(repair)) / len(records(repair))},
+        "problems": list(RECIPE.train_ids), "eval_samples": EVAL_SAMPLES, "seed": args.seed,
+        "seconds": round(time.time() - t0)}
+    print("\n| run | GRPO steps | completion tokens | mean frac_zero_std | pass turn 1 before | after | final turn after |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name in ("single", "repair"):
+        r = results[name]
+        print(f"| {name} | {r['grpo_steps']} | {r['tokens']} | {r['frac_zero_std']:.3f} | {r['pass_turn1_before']:.3f} "
+              f"| {r['pass_turn1_after']:.3f} | {r['pass_final_after']:.3f} |")
+    print(f"\n{results['seconds']} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

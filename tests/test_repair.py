@@ -1,0 +1,123 @@
+"""Repair turns (GRPO_REPAIR_TURNS): the rollout with a real TRL trainer and the tiny plumbing model,
+the reward's discount with the real grader, and plumbing runs of train.py."""
+import asyncio
+
+import pytest
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+
+import analyze
+from conftest import check_log_wellformed, fenced, log_lines, read_jsonl, run_env, train
+from ocaml_grpo.grading.feedback import feedback_for
+from ocaml_grpo.problems import load_problems
+from ocaml_grpo.prompting import chat_messages
+from ocaml_grpo.reward.parts import discounted
+from ocaml_grpo.training.models import load_model, load_tokenizer
+from ocaml_grpo.training.repair import ENDED_TURNS, FeedbackBlock, RepairRollout
+from ocaml_grpo.training.tiny_models import ensure_plumbing_model
+from rewards import RewardConfig, RewardScorer, make_reward_function
+
+PROBLEMS = {p.id: p for p in load_problems("bundled")}
+EVENS = PROBLEMS["p001_count_evens"]
+RIGHT = "let count_evens (xs : int list) : int =\n  List.length (List.filter (fun x -> x mod 2 = 0) xs)"
+WRONG = "let count_evens (xs : int list) : int =\n  List.length xs"
+
+
+@pytest.fixture(scope="module")
+def scorer():
+    s = RewardScorer(RewardConfig(min_lines=0, workers=2))
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def model_dir(cache_home):
+    return ensure_plumbing_model(cache_home / "ocaml-grpo" / "plumbing-qwen2-tiny")
+
+
+def test_a_right_first_answer_is_worth_more_than_any_repaired_one(scorer):
+    """The reward function grades the final answer and discounts it per extra turn: fishing for
+    feedback with a first answer can never beat answering right at once."""
+    reward = make_reward_function(None, scorer=scorer, repair_discount=0.8)
+    episodes = [{"answers": [fenced(RIGHT)], "feedback": [], "answer_tokens": [30], "turns": 1, "ended": "passed"},
+                {"answers": [fenced(WRONG), fenced(RIGHT)], "feedback": ["..."], "answer_tokens": [20, 30], "turns": 2,
+                 "ended": "passed"},
+                {"answers": [fenced(WRONG), fenced(WRONG)], "feedback": ["..."], "answer_tokens": [20, 20], "turns": 2,
+                 "ended": "turns"}]
+    row = EVENS.to_row()
+    got = asyncio.run(reward(prompts=[None] * 3, completions=["the decoded episode, not graded"] * 3,
+                             repair=episodes, **{k: [v] * 3 for k, v in row.items()}))
+    assert got[0] == 1.0 and got[1] == pytest.approx(0.8) and got[2] < got[1]
+    # whatever a second or third answer earns, it stays below a right first answer
+    assert all(discounted(r, t, 0.8) < discounted(1.0, 1, 0.8) for r in (0.0, 0.5, 1.0) for t in (2, 3))
+    assert discounted(None, 2, 0.8) is None
+
+
+def test_the_feedback_block_is_the_chat_template_s(model_dir):
+    tok = load_tokenizer(str(model_dir))
+    block = FeedbackBlock(tok)
+    after_eos = tok.decode(block.ids("Type error at line 2", answer_ended=True))
+    cut_off = tok.decode(block.ids("Type error at line 2", answer_ended=False))
+    assert after_eos == "\n<|im_start|>user\nType error at line 2<|im_end|>\n<|im_start|>assistant\n"
+    assert cut_off == "<|im_end|>" + after_eos  # an answer cut at the limit gets its end-of-turn here
+    long = tok.decode(block.ids("x " * 2000, answer_ended=True))
+    assert long.endswith(" ...<|im_end|>\n<|im_start|>assistant\n") and len(long) < 2000
+
+
+def test_the_rollout_masks_feedback_and_keeps_each_turn(tmp_path, model_dir, scorer, monkeypatch):
+    """A real GRPOTrainer's own generation, two turns: the completion is answer 1, the feedback
+    block, answer 2; env_mask is 0 exactly on the feedback block; the episode record holds the
+    feedback the grader gives for answer 1."""
+    problems = [EVENS, PROBLEMS["p002_last_element"]]
+    tok = load_tokenizer(str(model_dir))
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
+                      max_completion_length=16, use_cpu=True, bf16=False, report_to=[], max_steps=1)
+    rollout = RepairRollout(problems, lambda p, a: feedback_for(scorer.grader, p, a), 1, 16, tok, scorer.pool)
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    trainer = GRPOTrainer(model=load_model(str(model_dir)), reward_funcs=[lambda completions, **k: [0.0] * len(completions)],
+                          args=args, train_dataset=Dataset.from_list([{"prompt": chat_messages(p.prompt)} for p in problems]),
+                          processing_class=tok, rollout_func=rollout)
+    prompts = [chat_messages(p.prompt) for p in problems for _ in range(2)]
+    out = rollout(prompts, trainer)
+    assert len(out["completion_ids"]) == len(out["env_mask"]) == 4 and out["logprobs"] is None
+    for ids, mask, ep, prompt in zip(out["completion_ids"], out["env_mask"], out["repair"], prompts):
+        assert len(ids) == len(mask)
+        # random weights never compile: every episode gets feedback and uses its one repair turn
+        assert ep["turns"] == 2 and ep["ended"] == ENDED_TURNS and len(ep["feedback"]) == 1
+        first, second = ep["answer_tokens"]
+        assert mask == [1] * first + [0] * (len(ids) - first - second) + [1] * second
+        masked = tok.decode(ids[first:len(ids) - second])
+        assert ep["feedback"][0].splitlines()[0] in masked and masked.endswith("<|im_start|>assistant\n")
+        assert tok.decode(ids[:first], skip_special_tokens=True) == ep["answers"][0]
+        problem = rollout.problem_of(prompt)
+        assert ep["feedback"][0] == feedback_for(scorer.grader, problem, ep["answers"][0]).text
+
+
+def test_a_plumbing_run_with_a_repair_turn_logs_its_turns(tmp_path, cache_home):
+    train(tmp_path, run_env(tmp_path, cache_home, GRPO_REPAIR_TURNS="1", GRPO_MAX_STEPS="2"))
+    run = tmp_path / "run"
+    lines = log_lines(run)
+    check_log_wellformed(lines)
+    assert len([line for line in lines if line.startswith("[Repair]")]) == 2
+    records = read_jsonl(run / "reward_logs" / "completions.jsonl")
+    assert records and all(len(r["turns"]) in (1, 2) and r["turns"][-1]["completion"] == r["completion"] for r in records)
+    for r in records:
+        assert [t["feedback"] is None for t in r["turns"]] == [False] * (len(r["turns"]) - 1) + [True]
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert all(m["repair_turns"] >= 1 for m in metrics)
+    report = analyze.render_markdown(analyze.analyze(run))
+    assert "## Repair Turns" in report
+
+
+def test_no_repair_turn_is_today_s_run_exactly(tmp_path, cache_home):
+    """GRPO_REPAIR_TURNS=0 is the single-turn trainer: the same completions and rewards, no turns."""
+    runs = {}
+    for name, extra in (("unset", {}), ("zero", {"GRPO_REPAIR_TURNS": "0"})):
+        d = tmp_path / name
+        d.mkdir()
+        train(d, run_env(d, cache_home, GRPO_MAX_STEPS="2", **extra))
+        runs[name] = [(r["problem_id"], r["completion"], r["reward"]) for r in
+                      read_jsonl(d / "run" / "reward_logs" / "completions.jsonl")]
+        assert not any("turns" in r for r in read_jsonl(d / "run" / "reward_logs" / "completions.jsonl"))
+        assert not any(line.startswith("[Repair]") for line in log_lines(d / "run"))
+    assert runs["unset"] == runs["zero"] and len(runs["zero"]) == 8
