@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 import warnings
@@ -32,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+from bench import fresh_run_dir
 from ocaml_grpo.config.settings import cache_dir
 from ocaml_grpo.grading.feedback import feedback_for
 from ocaml_grpo.jsonl import read_jsonl
@@ -86,12 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from transformers.utils import logging as hf_logging
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)  # as train.py
-    out = Path(args.out).resolve()
-    if out.is_dir() and any(out.iterdir()) and not (out / MARK).exists():
-        sys.exit(f"{out} holds files this benchmark did not write; give another --out")
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    (out / MARK).touch()  # a rerun may start this directory over
+    out = fresh_run_dir(args.out, MARK)
     t0 = time.time()
     echo = lambda l: l.startswith(("[SFT]", "repair turns", "done in", "warning"))  # noqa: E731
 

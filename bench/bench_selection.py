@@ -26,13 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 import warnings
 from dataclasses import replace
 from pathlib import Path
 
+from bench import fresh_run_dir
 from ocaml_grpo.training import demo
 from ocaml_grpo.training.tiny_models import ensure_learner_model, learner_model_dir
 from ocaml_grpo.config.settings import cache_dir
@@ -88,12 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from transformers.utils import logging as hf_logging
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)  # as train.py
-    out = Path(args.out).resolve()
-    if out.is_dir() and any(out.iterdir()) and not (out / MARK).exists():
-        sys.exit(f"{out} holds files this benchmark did not write; give another --out")
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    (out / MARK).touch()  # a rerun may start this directory over
+    out = fresh_run_dir(args.out, MARK)
     t0 = time.time()
     group = int(RECIPE.generations)
     model = ensure_learner_model(learner_model_dir(cache_dir(os.environ)))

@@ -15,19 +15,12 @@ from ocaml_grpo.reward.parts import discounted
 from ocaml_grpo.training.models import load_model, load_tokenizer
 from ocaml_grpo.training.repair import ENDED_TURNS, FeedbackBlock, RepairRollout
 from ocaml_grpo.training.tiny_models import ensure_plumbing_model
-from rewards import RewardConfig, RewardScorer, make_reward_function
+from rewards import make_reward_function
 
 PROBLEMS = {p.id: p for p in load_problems("bundled")}
 EVENS = PROBLEMS["p001_count_evens"]
 RIGHT = "let count_evens (xs : int list) : int =\n  List.length (List.filter (fun x -> x mod 2 = 0) xs)"
 WRONG = "let count_evens (xs : int list) : int =\n  List.length xs"
-
-
-@pytest.fixture(scope="module")
-def scorer():
-    s = RewardScorer(RewardConfig(min_lines=0, workers=2))
-    yield s
-    s.close()
 
 
 @pytest.fixture(scope="module")
