@@ -114,3 +114,12 @@ def test_no_repair_turn_is_today_s_run_exactly(tmp_path, cache_home):
         assert not any("turns" in r for r in read_jsonl(d / "run" / "reward_logs" / "completions.jsonl"))
         assert not any(line.startswith("[Repair]") for line in log_lines(d / "run"))
     assert runs["unset"] == runs["zero"] and len(runs["zero"]) == 8
+
+
+@pytest.mark.slow
+def test_repair_turns_with_the_paged_engine(tmp_path, cache_home):
+    """The rollout generates each turn with the trainer's own engine: the paged engine too."""
+    train(tmp_path, run_env(tmp_path, cache_home, GRPO_REPAIR_TURNS="1", GRPO_CONTINUOUS_BATCHING="1",
+                            GRPO_MAX_STEPS="1", GRPO_SAVE_STEPS="10"))
+    records = read_jsonl(tmp_path / "run" / "reward_logs" / "completions.jsonl")
+    assert len(records) == 4 and all(len(r["turns"]) == 2 and r["turns"][0]["feedback"] for r in records)
