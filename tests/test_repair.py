@@ -53,7 +53,7 @@ def test_the_feedback_block_is_the_chat_template_s(model_dir):
     cut_off = tok.decode(block.ids("Type error at line 2", answer_ended=False))
     assert after_eos == "\n<|im_start|>user\nType error at line 2<|im_end|>\n<|im_start|>assistant\n"
     assert cut_off == "<|im_end|>" + after_eos  # an answer cut at the limit gets its end-of-turn here
-    long = tok.decode(block.ids("x " * 2000, answer_ended=True))
+    long = tok.decode(block.ids(block.shown("x " * 2000), answer_ended=True))
     assert long.endswith(" ...<|im_end|>\n<|im_start|>assistant\n") and len(long) < 2000
 
 

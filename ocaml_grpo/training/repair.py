@@ -62,10 +62,13 @@ class FeedbackBlock:
         self._convo = convo
         self.eos = tokenizer.eos_token or ""
 
-    def ids(self, feedback: str, answer_ended: bool) -> list[int]:
+    def shown(self, feedback: str) -> str:
+        """The feedback as the model reads it: cut at FEEDBACK_TOKENS."""
         words = self.tokenizer(feedback, add_special_tokens=False)["input_ids"]
-        if len(words) > FEEDBACK_TOKENS:
-            feedback = self.tokenizer.decode(words[:FEEDBACK_TOKENS]) + " ..."
+        return feedback if len(words) <= FEEDBACK_TOKENS else self.tokenizer.decode(words[:FEEDBACK_TOKENS]) + " ..."
+
+    def ids(self, feedback: str, answer_ended: bool) -> list[int]:
+        """The block's tokens for feedback already cut (`shown`)."""
         full = self.tokenizer.apply_chat_template(self._convo + [{"role": "user", "content": feedback}],
                                                   add_generation_prompt=True, tokenize=False)
         closing = self.closing
@@ -120,11 +123,12 @@ class RepairRollout:
                 if fb.text is None:
                     episodes[i].ended = ENDED_PASSED
                     continue
-                block = self.block.ids(fb.text, bool(last[i]) and last[i][-1] in eos)
+                shown = self.block.shown(fb.text)
+                block = self.block.ids(shown, bool(last[i]) and last[i][-1] in eos)
                 if len(prompt_ids[i]) + len(ids[i]) + len(block) + self.max_completion > context:
                     episodes[i].ended = ENDED_BUDGET
                     continue
-                episodes[i].feedback.append(fb.text)
+                episodes[i].feedback.append(shown)
                 go.append(i)
                 blocks.append(block)
             if not go:
@@ -158,7 +162,8 @@ def sample_episodes(model_id: str, adapter: str | None, problems: list[Problem],
                     temperature: float, batch_size: int, seed: int, top_k: int | None = None) -> list[list[Episode]]:
     """`samples` episodes per problem, sampled outside the trainer (evaluate.py, the benchmark):
     the same feedback, the same turn rule as the rollout; each turn re-renders the conversation
-    with the chat template instead of concatenating token ids."""
+    with the chat template instead of concatenating token ids, and feedback is not cut at
+    FEEDBACK_TOKENS (a compile error's is under 600 characters; examples are the prompt's own)."""
     texts, lens = generate_hf(model_id, adapter, [chat_messages(p.prompt) for p in problems], samples,
                               max_new_tokens, temperature, batch_size, seed, top_k=top_k, progress=False)
     episodes = [[Episode([t], [], [n]) for t, n in zip(ts, ns)] for ts, ns in zip(texts, lens)]
