@@ -68,9 +68,7 @@ def repair_line(r: StepRecord) -> str | None:
     at turn 1 and of those repair turned mixed. None without repair turns."""
     if r.repair is None:
         return None
-    v = {k: _fmt(r.repair.get(k), ".2f") for k in REPAIR_KEYS}
-    return (f"[Repair] epoch {r.epoch:.2f}  pass_turn1={v['pass_turn1']}  pass_final={v['pass_final']}  "
-            f"turns={v['turns']}  too_hard_turn1={v['too_hard_turn1']}  too_hard_to_mixed={v['too_hard_to_mixed']}")
+    return f"[Repair] epoch {r.epoch:.2f}  " + "  ".join(f"{k}={_fmt(r.repair.get(k), '.2f')}" for k in REPAIR_KEYS)
 
 
 def metric_lines(r: StepRecord) -> list[str]:
