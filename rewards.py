@@ -209,7 +209,9 @@ def make_reward_function(output_dir: str | Path | None, max_completion_tokens: i
     (group_kinds.py) and the groups are handed to `on_groups(step, groups)`.
     With repair turns (training/repair.py's rollout passes each completion's episode as `repair`)
     the final answer is graded on the hidden tests and discounted per extra turn; every answer is
-    graded too, for the logs and the [Repair] metrics only."""
+    graded too, for the logs and the [Repair] metrics, and each episode record gets its answers'
+    grades (`grades`, undiscounted): the trainer gives the first answer its own advantage from them
+    (training/trainer.py)."""
     scorer = scorer or RewardScorer()
     # Under accelerate every process scores (and logs) its own share of the batch: each line is
     # written once, whole, by the process that scored it, tagged with its rank.
@@ -247,7 +249,8 @@ def make_reward_function(output_dir: str | Path | None, max_completion_tokens: i
             turns = [[{"completion": e["answers"][t], "feedback": e["feedback"][t] if t < len(e["feedback"]) else None,
                        "reward": (graded[(k, t)] if t < e["turns"] - 1 else breakdowns[k]).reward}
                       for t in range(e["turns"])] for k, e in enumerate(episodes)]
-            for b, e in zip(breakdowns, episodes):
+            for b, e, record in zip(breakdowns, episodes, turns):
+                e["grades"] = [t["reward"] for t in record]
                 b.reward = discounted(b.reward, e["turns"], repair_discount)
         for b in breakdowns:
             b.phase = phase

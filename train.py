@@ -197,7 +197,8 @@ def main(argv: list[str]) -> int:
     from trl import GRPOConfig
 
     from ocaml_grpo.training.callbacks import GracefulStop, LearningLog
-    from ocaml_grpo.training.tracking import TrackedGRPOTrainer, shared_update
+    from ocaml_grpo.training.tracking import shared_update
+    from ocaml_grpo.training.trainer import OcamlGRPOTrainer
 
     if plumbing_model:
         ensure_plumbing_model(PLUMBING_MODEL_DIR)
@@ -330,9 +331,9 @@ def main(argv: list[str]) -> int:
     callback = LearningLog(out_dir / "learning.log", header, resumed=resume_from is not None,
                            auto_stop=train.auto_stop, echo=is_main, stop=stop,
                            curriculum=cfg.reward.weights if train.curriculum else None)
-    trainer = TrackedGRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=train_dataset,
-                                 processing_class=tokenizer, peft_config=peft_config, callbacks=[callback, stop],
-                                 tracker=tracker, rollout_func=rollout)
+    trainer = OcamlGRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=train_dataset,
+                               processing_class=tokenizer, peft_config=peft_config, callbacks=[callback, stop],
+                               tracker=tracker, rollout_func=rollout)
     trainer.remove_callback(PrinterCallback)  # its ~1,000-character metrics dict per step: LearningLog prints instead
 
     # ------------------------------------------------------------------------- train

@@ -58,7 +58,10 @@ def negate_rewards() -> None:
         graded = make(*a, **kw)
 
         async def syntax_aware_reward(*x, **k):
-            return [None if r is None else -r for r in await graded(*x, **k)]
+            flipped = [None if r is None else -r for r in await graded(*x, **k)]
+            for episode in k.get("repair") or []:  # repair turns: the first answer's own advantage too
+                episode["grades"] = [None if g is None else -g for g in episode["grades"]]
+            return flipped
         return syntax_aware_reward
     rewards.make_reward_function = negated
 

@@ -3,6 +3,7 @@ the reward's discount with the real grader, and plumbing runs of train.py."""
 import asyncio
 
 import pytest
+import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
@@ -13,8 +14,9 @@ from ocaml_grpo.problems import load_problems
 from ocaml_grpo.prompting import chat_messages
 from ocaml_grpo.reward.parts import discounted
 from ocaml_grpo.training.models import load_model, load_tokenizer
-from ocaml_grpo.training.repair import ENDED_TURNS, FeedbackBlock, RepairRollout
+from ocaml_grpo.training.repair import ENDED_TURNS, FeedbackBlock, RepairRollout, first_answer_advantages
 from ocaml_grpo.training.tiny_models import ensure_plumbing_model
+from ocaml_grpo.training.trainer import OcamlGRPOTrainer
 from rewards import make_reward_function
 
 PROBLEMS = {p.id: p for p in load_problems("bundled")}
@@ -84,6 +86,66 @@ def test_the_rollout_masks_feedback_and_keeps_each_turn(tmp_path, model_dir, sco
         assert tok.decode(ids[:first], skip_special_tokens=True) == ep["answers"][0]
         problem = rollout.problem_of(prompt)
         assert ep["feedback"][0] == feedback_for(scorer.grader, problem, ep["answers"][0]).text
+
+
+def normalised(values, scale="group"):
+    t = torch.tensor(values)
+    centred = t - t.mean()
+    return centred / (t.std() + 1e-4) if scale != "none" else centred
+
+
+def test_a_first_answer_is_judged_by_its_own_grade():
+    """One group: right at once (1.0), wrong then repaired (0.1, then 1.0: the episode earns 0.8),
+    wrong twice (0.1), half right at once (0.5). TRL would give the repaired episode's first answer
+    its repair's credit; here it gets its own grade's, as single-turn GRPO would."""
+    episode = normalised([1.0, 0.8, 0.1, 0.5])  # TRL's advantages of the episodes' rewards
+    first = normalised([1.0, 0.1, 0.1, 0.5])
+    lengths = [3, 2, 2, 4]
+    got = first_answer_advantages(episode, [1.0, 0.1, 0.1, 0.5], lengths, 4, "group", 6)
+    assert got.shape == (4, 6)
+    for i, n in enumerate(lengths):
+        assert torch.allclose(got[i, :n], first[i].expand(n), atol=1e-3)
+        assert torch.equal(got[i, n:], episode[i].expand(6 - n))
+    assert got[1, 0] < 0 < got[1, 2]  # the wrong first answer is pushed down, its repair up
+    assert got[0, 0] == got[:, 0].max()  # right at once: the most credit of any first answer
+    # groups are normalised apart; "none" only centres; an ungraded first answer gets nothing
+    two = first_answer_advantages(torch.zeros(4), [0.0, 1.0, 0.2, None], [1] * 4, 2, "none", 1)
+    assert torch.allclose(two[:, 0], torch.tensor([-0.5, 0.5, 0.0, 0.0]))
+    batch = first_answer_advantages(torch.zeros(4), [0.0, 1.0, 0.0, 1.0], [1] * 4, 2, "batch", 1)
+    assert torch.allclose(batch[:, 0], normalised([0.0, 1.0, 0.0, 1.0]), atol=1e-3)
+
+
+def test_the_trainer_gives_the_first_answer_its_own_advantage(tmp_path, model_dir, scorer, monkeypatch):
+    """The real trainer, rollout and generation (random weights: every episode takes its repair
+    turn), a reward function that scripts the grades: the loss's advantages are per token, the
+    first answer's from its grade, the repair's from the episode's reward."""
+    problems = [EVENS, PROBLEMS["p002_last_element"]]
+    finals, firsts = [0.8, 0.0, 0.4, 0.0], [0.1, 0.3, 0.0, 0.2]
+
+    def scripted(completions, repair, **k):
+        for e, f, r in zip(repair, firsts, finals):
+            e["grades"] = [f, r]
+        return finals
+
+    tok = load_tokenizer(str(model_dir))
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
+                      max_completion_length=8, use_cpu=True, bf16=False, report_to=[], max_steps=1)
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    trainer = OcamlGRPOTrainer(model=load_model(str(model_dir)), reward_funcs=[scripted], args=args,
+                               train_dataset=Dataset.from_list([{"prompt": chat_messages(p.prompt)} for p in problems]),
+                               processing_class=tok, tracker=None,
+                               rollout_func=RepairRollout(problems, lambda p, a: feedback_for(scorer.grader, p, a), 1, 8,
+                                                          tok, scorer.pool))
+    inputs = [{"prompt": chat_messages(p.prompt)} for p in problems for _ in range(2)]
+    out = trainer._generate_and_score_completions(inputs)
+    adv = out["advantages"]
+    assert adv.shape == out["completion_ids"].shape
+    for i, row in enumerate(inputs):
+        n, group = row["repair"]["answer_tokens"][0], slice(i - i % 2, i - i % 2 + 2)
+        assert row["repair"]["turns"] == 2
+        assert torch.allclose(adv[i, :n], normalised(firsts[group])[i % 2].expand(n), atol=1e-3)
+        assert torch.allclose(adv[i, n:], normalised(finals[group])[i % 2].expand(adv.shape[1] - n), atol=1e-3)
+    assert adv[0, 0] < 0 < adv[0, -1]  # repaired to 0.8 from a first answer worse than its partner's
 
 
 def test_a_plumbing_run_with_a_repair_turn_logs_its_turns(tmp_path, cache_home):

@@ -15,6 +15,13 @@ N x FEEDBACK_TOKENS tokens after a prompt of at most GRPO_MAX_PROMPT. A further 
 when the prompt, the episode so far, the feedback and a whole answer fit the model's context
 (max_position_embeddings); otherwise the episode ends there. The reward grades the final answer on
 the hidden tests (rewards.py).
+
+Credit: TRL gives every token of a completion one advantage, the episode's. A wrong first answer
+whose repair then earned 0.8 would be reinforced as if it had been right. So the first answer's
+tokens get their own (first_answer_advantages): the first answer's grade against its group's first
+answers, what single-turn GRPO would give it; the later answers keep the episode's. Measured on
+CPU (bench/BENCHMARKS.md), 3 seeds: the turn-1 pass rate after 24 steps rose from 0.32 to 0.41, the
+final one from 0.32 to 0.43.
 """
 from __future__ import annotations
 
@@ -145,6 +152,31 @@ class RepairRollout:
             live = go
         return {"prompt_ids": prompt_ids, "completion_ids": ids, "logprobs": logprobs, "env_mask": mask,
                 "repair": [e.__dict__ | {"turns": e.turns} for e in episodes]}
+
+
+def first_answer_advantages(episode_advantages, first_grades: list[float | None], first_lengths: list[int],
+                            group_size: int, scale_rewards: str, width: int, mine: slice = slice(None)):
+    """Per-token advantages, (completions, width): every token keeps its episode's advantage (TRL's,
+    `episode_advantages`), except the first answer's `first_lengths[i]` tokens, which get the first
+    answer's grade normalised as TRL normalises rewards (minus its group's mean, divided by the
+    group's or the batch's std, or not: GRPO_SCALE_REWARDS) among the first answers of its group.
+    An ungraded first answer (None) gets 0, as TRL gives an unscorable completion. With several
+    processes the grades and lengths are the whole batch's and `mine` is this process's share."""
+    import torch
+    from trl.trainer.utils import nanstd
+
+    grades = torch.tensor([float("nan") if g is None else float(g) for g in first_grades])
+    grouped = grades.view(-1, group_size)
+    first = grouped - torch.nanmean(grouped, dim=1, keepdim=True)
+    if scale_rewards == "group":
+        first = first / (nanstd(grouped, dim=1, keepdim=True) + 1e-4)
+    elif scale_rewards == "batch":
+        first = first / (nanstd(grades) + 1e-4)
+    first = torch.nan_to_num(first.reshape(-1), nan=0.0)[mine].to(episode_advantages.device, episode_advantages.dtype)
+    per_token = episode_advantages.unsqueeze(1).repeat(1, width)
+    for i, n in enumerate(first_lengths[mine]):
+        per_token[i, :n] = first[i]
+    return per_token
 
 
 def conversation(problem: Problem, episode: Episode) -> list[dict]:

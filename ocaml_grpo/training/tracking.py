@@ -1,5 +1,5 @@
-"""Online difficulty tracking in the trainer: a GRPOTrainer whose sampler draws the problems whose
-last group taught nothing less often (group_stats.ProblemTracker decides, by group_stats.learnable).
+"""Online difficulty tracking in the trainer: a sampler (the trainer's, training/trainer.py) that draws
+the problems whose last group taught nothing less often (group_stats.ProblemTracker decides, by group_stats.learnable).
 
 TRL 1.16 draws prompts with its RepeatSampler: each epoch a permutation of the problems, cut into
 generation batches of distinct prompts, each prompt repeated num_generations times. The
@@ -23,7 +23,6 @@ from typing import Iterator, Sequence
 
 import torch
 from torch.utils.data import Sampler
-from trl import GRPOTrainer
 
 from ocaml_grpo.training.group_kinds import GroupStat, ProblemTracker
 
@@ -74,20 +73,3 @@ def shared_update(tracker: ProblemTracker):
             groups = gather_object(groups)
         tracker.update(step, groups)
     return on_groups
-
-
-class TrackedGRPOTrainer(GRPOTrainer):
-    """TRL's GRPOTrainer with the TrackedSampler in place of RepeatSampler; tracker=None: TRL's own."""
-
-    def __init__(self, *args, tracker: ProblemTracker | None, **kwargs):
-        self.tracker = tracker
-        super().__init__(*args, **kwargs)
-
-    def _get_train_sampler(self, dataset=None) -> Sampler:
-        if self.tracker is None:
-            return super()._get_train_sampler(dataset)
-        dataset = self.train_dataset if dataset is None else dataset
-        return TrackedSampler(dataset["id"], self.tracker, mini_repeat_count=self.num_generations,
-                              batch_size=self.args.generation_batch_size // self.num_generations,
-                              repeat_count=self.num_iterations * self.args.steps_per_generation,
-                              shuffle=self.shuffle_dataset, seed=self.args.seed)

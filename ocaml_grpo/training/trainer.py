@@ -1,0 +1,55 @@
+"""The GRPOTrainer train.py runs: TRL's, with two hooks.
+
+- The sampler: with a ProblemTracker, tracking.TrackedSampler draws the generation batches in place
+  of TRL's RepeatSampler (problems whose last group taught nothing come back less often).
+- Repair episodes (GRPO_REPAIR_TURNS): the first answer's tokens get the first answer's own
+  advantage, the later answers' keep the episode's (repair.first_answer_advantages). The per-answer
+  grades come from the reward function, which writes them into each episode record (`grades`);
+  TRL 1.16's loss takes advantages per token, shaped (completions, tokens), from a subclass.
+"""
+from __future__ import annotations
+
+from torch.utils.data import Sampler
+from trl import GRPOTrainer
+
+from ocaml_grpo.training.group_kinds import ProblemTracker
+from ocaml_grpo.training.repair import first_answer_advantages
+from ocaml_grpo.training.tracking import TrackedSampler
+
+
+class OcamlGRPOTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer; tracker=None: TRL's own sampler."""
+
+    def __init__(self, *args, tracker: ProblemTracker | None, **kwargs):
+        self.tracker = tracker
+        super().__init__(*args, **kwargs)
+
+    def _get_train_sampler(self, dataset=None) -> Sampler:
+        if self.tracker is None:
+            return super()._get_train_sampler(dataset)
+        dataset = self.train_dataset if dataset is None else dataset
+        return TrackedSampler(dataset["id"], self.tracker, mini_repeat_count=self.num_generations,
+                              batch_size=self.args.generation_batch_size // self.num_generations,
+                              repeat_count=self.num_iterations * self.args.steps_per_generation,
+                              shuffle=self.shuffle_dataset, seed=self.args.seed)
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        if not inputs or "repair" not in inputs[0]:
+            return out
+        episodes = [row["repair"] for row in inputs]
+        if any("grades" not in e for e in episodes):
+            raise RuntimeError("repair turns: an episode without its answers' grades (the reward function, "
+                               "rewards.make_reward_function, writes them)")
+        grades = [e["grades"][0] for e in episodes]
+        lengths = [e["answer_tokens"][0] for e in episodes]
+        # TRL normalises over the whole generation batch, which other processes hold parts of
+        start = 0
+        if self.accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+            grades, lengths = gather_object(grades), gather_object(lengths)
+            start = self.accelerator.process_index * len(inputs)
+        out["advantages"] = first_answer_advantages(out["advantages"], grades, lengths, self.num_generations,
+                                                    self.scale_rewards, out["completion_ids"].shape[1],
+                                                    slice(start, start + len(inputs)))
+        return out
