@@ -28,6 +28,7 @@ from pathlib import Path
 from ocaml_grpo.grading import harness
 from ocaml_grpo.grading import source as src
 from ocaml_grpo.grading.completions import assemble_solution, extract_code
+from ocaml_grpo.grading.toolcache import Toolchain
 from ocaml_grpo.problems import Problem, load_problems
 from ocaml_grpo.config.settings import from_env
 from rewards import RewardConfig, RewardScorer
@@ -78,19 +79,21 @@ def no_loop_corpus(problems: list[Problem], seed: int = 0) -> list[tuple[Problem
     return corpus
 
 
-def naive_score(p: Problem, completion: str, wall_s: float) -> bool:
-    """ocamlc -c, ocamlc -o, run: sequential, unisolated. Returns whether the tests passed."""
+def naive_score(p: Problem, completion: str, wall_s: float, toolchain: Toolchain) -> bool:
+    """ocamlc -c, ocamlc -o, run: sequential, unisolated, with the grader's toolchain (the system's,
+    or the offline bundle's). Returns whether the tests passed."""
     solution, _ = assemble_solution(extract_code(completion), p.prompt)
+    ocamlc, ocamlrun = toolchain.which("ocamlc", "ocaml-nox"), toolchain.which("ocamlrun", "ocaml-nox")
     d = tempfile.mkdtemp(prefix="naive-")
     try:
         with open(os.path.join(d, "main.ml"), "w") as f:
             f.write(solution + "\n;;\n" + p.tests + "\n")
-        if subprocess.run(["ocamlc", "-w", "-a", "-c", "main.ml"], cwd=d, capture_output=True).returncode:
-            return False
-        if subprocess.run(["ocamlc", "-w", "-a", "-o", "main", "main.ml"], cwd=d, capture_output=True).returncode:
-            return False
+        for args in (["-c", "main.ml"], ["-o", "main", "main.ml"]):
+            if subprocess.run([ocamlc, "-w", "-a", *args], cwd=d, env=toolchain.host_env, capture_output=True).returncode:
+                return False
         try:
-            return subprocess.run(["./main"], cwd=d, capture_output=True, timeout=wall_s).returncode == 0
+            return subprocess.run([ocamlrun, "main"], cwd=d, env=toolchain.host_env, capture_output=True,
+                                  timeout=wall_s).returncode == 0
         except subprocess.TimeoutExpired:
             return False
     finally:
@@ -114,7 +117,7 @@ def side_by_side(name: str, corpus: list[tuple[Problem, str, str]], scorer: Rewa
     runs = []
     for r in range(rounds):
         t0 = time.perf_counter()
-        naive = [naive_score(p, c, wall) for p, c, _ in corpus]
+        naive = [naive_score(p, c, wall, scorer.grader.sandbox.toolchain) for p, c, _ in corpus]
         t_naive = time.perf_counter() - t0
         forget(scorer)
         t0 = time.perf_counter()

@@ -165,6 +165,9 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
             step_times.append(time.perf_counter() - self.t0)
             if on_gpu:
                 peak_used[0] = max(peak_used[0], device_used_gb())
+            # progress, for a run cut off by a time limit: what each step took so far
+            kind = "warm-up" if len(step_times) <= a.warmup else "measured"
+            print(f"{engine}: step {len(step_times)} ({kind}) {step_times[-1]:.1f} s", flush=True)
 
     trainer = GRPOTrainer(model=model, reward_funcs=[syntax_aware_reward], args=args,
                           train_dataset=Dataset.from_list(rows), processing_class=tokenizer, peft_config=peft,
@@ -241,6 +244,8 @@ def main() -> None:
     print(f"device: {'CUDA' if on_gpu else 'CPU'}; model: {a.model} ({graded}, {'bf16' if on_gpu else 'fp32'}); "
           f"{a.prompts} prompts x {a.generations} generations, completion {a.completion} tokens, prompts <= "
           f"{a.max_prompt} tokens, LoRA r=32; {a.warmup} warm-up + {a.steps} measured steps", flush=True)
+    header = (f"{'engine':<9}{'step s':>8}{'gen s':>8}{'gen tok/s':>11}{'vs default':>11}{'reward s':>10}"
+              f"{'reward %':>10}{'train s':>9}{'alloc GB':>10}{'used GB':>9}")
     results, failed = [], []
     for engine in engines:
         if engine == "vllm" and importlib.util.find_spec("vllm") is None:
@@ -251,25 +256,38 @@ def main() -> None:
         except Exception as e:  # an engine that cannot run here is a result, not a crash of the others
             print(f"{engine}: failed: {type(e).__name__}: {str(e)[:300]}")
             failed.append(engine)
-    base_r = next((r for r in results if r["engine"] == "default"), None)
-    gb = lambda v: f"{v:.1f}" if v is not None else "-"  # noqa: E731
-    print(f"{'engine':<9}{'step s':>8}{'gen s':>8}{'gen tok/s':>11}{'vs default':>11}{'reward s':>10}"
-          f"{'reward %':>10}{'train s':>9}{'alloc GB':>10}{'used GB':>9}")
-    for r in results:
-        ratio = r["generation_tok_per_s"] / base_r["generation_tok_per_s"] if base_r else float("nan")
-        print(f"{r['engine']:<9}{r['step_s']:>8.2f}{r['generation_s']:>8.2f}{r['generation_tok_per_s']:>11.1f}"
-              f"{ratio:>10.2f}x{r['reward_s']:>10.3f}{100 * r['reward_share']:>9.1f}%{r['train_s']:>9.2f}"
-              f"{gb(r['peak_alloc_gb']):>10}{gb(r['peak_used_gb']):>9}")
-    device = results[0]["device"] if results else ("CUDA" if on_gpu else "CPU")
-    print(f"device: {device}")
+            continue
+        # each engine's figures as soon as it has them: a run cut off by a time limit keeps what it measured
+        print(header, row(results[-1], results), sep="\n", flush=True)
+        write_json(a, results, failed)
+    if len(results) > 1:  # the engines side by side
+        print("\n" + header)
+        for r in results:
+            print(row(r, results))
+    print(f"device: {results[0]['device'] if results else ('CUDA' if on_gpu else 'CPU')}")
     if results:
         print(f"prompts kept: {results[0]['prompts_kept']} (longest {results[0]['prompt_tokens_max']} tokens); "
               f"generated tokens per step: {results[0]['generation_tokens_per_step']:.0f}")
-    if a.json:
-        Path(a.json).write_text(json.dumps({"device": device, "model": a.model, "config": vars(a),
-                                            "results": results, "failed": failed}, indent=2))
+    write_json(a, results, failed)
     if failed:
         sys.exit(f"failed engines: {', '.join(failed)} (the error is printed above the table)")
+
+
+def row(r: dict, results: list[dict]) -> str:
+    """One engine's line of the table; `vs default`: its generation speed over the default engine's."""
+    base = next((b for b in results if b["engine"] == "default"), None)
+    ratio = r["generation_tok_per_s"] / base["generation_tok_per_s"] if base else float("nan")
+    gb = lambda v: f"{v:.1f}" if v is not None else "-"  # noqa: E731
+    return (f"{r['engine']:<9}{r['step_s']:>8.2f}{r['generation_s']:>8.2f}{r['generation_tok_per_s']:>11.1f}"
+            f"{ratio:>10.2f}x{r['reward_s']:>10.3f}{100 * r['reward_share']:>9.1f}%{r['train_s']:>9.2f}"
+            f"{gb(r['peak_alloc_gb']):>10}{gb(r['peak_used_gb']):>9}")
+
+
+def write_json(a: argparse.Namespace, results: list[dict], failed: list[str]) -> None:
+    if a.json:
+        device = results[0]["device"] if results else ("CUDA" if torch.cuda.is_available() else "CPU")
+        Path(a.json).write_text(json.dumps({"device": device, "model": a.model, "config": vars(a),
+                                            "results": results, "failed": failed}, indent=2))
 
 
 if __name__ == "__main__":

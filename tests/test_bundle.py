@@ -31,6 +31,7 @@ from ocaml_grpo.grading.toolcache import ToolchainError
 ARCHIVE = ROOT / "dist" / "ocaml-grpo-offline.tar.xz"
 # What a GPU machine has, with what these need (requirements-offline.txt: why pyarrow and pandas).
 ON_THE_MACHINE = ("torch", "transformers", "peft", "accelerate", "pyarrow", "pandas")
+DROPPED = ("trl", "datasets", "python-dotenv")  # what it lacks, with what they need beyond ON_THE_MACHINE
 # Run as root inside `unshare --mount --net`: what the grader could otherwise fall back on is
 # covered, a directory by an empty tmpfs, a file by /dev/null (neither found on PATH nor executable).
 HIDE = r"""
@@ -119,17 +120,25 @@ def test_a_bundle_made_from_other_sources_stops_start_up_naming_make_bundle(arch
         Sandbox(cfg.reward.sandbox)
 
 
-@pytest.mark.slow
-def test_the_bundle_installs_grades_and_trains_without_the_system_toolchain_or_network(archive, tmp_path, cache_home):
+def skip_without_namespaces() -> None:
     if os.geteuid() != 0 or not shutil.which("unshare"):
         pytest.skip("hiding the system's toolchain takes root and unshare (a mount namespace of its own)")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OCAML_TOOLCHAIN_DIR")}
+
+
+def without_toolchain_settings(env: dict) -> dict:
+    return {k: v for k, v in env.items() if k not in ("PYTHONPATH", "OCAML_TOOLCHAIN_DIR")}
+
+
+@pytest.mark.slow
+def test_the_bundle_installs_grades_and_trains_without_the_system_toolchain_or_network(archive, tmp_path, cache_home):
+    skip_without_namespaces()
+    env = without_toolchain_settings(os.environ)
     # Nothing to fall back on: no OCaml, findlib, bwrap or cc, no network.
     res = hidden(["sh", "-c", "command -v ocamlc ocamlfind ocamlrun bwrap cc; ls -A /usr/lib/ocaml; "
                   f"{sys.executable} -c 'import socket; socket.create_connection((\"1.1.1.1\", 443), timeout=3)'"], env)
     assert res.returncode != 0 and res.stdout == "" and "unreachable" in res.stderr, res
 
-    drop = needs(("trl", "datasets", "python-dotenv")) - needs(ON_THE_MACHINE)
+    drop = needs(DROPPED) - needs(ON_THE_MACHINE)
     assert {"trl", "datasets", "python-dotenv", "dill", "multiprocess"} <= drop
     assert drop <= bundled_distributions(archive)
     python = baseline_python(tmp_path / "machine", drop)
@@ -161,10 +170,27 @@ def test_the_bundle_installs_grades_and_trains_without_the_system_toolchain_or_n
     # Two training steps of the plumbing run, the printed command's way.
     run = tmp_path / "plumbing"
     run.mkdir()
-    train_env = {k: v for k, v in run_env(run, cache_home, GRPO_MAX_STEPS="2").items()
-                 if k not in ("PYTHONPATH", "OCAML_TOOLCHAIN_DIR")}
+    train_env = without_toolchain_settings(run_env(run, cache_home, GRPO_MAX_STEPS="2"))
     res = hidden([prefix / "bin" / "python", ROOT / "train.py"], train_env, cwd=run)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert json.loads((run / "run" / "config.json").read_text())["OCAML_TOOLCHAIN_DIR"] == f"{prefix}/ocaml"
     assert json.loads((run / "run" / "finished.json").read_text())["step"] == 2
     assert len(read_jsonl(run / "run" / "reward_logs" / "completions.jsonl")) == 2 * 2 * 2  # steps x prompts x completions
+
+
+@pytest.mark.slow
+def test_the_cuda_figures_script_measures_through_the_bundle(archive, tmp_path, cache_home):
+    """bench/cuda_figures.sh, what a lent GPU machine runs in one call, here on CPU (the tiny model),
+    with the system's toolchain hidden: every stage leaves its figures in OUT."""
+    skip_without_namespaces()
+    python = baseline_python(tmp_path / "machine", needs(DROPPED) - needs(ON_THE_MACHINE))
+    out = tmp_path / "out"
+    env = {**without_toolchain_settings(run_env(tmp_path, cache_home)), "PYTHON": str(python)}
+    res = hidden(["bash", ROOT / "bench" / "cuda_figures.sh", archive, out, "1"], env, timeout=600)
+    assert res.returncode == 0 and "] done" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "torch" in (out / "machine.txt").read_text()
+    for engine in ("default", "paged"):
+        data = json.loads((out / f"train_{engine}.json").read_text())
+        assert [(r["engine"], r["steps"]) for r in data["results"]] == [(engine, 1)] and data["failed"] == []
+    # the grader and the naive pipeline both on the bundle's toolchain: the same verdicts
+    assert re.search(r"^mixed\s+48\s.*\s48/48$", (out / "rewards.txt").read_text(), re.M), res.stdout[-3000:]

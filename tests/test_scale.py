@@ -110,6 +110,12 @@ def test_bench_train_runs_both_transformers_engines_on_the_tiny_model(tmp_path, 
         # random weights: the 4 answers are graded as stand-ins: correct, failing tests, type error, correct
         assert r["reward_mean"] == pytest.approx((1.0 + 0.35 + 0.15 + 1.0) / 4)
         assert 0 < r["generation_tokens_per_step"] <= 2 * 2 * 32
+    # progress per step, and each engine's row as soon as it is measured: a run cut off by a time
+    # limit (a lent GPU's call) keeps the engines it finished
+    out_lines = res.stdout.splitlines()
+    at = {k: next(i for i, line in enumerate(out_lines) if line.startswith(k))
+          for k in ("default: step 1 (warm-up)", "default: step 2 (measured)", "default ", "paged: step 1 (warm-up)")}
+    assert list(at.values()) == sorted(at.values()), res.stdout[-3000:]
 
 
 def test_engine_caches_are_sized_to_one_step():
