@@ -108,6 +108,10 @@ def test_a_first_answer_is_judged_by_its_own_grade():
         assert torch.equal(got[i, n:], episode[i].expand(6 - n))
     assert got[1, 0] < 0 < got[1, 2]  # the wrong first answer is pushed down, its repair up
     assert got[0, 0] == got[:, 0].max()  # right at once: the most credit of any first answer
+    # several processes: each normalises over the whole batch's grades and keeps its own rows
+    halves = [first_answer_advantages(episode[mine], [1.0, 0.1, 0.1, 0.5], lengths, 4, "group", 6, mine)
+              for mine in (slice(0, 2), slice(2, 4))]
+    assert torch.equal(torch.cat(halves), got)
     # groups are normalised apart; "none" only centres; an ungraded first answer gets nothing
     two = first_answer_advantages(torch.zeros(4), [0.0, 1.0, 0.2, None], [1] * 4, 2, "none", 1)
     assert torch.allclose(two[:, 0], torch.tensor([-0.5, 0.5, 0.0, 0.0]))

@@ -57,6 +57,21 @@ def test_two_processes_log_once_checkpoint_and_resume(tmp_path, cache_home):
 
 
 @pytest.mark.slow
+def test_two_processes_take_repair_turns(tmp_path, cache_home):
+    """Repair turns under accelerate: the first answers' grades are gathered from both processes
+    (training/trainer.py) and each process's episodes are logged by the rank that scored them."""
+    env = run_env(tmp_path, cache_home, GRPO_BATCH_SIZE=1, GRPO_MAX_STEPS=2, GRPO_SAVE_STEPS=10,
+                  GRPO_REPAIR_TURNS=1, AUDIT_DATASET=0)
+    launch(tmp_path, env)
+    run = tmp_path / "run"
+    assert len(check_log_wellformed(log_lines(run))) == 2
+    assert sum(line.startswith("[Repair]") for line in log_lines(run)) == 2
+    rows = read_jsonl(run / "reward_logs" / "completions.jsonl")
+    assert sorted((r["rank"], r["step"]) for r in rows) == [(0, 0), (0, 0), (0, 1), (0, 1), (1, 0), (1, 0), (1, 1), (1, 1)]
+    assert all(1 <= len(r["turns"]) <= 2 for r in rows)
+
+
+@pytest.mark.slow
 def test_train_generates_with_paged_continuous_batching(tmp_path, cache_home):
     env = run_env(tmp_path, cache_home, GRPO_CONTINUOUS_BATCHING=1, GRPO_MAX_STEPS=1, GRPO_SAVE_STEPS=10)
     train(tmp_path, env)
