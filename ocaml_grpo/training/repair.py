@@ -173,10 +173,9 @@ def first_answer_advantages(episode_advantages, first_grades: list[float | None]
     elif scale_rewards == "batch":
         first = first / (nanstd(grades) + 1e-4)
     first = torch.nan_to_num(first.reshape(-1), nan=0.0)[mine].to(episode_advantages.device, episode_advantages.dtype)
-    per_token = episode_advantages.unsqueeze(1).repeat(1, width)
-    for i, n in enumerate(first_lengths[mine]):
-        per_token[i, :n] = first[i]
-    return per_token
+    device = episode_advantages.device
+    in_first = torch.arange(width, device=device) < torch.tensor(first_lengths[mine], device=device).unsqueeze(1)
+    return torch.where(in_first, first.unsqueeze(1), episode_advantages.unsqueeze(1))
 
 
 def conversation(problem: Problem, episode: Episode) -> list[dict]:

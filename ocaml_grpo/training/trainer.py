@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+from accelerate.utils import gather_object
 from torch.utils.data import Sampler
 from trl import GRPOTrainer
 
@@ -41,14 +42,10 @@ class OcamlGRPOTrainer(GRPOTrainer):
         if any("grades" not in e for e in episodes):
             raise RuntimeError("repair turns: an episode without its answers' grades (the reward function, "
                                "rewards.make_reward_function, writes them)")
-        grades = [e["grades"][0] for e in episodes]
-        lengths = [e["answer_tokens"][0] for e in episodes]
         # TRL normalises over the whole generation batch, which other processes hold parts of
-        start = 0
-        if self.accelerator.num_processes > 1:
-            from accelerate.utils import gather_object
-            grades, lengths = gather_object(grades), gather_object(lengths)
-            start = self.accelerator.process_index * len(inputs)
+        grades = gather_object([e["grades"][0] for e in episodes])
+        lengths = gather_object([e["answer_tokens"][0] for e in episodes])
+        start = self.accelerator.process_index * len(inputs)
         out["advantages"] = first_answer_advantages(out["advantages"], grades, lengths, self.num_generations,
                                                     self.scale_rewards, out["completion_ids"].shape[1],
                                                     slice(start, start + len(inputs)))
