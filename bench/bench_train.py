@@ -46,6 +46,7 @@ import torch
 from bench.bench_rewards import variants
 from ocaml_grpo.training.tiny_models import ensure_plumbing_model, plumbing_model_dir
 from ocaml_grpo.training.models import checkpointing_kwargs
+from ocaml_grpo.training.named_models import NAMED, named_model_error, resolve_model
 from ocaml_grpo.config.settings import cache_dir, from_env
 from ocaml_grpo.training.engines import ENGINES, engine_kwargs
 from ocaml_grpo.problems import Problem, load_problems
@@ -76,13 +77,18 @@ def qwen_shaped_model_dir() -> Path:
 
 
 def resolve_model(name: str) -> tuple[Path, bool]:
-    """(model dir, random weights?) for `tiny`, `qwen1.5b-shape` or a local path."""
+    """(model dir, random weights?) for `tiny`, `qwen1.5b-shape`, a named model, a .gguf file or a local path."""
     if name == "tiny":
         return ensure_plumbing_model(plumbing_model_dir(cache_dir(os.environ))), True
     if name == "qwen1.5b-shape":
         return qwen_shaped_model_dir(), True
+    if name in NAMED or name.endswith(".gguf"):
+        if error := named_model_error("--model", name):
+            raise SystemExit(error)
+        return Path(resolve_model(name, cache_dir(os.environ))), False
     if not (Path(name) / "config.json").exists():
-        raise SystemExit(f"--model {name}: not `tiny`, `qwen1.5b-shape`, or a local model folder with config.json")
+        raise SystemExit(f"--model {name}: not `tiny`, `qwen1.5b-shape`, a named model ({', '.join(NAMED)}), a .gguf "
+                         "file, or a local model folder with config.json")
     return Path(name), False
 
 
@@ -222,7 +228,7 @@ def main() -> None:
     base = SEED_CONFIG if on_gpu else CPU_CONFIG
     ap.add_argument("--engines", default=None, help="comma list of default,paged,vllm (default: all available)")
     ap.add_argument("--model", default="qwen1.5b-shape" if on_gpu else "tiny",
-                    help="tiny | qwen1.5b-shape | a local model folder (default: qwen1.5b-shape on CUDA, tiny on CPU)")
+                    help="tiny | qwen1.5b-shape | smollm2-135m-instruct | a .gguf file | a local model folder (default: qwen1.5b-shape on CUDA, tiny on CPU)")
     ap.add_argument("--prompts", type=int, default=base["prompts"], help="prompts per step")
     ap.add_argument("--generations", type=int, default=base["generations"], help="completions per prompt")
     ap.add_argument("--completion", type=int, default=base["completion"], help="max completion tokens")

@@ -1,4 +1,10 @@
-"""The training prompt, shared by train.py and evaluate.py so evaluation sees what training sees."""
+"""The training prompt, shared by train.py and evaluate.py so evaluation sees what training sees.
+
+`examples` (GRPO_PROMPT_EXAMPLES, 0-3, default 3) is how many worked examples it carries. They are
+~430 of a ~730-token prompt (SmolLM2's tokenizer): a model the SFT warm start taught the answer
+format needs none of them, and on a CPU the prompt's tokens are most of what sampling and training
+compute. SFT, GRPO and evaluation must build the prompt with the same number.
+"""
 
 END_MARKER = "(* END *)"
 
@@ -26,7 +32,11 @@ EXAMPLES = [
      "  match xs with\n  | [] -> None\n  | x :: rest ->\n    let m = List.fold_left pick x rest in\n    Some m"),
 ]
 
-SHOTS = "\n\n".join(f"Problem:\n```ocaml\n{p}\n```\nAnswer:\n```ocaml\n{a}\n```\n{END_MARKER}" for p, a in EXAMPLES)
+ALL = len(EXAMPLES)  # the default: every worked example
+
+
+def shots(n: int) -> str:
+    return "\n\n".join(f"Problem:\n```ocaml\n{p}\n```\nAnswer:\n```ocaml\n{a}\n```\n{END_MARKER}" for p, a in EXAMPLES[:n])
 
 
 def answer_text(code: str) -> str:
@@ -35,20 +45,22 @@ def answer_text(code: str) -> str:
     return f"```ocaml\n{code.strip()}\n```\n{END_MARKER}"
 
 
-def user_message(problem_text: str) -> str:
-    return (f"{INSTRUCTIONS}\n\nExamples:\n\n{SHOTS}\n\nNow solve this problem.\nProblem:\n```ocaml\n"
+def user_message(problem_text: str, examples: int = ALL) -> str:
+    worked = f"Examples:\n\n{shots(examples)}\n\nNow solve this problem.\n" if examples else ""
+    return (f"{INSTRUCTIONS}\n\n{worked}Problem:\n```ocaml\n"
             f"{problem_text.strip()}\n```\nAnswer with the ```ocaml block, then {END_MARKER}.")
 
 
-def chat_messages(problem_text: str) -> list[dict]:
-    return [{"role": "user", "content": user_message(problem_text)}]
+def chat_messages(problem_text: str, examples: int = ALL) -> list[dict]:
+    return [{"role": "user", "content": user_message(problem_text, examples)}]
 
 
-def prompt_ids(tokenizer, problem_text: str) -> list[int]:
+def prompt_ids(tokenizer, problem_text: str, examples: int = ALL) -> list[int]:
     """The chat prompt's token ids as the model sees them (template and generation prompt included)."""
-    text = tokenizer.apply_chat_template(chat_messages(problem_text), add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(chat_messages(problem_text, examples), add_generation_prompt=True,
+                                         tokenize=False)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def prompt_token_count(tokenizer, problem_text: str) -> int:
-    return len(prompt_ids(tokenizer, problem_text))
+def prompt_token_count(tokenizer, problem_text: str, examples: int = ALL) -> int:
+    return len(prompt_ids(tokenizer, problem_text, examples))

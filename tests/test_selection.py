@@ -75,6 +75,8 @@ def test_probe_command_appends_resumes_and_refuses_other_settings(tmp_path, cach
     assert sorted(s.id for s in read_stats(out)) == sorted(s.id for s in stats)
     r = probe({**env, "GRPO_TEMPERATURE": "0.7"})
     assert r.returncode == 2 and "temperature: the file has 1.0, this run has 0.7" in r.stderr
+    r = probe({**env, "GRPO_PROMPT_EXAMPLES": "0"})  # another prompt samples another policy
+    assert r.returncode == 2 and "prompt_examples: the file has null, this run has 0" in r.stderr
 
 
 def stats_row(pid, mean, std, solved, passed_any, kind, sampling=SAMPLING):
@@ -95,6 +97,9 @@ def test_selection_keeps_what_groups_can_learn_from():
     assert [c.id for c in choices if c.ok] == ["learnable", "partial_credit", "unprobed"]
     assert sampling_differences(stats, {"model": "m", "temperature": 0.9}) == [
         "temperature: the file has 0.5, this run has 0.9"]
+    # a setting the run leaves at its default (absent) while the file has it is a difference too
+    assert sampling_differences([stats_row("x", 0.5, 0.4, 0.4, 0.5, "mixed", {**SAMPLING, "prompt_examples": 0})],
+                                SAMPLING) == ["prompt_examples: the file has 0, this run has null"]
 
 
 def test_groups_are_classified_per_group_whatever_the_batch(scorer):

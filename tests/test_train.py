@@ -32,6 +32,7 @@ BREAKDOWN_FIELDS = {"step", "epoch", "problem_id", "reward", "structural", "type
     ("GRPO_LOSS_TYPE", "ppo", "one of grpo, dr_grpo, dapo, bnpo, cispo, sapo, luspo, vespo"),
     ("GRPO_RESUME", "/no/such/checkpoint", "auto, never"),
     ("RUNAWAY_PENALTY_MULTIPLIER", "2", "[0, 1]"),
+    ("GRPO_PROMPT_EXAMPLES", "4", "an integer from 0 to 3"),
     ("GRPO_LEARNIG_RATE", "1e-5", "not a variable of this project: did you mean GRPO_LEARNING_RATE?"),  # a typo
     ("REWARD_END_MARKER", "(* DONE *)", "no longer read: the END marker is fixed"),
     ("GRPO_DEMO", "1", "renamed GRPO_PLUMBING"),

@@ -55,7 +55,8 @@ class SelectionConfig:
 @dataclass
 class TrainConfig:
     base_model: str = setting("BASE_MODEL_ID", "Qwen/Qwen2.5-Coder-1.5B-Instruct", Text,
-                              "hub id or local dir of the base (instruct) model")
+                              "hub id or local dir of the base (instruct) model; smollm2-135m-instruct (after `make model`) "
+                              "or a .gguf file work offline (converted once into the cache)")
     dataset: str = setting("TRAINING_DATASET", "kiranpg/ocaml-training-problems", Text,
                            "hub id, local .jsonl/.json/.csv/.parquet, or 'bundled'")
     output_dir: str = setting("GRPO_OUTPUT_DIR", "grpo_runs", Text, "where logs, checkpoints and the adapter go")
@@ -65,6 +66,9 @@ class TrainConfig:
     num_generations: int = setting("GRPO_NUM_GENERATIONS", "6", Int(2), "completions sampled per prompt (the GRPO group)")
     max_prompt: int = setting("GRPO_MAX_PROMPT", "1024", Int(16),
                               "max prompt tokens; longer prompts are dropped (counted at start)")
+    prompt_examples: int = setting("GRPO_PROMPT_EXAMPLES", "3", Int(0, 3),
+                                   "worked examples in the prompt (ocaml_grpo/prompting.py; ~200 tokens each): 0 for a model "
+                                   "the SFT warm start taught the answer format; SFT, GRPO and evaluate.py must agree")
     max_completion: int = setting("GRPO_MAX_COMPLETION", "512", Int(8),
                                   "max completion tokens; hitting it without END is penalized")
     num_epochs: float = setting("GRPO_NUM_EPOCHS", "1.0", Float(0, lo_open=True), "epochs over the problem set")

@@ -188,13 +188,13 @@ def default_workers(environ: Mapping[str, str]) -> int:
 
 # ----------------------------------------------------------------------------- parsers
 
-def Int(lo: int) -> Parser:
+def Int(lo: int, hi: int | None = None) -> Parser:
     def p(s: str) -> int:
         v = int(s)
-        if v < lo:
+        if v < lo or (hi is not None and v > hi):
             raise ValueError
         return v
-    p.accepts = f"an integer >= {lo}"
+    p.accepts = f"an integer >= {lo}" if hi is None else f"an integer from {lo} to {hi}"
     return p
 
 

@@ -30,6 +30,6 @@ class SftConfig:
 
 
 # The GRPO run's variables (TrainConfig's) that mean the same in `train.py sft`: it reads them too.
-SFT_REUSES = ("BASE_MODEL_ID", "TRAINING_DATASET", "GRPO_MAX_PROMPT", "GRPO_MAX_COMPLETION", "GRPO_SEED",
+SFT_REUSES = ("BASE_MODEL_ID", "TRAINING_DATASET", "GRPO_MAX_PROMPT", "GRPO_PROMPT_EXAMPLES", "GRPO_MAX_COMPLETION", "GRPO_SEED",
               "GRPO_LOGGING_STEPS", "GRPO_MAX_GRAD_NORM", "GRPO_REPORT_TO", "LORA_R", "LORA_ALPHA", "LORA_DROPOUT",
               "LORA_BIAS", "LORA_TARGET_MODULES")

@@ -8,7 +8,6 @@ nothing (`train.py --help` and config errors answer in a second).
 from __future__ import annotations
 
 import inspect
-
 import json
 import re
 import socket
@@ -18,6 +17,7 @@ from urllib.parse import urlparse
 
 from ocaml_grpo.config.grpo import LoRA
 from ocaml_grpo.problems import is_hub_id
+from ocaml_grpo.training.named_models import NAMED, named_model_error
 
 # A hub id: `name` or `owner/name`. Anything else that is not an existing directory is a path
 # that does not exist.
@@ -48,8 +48,9 @@ def hub_reachable(environ: Mapping[str, str], timeout: float = 3.0) -> bool:
 
 
 def is_hub_model(model_id: str) -> bool:
-    """Whether from_pretrained would look `model_id` up on the hub: not a local path, shaped like a hub id."""
-    return (not Path(model_id).expanduser().exists() and not model_id.startswith(("/", ".", "~"))
+    """Whether from_pretrained would look `model_id` up on the hub: not a local path nor a named
+    model (named_models.py), shaped like a hub id."""
+    return (model_id not in NAMED and not Path(model_id).expanduser().exists() and not model_id.startswith(("/", ".", "~"))
             and bool(HUB_ID_RE.fullmatch(model_id)))
 
 
@@ -70,7 +71,10 @@ def go_offline_unless_needed(model_ids: list[str], dataset: str, environ: Mutabl
 
 def model_error(name: str, model_id: str, environ: Mapping[str, str]) -> str | None:
     """Why `model_id` (the value of the variable `name`) cannot be loaded, found without loading
-    it: a local directory must hold a saved model, and a hub id needs the hub or its cached copy."""
+    it: a local directory must hold a saved model, a name (named_models.py) its installed package,
+    and a hub id needs the hub or its cached copy."""
+    if model_id in NAMED or model_id.endswith(".gguf"):
+        return named_model_error(name, model_id)
     path = Path(model_id).expanduser()
     if path.exists():
         if not path.is_dir() or not (path / "config.json").is_file():

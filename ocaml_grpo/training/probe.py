@@ -38,11 +38,12 @@ from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo.prompting import chat_messages
 from ocaml_grpo.training.selection import ProblemStats, read_stats, sampling_differences, sampling_settings
 from ocaml_grpo.config import SETTINGS, RewardConfig, resolve
-from ocaml_grpo.config.settings import settings_of
+from ocaml_grpo.config.settings import cache_dir, settings_of
+from ocaml_grpo.training.named_models import resolve_model
 
 # What the probe reads from the environment (the rest of train.py's settings do not change a sample).
 USED = [s for s in SETTINGS if s.name in ("BASE_MODEL_ID", "GRPO_INIT_ADAPTER", "TRAINING_DATASET", "GRPO_TEMPERATURE",
-                                          "GRPO_MAX_COMPLETION", "GRPO_NUM_GENERATIONS", "GRPO_REPAIR_TURNS",
+                                          "GRPO_MAX_COMPLETION", "GRPO_NUM_GENERATIONS", "GRPO_PROMPT_EXAMPLES", "GRPO_REPAIR_TURNS",
                                           "GRPO_REPAIR_DISCOUNT")] + settings_of(RewardConfig)
 
 
@@ -134,8 +135,9 @@ def main(argv: list[str], generate_hf, generate_vllm, make_scorer) -> int:
         print(f"probed {len(seen) + written}/{len(problems)} problems ({rate:.1f} s each, "
               f"about {rate * (len(todo) - written) / 60:.1f} min left)", flush=True)
 
-    prompts = [chat_messages(p.prompt) for p in todo]
-    model, adapter = cfg.train.base_model, cfg.train.init_adapter or None
+    prompts = [chat_messages(p.prompt, cfg.train.prompt_examples) for p in todo]
+    # a named model or a .gguf file: its converted folder (named_models.py)
+    model, adapter = resolve_model(cfg.train.base_model, cache_dir(os.environ)), cfg.train.init_adapter or None
     try:
         if repair:
             for start in range(0, len(todo), args.batch_size):
@@ -143,7 +145,7 @@ def main(argv: list[str], generate_hf, generate_vllm, make_scorer) -> int:
                 eps = sample_episodes(model, adapter, batch, k, repair,
                                       lambda problem, answer: feedback_for(scorer.grader, problem, answer), scorer.pool,
                                       cfg.train.max_completion, cfg.train.temperature, args.batch_size, args.seed + start,
-                                      top_k=0)
+                                      top_k=0, examples=cfg.train.prompt_examples)
                 write(batch, [[e.answers[-1] for e in es] for es in eps], [[e.answer_tokens[-1] for e in es] for es in eps],
                       [[e.turns for e in es] for es in eps])
         elif args.vllm:

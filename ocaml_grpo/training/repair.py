@@ -31,7 +31,7 @@ from typing import Callable
 
 from ocaml_grpo.grading.feedback import Feedback
 from ocaml_grpo.problems import Problem
-from ocaml_grpo.prompting import chat_messages, user_message
+from ocaml_grpo.prompting import ALL, chat_messages, user_message
 from ocaml_grpo.training.sampling import generate_hf
 
 ENDED_PASSED = "passed"  # compiles and passes the public examples: nothing to repair
@@ -90,8 +90,8 @@ class RepairRollout:
     feedback_for with the run's grader; `problems` maps a prompt's user message to its problem."""
 
     def __init__(self, problems: list[Problem], feedback: Callable[[Problem, str], Feedback], turns: int,
-                 max_completion: int, tokenizer, pool: Executor):
-        self.by_message = {user_message(p.prompt): p for p in problems}
+                 max_completion: int, tokenizer, pool: Executor, examples: int = ALL):
+        self.by_message = {user_message(p.prompt, examples): p for p in problems}
         self.feedback, self.turns, self.max_completion = feedback, turns, max_completion
         self.budget = (turns + 1) * max_completion + turns * (FEEDBACK_TOKENS + FEEDBACK_OVERHEAD)
         self.block = FeedbackBlock(tokenizer)
@@ -178,9 +178,9 @@ def first_answer_advantages(episode_advantages, first_grades: list[float | None]
     return torch.where(in_first, first.unsqueeze(1), episode_advantages.unsqueeze(1))
 
 
-def conversation(problem: Problem, episode: Episode) -> list[dict]:
-    """The chat so far: the prompt, then each answer and the feedback it got."""
-    messages = chat_messages(problem.prompt)
+def conversation(problem: Problem, episode: Episode, examples: int = ALL) -> list[dict]:
+    """The chat so far: the prompt (with `examples` worked examples), then each answer and the feedback it got."""
+    messages = chat_messages(problem.prompt, examples)
     for k, answer in enumerate(episode.answers):
         messages.append({"role": "assistant", "content": answer})
         if k < len(episode.feedback):
@@ -190,12 +190,13 @@ def conversation(problem: Problem, episode: Episode) -> list[dict]:
 
 def sample_episodes(model_id: str, adapter: str | None, problems: list[Problem], samples: int, turns: int,
                     feedback: Callable[[Problem, str], Feedback], pool: Executor, max_new_tokens: int,
-                    temperature: float, batch_size: int, seed: int, top_k: int | None = None) -> list[list[Episode]]:
+                    temperature: float, batch_size: int, seed: int, top_k: int | None = None,
+                    examples: int = ALL) -> list[list[Episode]]:
     """`samples` episodes per problem, sampled outside the trainer (evaluate.py, the benchmark):
     the same feedback, the same turn rule as the rollout; each turn re-renders the conversation
     with the chat template instead of concatenating token ids, and feedback is not cut at
     FEEDBACK_TOKENS (a compile error's is under 600 characters; examples are the prompt's own)."""
-    texts, lens = generate_hf(model_id, adapter, [chat_messages(p.prompt) for p in problems], samples,
+    texts, lens = generate_hf(model_id, adapter, [chat_messages(p.prompt, examples) for p in problems], samples,
                               max_new_tokens, temperature, batch_size, seed, top_k=top_k, progress=False)
     episodes = [[Episode([t], [], [n]) for t, n in zip(ts, ns)] for ts, ns in zip(texts, lens)]
     live = [(i, s) for i in range(len(problems)) for s in range(samples)]
@@ -210,7 +211,7 @@ def sample_episodes(model_id: str, adapter: str | None, problems: list[Problem],
                 go.append((i, s))
         if not go:
             break
-        new, new_lens = generate_hf(model_id, adapter, [conversation(problems[i], episodes[i][s]) for i, s in go], 1,
+        new, new_lens = generate_hf(model_id, adapter, [conversation(problems[i], episodes[i][s], examples) for i, s in go], 1,
                                     max_new_tokens, temperature, batch_size, seed + turn + 1, top_k=top_k,
                                     progress=False)
         for (i, s), t, n in zip(go, new, new_lens):

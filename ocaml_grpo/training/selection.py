@@ -76,6 +76,10 @@ def select(problem_ids: Sequence[str], stats: Sequence[ProblemStats], min_std: f
     return out
 
 
+# Sampling settings recorded only when they are not at their default, so older probes still match.
+OPTIONAL = ("prompt_examples", "repair")
+
+
 def sampling_differences(stats: Sequence[ProblemStats], expected: Mapping[str, Any]) -> list[str]:
     """`name: file has X, this run has Y` for every sampling setting the probe ran with that
     differs from the run's (statistics from another model or temperature describe another policy)."""
@@ -84,7 +88,8 @@ def sampling_differences(stats: Sequence[ProblemStats], expected: Mapping[str, A
         for k, v in s.sampling.items():
             seen.setdefault(k, set()).add(json.dumps(v, sort_keys=True))
     out = []
-    for k, v in expected.items():
+    # A setting left at its default is absent from `expected` (OPTIONAL); the file may still have it.
+    for k, v in {**{k: None for k in seen if k in OPTIONAL}, **expected}.items():
         have = seen.get(k, {json.dumps(None)})
         want = json.dumps(v, sort_keys=True)
         if have != {want}:
@@ -123,7 +128,9 @@ def sampling_settings(cfg: Config) -> dict:
     return {"model": _where(cfg.train.base_model), "adapter": _where(cfg.train.init_adapter),
             "temperature": cfg.train.temperature, "top_k": 0, "top_p": 1.0,
             "max_completion": cfg.train.max_completion, "reward": recorded(cfg, REWARD_KEYS),
-            # repair turns change what a problem's group scores; absent without them (older probes match)
+            # the prompt's worked examples change every sample (OPTIONAL)
+            **({"prompt_examples": cfg.train.prompt_examples} if cfg.train.prompt_examples != 3 else {}),
+            # repair turns change what a problem's group scores (OPTIONAL)
             **({"repair": {"turns": cfg.train.repair_turns, "discount": cfg.train.repair_discount}}
                if cfg.train.repair_turns else {})}
 

@@ -36,7 +36,8 @@ from ocaml_grpo.training.models import go_offline_unless_needed, load_model, loa
 from ocaml_grpo.problems import DatasetError, load_problems
 from ocaml_grpo.prompting import answer_text, chat_messages, prompt_token_count
 from ocaml_grpo.config import RETIRED, SFT_SETTINGS, VARIABLES, Config, recorded, resolve
-from ocaml_grpo.config.settings import describe, unknown_variables
+from ocaml_grpo.config.settings import cache_dir, describe, unknown_variables
+from ocaml_grpo.training.named_models import resolve_model
 
 
 def split_problems(problems: list, holdout, seed: int) -> tuple[list, list]:
@@ -112,10 +113,12 @@ def run(cfg: Config, train: list, held: list, skipped_no_solution: int) -> int:
     width = max(map(len, values))
     print("sft config:\n" + "\n".join(f"  {k.ljust(width)} = {v}" for k, v in values.items()))
     (out / "config.json").write_text(json.dumps(values, indent=2) + "\n")
-    tokenizer = load_tokenizer(cfg.train.base_model)
+    # A named model or a .gguf file is converted once into the cache (named_models.py).
+    model_dir = resolve_model(cfg.train.base_model, cache_dir(os.environ))
+    tokenizer = load_tokenizer(model_dir)
 
     def fits(p) -> str | None:
-        if prompt_token_count(tokenizer, p.prompt) > cfg.train.max_prompt:
+        if prompt_token_count(tokenizer, p.prompt, cfg.train.prompt_examples) > cfg.train.max_prompt:
             return f"prompt longer than GRPO_MAX_PROMPT={cfg.train.max_prompt} tokens"
         # +1: the end-of-turn token the model must also learn to emit
         if len(tokenizer(answer_text(p.solution), add_special_tokens=False)["input_ids"]) + 1 > cfg.train.max_completion:
@@ -136,12 +139,12 @@ def run(cfg: Config, train: list, held: list, skipped_no_solution: int) -> int:
         return 2
 
     def rows(ps):
-        return Dataset.from_list([{"prompt": chat_messages(p.prompt),
+        return Dataset.from_list([{"prompt": chat_messages(p.prompt, cfg.train.prompt_examples),
                                    "completion": [{"role": "assistant", "content": answer_text(p.solution)}]}
                                   for p in ps])
 
     on_gpu = torch.cuda.is_available()
-    model = load_model(cfg.train.base_model)
+    model = load_model(model_dir)
     peft_config = lora_config(cfg.train.lora) if cfg.sft.lora else None
     # The held-out evaluation logs before training begins, when TensorBoard's writer would still
     # default to ./runs/ in the working directory: keep its events in the output directory.
@@ -199,5 +202,7 @@ def run(cfg: Config, train: list, held: list, skipped_no_solution: int) -> int:
         print(f"held-out loss ({len(held)} problems, never trained on): {held_before:.4f} before, {held_after:.4f} after")
     start = (f"GRPO_INIT_ADAPTER={final} BASE_MODEL_ID={cfg.train.base_model}" if cfg.sft.lora
              else f"BASE_MODEL_ID={final}")
+    if cfg.train.prompt_examples != 3:  # GRPO must build the prompt SFT trained on
+        start += f" GRPO_PROMPT_EXAMPLES={cfg.train.prompt_examples}"
     print(f"GRPO from here: {start} TRAINING_DATASET={out / 'train_problems.jsonl'} python train.py")
     return 0
