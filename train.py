@@ -54,7 +54,7 @@ from ocaml_grpo.prompting import chat_messages, prompt_token_count
 from ocaml_grpo.training import demo as demo_command
 from ocaml_grpo.training import run_dir
 from ocaml_grpo.training import sft as sft_command
-from ocaml_grpo.training.engines import engine_kwargs
+from ocaml_grpo.training.engines import compile_problem, enable_compiled_generation, engine_kwargs
 from ocaml_grpo.training.group_kinds import TRACKING_FILE, ProblemTracker
 from ocaml_grpo.training.learning_log import header_lines
 from ocaml_grpo.training.repair import RepairRollout
@@ -132,8 +132,14 @@ def main(argv: list[str]) -> int:
     if train.use_vllm and importlib.util.find_spec("vllm") is None:
         errors.append("GRPO_USE_VLLM=1 but vLLM is not installed: `pip install -r requirements-vllm.txt` on a CUDA machine "
                       "(server mode also needs `trl vllm-serve --model $BASE_MODEL_ID` running), or set GRPO_USE_VLLM=0")
-    if train.use_vllm and train.continuous_batching:
-        errors.append("GRPO_USE_VLLM=1 and GRPO_CONTINUOUS_BATCHING=1: choose one generation engine")
+    engines_asked = [name for name, on in [("GRPO_USE_VLLM", train.use_vllm), ("GRPO_CONTINUOUS_BATCHING",
+                     train.continuous_batching), ("GRPO_COMPILED_GENERATION", train.compiled_generation)] if on]
+    if len(engines_asked) > 1:
+        errors.append(f"{'=1 and '.join(engines_asked)}=1: choose one generation engine")
+    # (the one check here that loads torch: compiling a one-line function, only when asked for)
+    if train.compiled_generation and not errors and (problem := compile_problem()):
+        errors.append(f"GRPO_COMPILED_GENERATION=1 but torch.compile cannot build kernels here ({problem}): install a "
+                      "C compiler (apt-get install -y gcc g++), or set GRPO_COMPILED_GENERATION=0")
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and importlib.util.find_spec("deepspeed") is None:
         errors.append("the accelerate config asks for DeepSpeed (configs/zero*.yaml) but it is not installed: "
                       "`pip install deepspeed`, or launch without --config_file configs/zero*.yaml")
@@ -288,6 +294,8 @@ def main(argv: list[str]) -> int:
 
     # ------------------------------------------------------------------------- trainer
     G = train.num_generations
+    engine = ("vllm" if train.use_vllm else "paged" if train.continuous_batching
+              else "compiled" if train.compiled_generation else "default")
     args = GRPOConfig(
         output_dir=str(out_dir),
         # TRL counts completions per device; the generation batch (this x grad accum) is then a whole
@@ -321,7 +329,7 @@ def main(argv: list[str]) -> int:
         remove_unused_columns=False,  # the reward needs id/problem/tests/requires/entry_point
         log_completions=False,  # completions go to reward_logs/completions.jsonl instead
         disable_tqdm=True,  # the console shows learning.log's lines and a progress bar (LearningLog) instead
-        **engine_kwargs("vllm" if train.use_vllm else "paged" if train.continuous_batching else "default",
+        **engine_kwargs(engine,
                         sequences=train.batch_size * G * train.grad_accum_steps,
                         max_prompt=train.max_prompt, max_completion=train.max_completion,
                         vllm_mode=train.vllm_mode, vllm_gpu_memory=train.vllm_gpu_memory,
@@ -337,6 +345,8 @@ def main(argv: list[str]) -> int:
     trainer = OcamlGRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=train_dataset,
                                processing_class=tokenizer, peft_config=peft_config, callbacks=[callback, stop],
                                tracker=tracker, rollout_func=rollout)
+    if engine == "compiled":
+        enable_compiled_generation(trainer)
     trainer.remove_callback(PrinterCallback)  # its ~1,000-character metrics dict per step: LearningLog prints instead
 
     # ------------------------------------------------------------------------- train

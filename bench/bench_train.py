@@ -12,13 +12,16 @@ budget (the plumbing tokenizer is less compact than Qwen's); a real model's prom
 length as train.py does. Seed config on CUDA: 4 prompts x 6 generations, prompts <= 704 tokens,
 512-token completions (random weights never stop early), bf16, LoRA r=32.
 
-Engines: `default` (TRL's transformers generate), `paged` (transformers continuous batching),
+Engines: `default` (TRL's transformers generate), `compiled` (the same with a static KV cache and
+a compiled decode step: engines.py), `paged` (transformers continuous batching),
 `vllm` (TRL's colocated vLLM, when installed). Each engine runs in a fresh process, so its peak
 memory is its own and one engine's failure is reported without stopping the others (the exit
 status is then non-zero).
 
 Per step, after warm-up: total time, generation time and tokens/s, reward scoring time and its
-share of the step, the rest (log-probs, loss, backward, optimizer), peak GPU memory as PyTorch
+share of the step, the rest (log-probs, loss, backward, optimizer), the warm-up step's time (the
+compiled engine compiles in it) and the graphs torch.compile built after it (`recompiles`: 0 when
+every step reuses the warm-up's graph), peak GPU memory as PyTorch
 allocated it and as the device saw it (CUDA context and vLLM's pool included; every process on the
 GPU counts, so run it on an idle one — the parent process never touches CUDA).
 
@@ -49,7 +52,7 @@ from ocaml_grpo.training.models import checkpointing_kwargs
 from ocaml_grpo.training import named_models
 from ocaml_grpo.training.named_models import NAMED, named_model_error
 from ocaml_grpo.config.settings import cache_dir, from_env
-from ocaml_grpo.training.engines import ENGINES, engine_kwargs
+from ocaml_grpo.training.engines import ENGINES, compiled_graphs, enable_compiled_generation, engine_kwargs
 from ocaml_grpo.problems import Problem, load_problems
 from ocaml_grpo.prompting import END_MARKER, chat_messages, prompt_ids, prompt_token_count
 from rewards import RewardConfig, RewardScorer, make_reward_function
@@ -113,7 +116,9 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
+
+    from ocaml_grpo.training.trainer import OcamlGRPOTrainer
 
     on_gpu = torch.cuda.is_available()
     vllm_memory = a.vllm_gpu_memory or (
@@ -163,6 +168,7 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
     peft = LoraConfig(r=32, lora_alpha=64, lora_dropout=0.05, target_modules=[
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], task_type="CAUSAL_LM")
     step_times: list[float] = []
+    graphs_after_warmup = [0]
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, *args, **kw):
@@ -174,11 +180,15 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
                 peak_used[0] = max(peak_used[0], device_used_gb())
             # progress, for a run cut off by a time limit: what each step took so far
             kind = "warm-up" if len(step_times) <= a.warmup else "measured"
+            if len(step_times) == a.warmup:
+                graphs_after_warmup[0] = compiled_graphs()
             print(f"{engine}: step {len(step_times)} ({kind}) {step_times[-1]:.1f} s", flush=True)
 
-    trainer = GRPOTrainer(model=model, reward_funcs=[syntax_aware_reward], args=args,
-                          train_dataset=Dataset.from_list(rows), processing_class=tokenizer, peft_config=peft,
-                          callbacks=[StepTimer()])
+    trainer = OcamlGRPOTrainer(model=model, reward_funcs=[syntax_aware_reward], args=args,
+                               train_dataset=Dataset.from_list(rows), processing_class=tokenizer, peft_config=peft,
+                               callbacks=[StepTimer()], tracker=None)
+    if engine == "compiled":
+        enable_compiled_generation(trainer, a.compile_backend)
     gen_times: list[float] = []
     gen_tokens: list[int] = []
     generate = trainer._generate
@@ -208,7 +218,8 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
     return {"engine": engine, "device": device, "steps": len(steps), "step_s": step, "generation_s": gen,
             "generation_tokens_per_step": mean(toks), "generation_tok_per_s": sum(toks) / max(1e-9, sum(gens)),
             "reward_s": rew, "reward_share": rew / step if step else 0.0, "train_s": step - gen - rew,
-            "reward_mean": mean(reward_means[w:]),
+            "reward_mean": mean(reward_means[w:]), "warmup_step_s": mean(step_times[:w]) if w else None,
+            "graphs_compiled": compiled_graphs(), "recompiles_after_warmup": compiled_graphs() - graphs_after_warmup[0],
             "prompts_kept": len(rows), "prompt_tokens_max": max(prompt_lens, default=0),
             "peak_alloc_gb": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
             "peak_used_gb": peak_used[0] if on_gpu else None,
@@ -227,7 +238,10 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     on_gpu = torch.cuda.is_available()
     base = SEED_CONFIG if on_gpu else CPU_CONFIG
-    ap.add_argument("--engines", default=None, help="comma list of default,paged,vllm (default: all available)")
+    ap.add_argument("--engines", default=None,
+                    help="comma list of default,compiled,paged,vllm (default: all available)")
+    ap.add_argument("--compile-backend", default="inductor", choices=["inductor", "cudagraphs"],
+                    help="the compiled engine's torch.compile backend (cudagraphs: CUDA graphs without Triton)")
     ap.add_argument("--model", default="qwen1.5b-shape" if on_gpu else "tiny",
                     help="tiny | qwen1.5b-shape | smollm2-135m-instruct | a .gguf file | a local model folder (default: qwen1.5b-shape on CUDA, tiny on CPU)")
     ap.add_argument("--prompts", type=int, default=base["prompts"], help="prompts per step")
@@ -252,7 +266,7 @@ def main() -> None:
           f"{a.prompts} prompts x {a.generations} generations, completion {a.completion} tokens, prompts <= "
           f"{a.max_prompt} tokens, LoRA r=32; {a.warmup} warm-up + {a.steps} measured steps", flush=True)
     header = (f"{'engine':<9}{'step s':>8}{'gen s':>8}{'gen tok/s':>11}{'vs default':>11}{'reward s':>10}"
-              f"{'reward %':>10}{'train s':>9}{'alloc GB':>10}{'used GB':>9}")
+              f"{'reward %':>10}{'train s':>9}{'alloc GB':>10}{'used GB':>9}{'warm-up s':>11}{'recompiles':>11}")
     results, failed = [], []
     for engine in engines:
         if engine == "vllm" and importlib.util.find_spec("vllm") is None:
@@ -287,7 +301,8 @@ def row(r: dict, results: list[dict]) -> str:
     gb = lambda v: f"{v:.1f}" if v is not None else "-"  # noqa: E731
     return (f"{r['engine']:<9}{r['step_s']:>8.2f}{r['generation_s']:>8.2f}{r['generation_tok_per_s']:>11.1f}"
             f"{ratio:>10.2f}x{r['reward_s']:>10.3f}{100 * r['reward_share']:>9.1f}%{r['train_s']:>9.2f}"
-            f"{gb(r['peak_alloc_gb']):>10}{gb(r['peak_used_gb']):>9}")
+            f"{gb(r['peak_alloc_gb']):>10}{gb(r['peak_used_gb']):>9}"
+            f"{r['warmup_step_s'] or float('nan'):>11.1f}{r['recompiles_after_warmup']:>11}")
 
 
 def write_json(a: argparse.Namespace, results: list[dict], failed: list[str]) -> None:

@@ -180,8 +180,9 @@ def test_the_bundle_installs_grades_and_trains_without_the_system_toolchain_or_n
 
 @pytest.mark.slow
 def test_the_cuda_figures_script_measures_through_the_bundle(archive, tmp_path, cache_home):
-    """bench/cuda_figures.sh, what a lent GPU machine runs in one call, here on CPU (the tiny model),
-    with the system's toolchain hidden: every stage leaves its figures in OUT."""
+    """bench/cuda_figures.sh, what a lent GPU machine runs in one call (the compiled engine against
+    the default one), here on CPU (the tiny model) with the system's toolchain hidden: every stage
+    leaves its figures in OUT."""
     skip_without_namespaces()
     python = baseline_python(tmp_path / "machine", needs(DROPPED) - needs(ON_THE_MACHINE))
     out = tmp_path / "out"
@@ -189,8 +190,11 @@ def test_the_cuda_figures_script_measures_through_the_bundle(archive, tmp_path, 
     res = hidden(["bash", ROOT / "bench" / "cuda_figures.sh", archive, out, "1"], env, timeout=600)
     assert res.returncode == 0 and "] done" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
     assert "torch" in (out / "machine.txt").read_text()
-    for engine in ("default", "paged"):
-        data = json.loads((out / f"train_{engine}.json").read_text())
-        assert [(r["engine"], r["steps"]) for r in data["results"]] == [(engine, 1)] and data["failed"] == []
-    # the grader and the naive pipeline both on the bundle's toolchain: the same verdicts
-    assert re.search(r"^mixed\s+48\s.*\s48/48$", (out / "rewards.txt").read_text(), re.M), res.stdout[-3000:]
+    data = json.loads((out / "train_default.json").read_text())
+    assert [(r["engine"], r["steps"]) for r in data["results"]] == [("default", 1)] and data["failed"] == []
+    # the compiled engine: inductor needs the C compiler hidden here, so the script's second try,
+    # the cudagraphs backend (no compiler), is what measures
+    compiled = [json.loads(p.read_text())["results"] for p in sorted(out.glob("train_compiled*.json"))]
+    assert [(r["engine"], r["steps"]) for results in compiled for r in results] == [("compiled", 1)], res.stdout[-3000:]
+    summary = (out / "summary.txt").read_text().splitlines()
+    assert [line.split()[0] for line in summary] == ["compiled", "default"] and "(1.00x default)" in summary[1]

@@ -81,10 +81,24 @@ def test_train_generates_with_paged_continuous_batching(tmp_path, cache_home):
     assert len(rows) == 4 and all(0 < r["completion_tokens"] <= 24 for r in rows)
 
 
+@pytest.mark.slow
+def test_train_generates_with_the_compiled_engine(tmp_path, cache_home):
+    env = run_env(tmp_path, cache_home, GRPO_COMPILED_GENERATION=1, GRPO_MAX_STEPS=2, GRPO_SAVE_STEPS=10)
+    train(tmp_path, env)
+    run = tmp_path / "run"
+    assert len(check_log_wellformed(log_lines(run))) == 2
+    rows = read_jsonl(run / "reward_logs" / "completions.jsonl")
+    assert len(rows) == 8 and all(0 < r["completion_tokens"] <= 24 for r in rows)
+
+
 @pytest.mark.parametrize("extra,needle", [
     ({"GRPO_USE_VLLM": "1"}, "pip install -r requirements-vllm.txt"),
     ({"ACCELERATE_USE_DEEPSPEED": "true"}, "pip install deepspeed"),
     ({"GRPO_VLLM_MODE": "local"}, "GRPO_VLLM_MODE"),
+    ({"GRPO_COMPILED_GENERATION": "1", "GRPO_CONTINUOUS_BATCHING": "1"},
+     "GRPO_CONTINUOUS_BATCHING=1 and GRPO_COMPILED_GENERATION=1: choose one generation engine"),
+    ({"GRPO_COMPILED_GENERATION": "1", "CXX": "/nonexistent/g++"},  # a machine without a C compiler
+     "GRPO_COMPILED_GENERATION=1 but torch.compile cannot build kernels here"),
 ])
 def test_missing_or_bad_engine_is_a_clear_config_error(tmp_path, cache_home, extra, needle):
     if "vllm" in needle and importlib.util.find_spec("vllm"):
@@ -109,27 +123,32 @@ def test_reward_workers_are_shared_between_local_processes(monkeypatch):
 
 
 @pytest.mark.slow
-def test_bench_train_runs_both_transformers_engines_on_the_tiny_model(tmp_path, cache_home):
+def test_bench_train_runs_the_transformers_engines_on_the_tiny_model(tmp_path, cache_home):
     env = run_env(tmp_path, cache_home)
     out = tmp_path / "bench.json"
-    res = subprocess.run([sys.executable, "-m", "bench.bench_train", "--engines", "default,paged", "--steps", "1",
+    res = subprocess.run([sys.executable, "-m", "bench.bench_train", "--engines", "default,compiled,paged",
+                          "--steps", "1",
                           "--warmup", "1", "--out", str(tmp_path / "b"), "--json", str(out)],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     data = json.loads(out.read_text())
     assert "no CUDA device" in data["device"] and data["model"] == "tiny"
-    assert [r["engine"] for r in data["results"]] == ["default", "paged"], res.stdout[-3000:]
+    assert [r["engine"] for r in data["results"]] == ["default", "compiled", "paged"], res.stdout[-3000:]
+    compiled = data["results"][1]
+    assert compiled["graphs_compiled"] >= 1 and compiled["recompiles_after_warmup"] == 0
     for r in data["results"]:
-        assert r["steps"] == 1 and r["prompts_kept"] == 128
+        assert r["steps"] == 1 and r["prompts_kept"] == 128 and r["warmup_step_s"] > 0
         assert r["step_s"] > r["generation_s"] > 0 and 0 < r["reward_share"] < 1 and r["generation_tok_per_s"] > 0
         # random weights: the 4 answers are graded as stand-ins: correct, failing tests, type error, correct
         assert r["reward_mean"] == pytest.approx((1.0 + 0.35 + 0.15 + 1.0) / 4)
         assert 0 < r["generation_tokens_per_step"] <= 2 * 2 * 32
+    assert data["results"][0]["graphs_compiled"] == 0  # the default engine compiles nothing
     # progress per step, and each engine's row as soon as it is measured: a run cut off by a time
     # limit (a lent GPU's call) keeps the engines it finished
     out_lines = res.stdout.splitlines()
     at = {k: next(i for i, line in enumerate(out_lines) if line.startswith(k))
-          for k in ("default: step 1 (warm-up)", "default: step 2 (measured)", "default ", "paged: step 1 (warm-up)")}
+          for k in ("default: step 1 (warm-up)", "default: step 2 (measured)", "default ", "compiled: step 1 (warm-up)",
+                    "paged: step 1 (warm-up)")}
     assert list(at.values()) == sorted(at.values()), res.stdout[-3000:]
 
 

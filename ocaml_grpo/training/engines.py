@@ -4,25 +4,39 @@ TRL's defaults size KV caches for an inference server: transformers' continuous 
 half of the free GPU memory and colocated vLLM plans for the model's full 32k context. A GRPO step
 only ever holds `sequences` requests of at most prompt + completion tokens, so the caches are sized
 to exactly that and the memory stays with training.
+
+The `compiled` engine is transformers' static KV cache with its decode step under torch.compile
+(CUDA graphs on a GPU), reached through TRL's and transformers' own controls. The cache has one
+size for the whole run (`max_cache_len`), so every decode step of every training step has the same
+shapes whatever the prompts' lengths, and the graph is compiled once; the prefill runs eager. The
+optimizer updates the LoRA weights in place, where the captured graph reads them.
+
+Prompts are not padded to length buckets: decode shapes do not depend on the prompt length, and
+TRL's `pad_to_multiple_of` (which pads the training batch too) gave NaN gradients in the first step
+on an H200 in bf16, with or without compilation (bench/BENCHMARKS.md, "Generation on a GPU").
 """
 from __future__ import annotations
 
 import math
 
-ENGINES = ("default", "paged", "vllm")
+ENGINES = ("default", "compiled", "paged", "vllm")
 PAGE_TOKENS = 256  # transformers' continuous-batching page size (its default)
 
 
 def engine_kwargs(engine: str, sequences: int, max_prompt: int, max_completion: int, *,
                   vllm_mode: str = "colocate", vllm_gpu_memory: float = 0.3,
                   vllm_server_url: str | None = None) -> dict:
-    """GRPOConfig keyword arguments for `engine` (default: transformers generate, paged:
-    transformers continuous batching, vllm: TRL's vLLM integration). `sequences`: completions
-    generated at once (per-device batch x steps per generation)."""
+    """GRPOConfig keyword arguments for `engine` (default: transformers generate, compiled: the same
+    with a static cache and a compiled decode step (also call `enable_compiled_generation` on the
+    trainer), paged: transformers continuous batching, vllm: TRL's vLLM integration).
+    `sequences`: completions generated at once (per-device batch x steps per generation)."""
     if engine not in ENGINES:
         raise ValueError(f"unknown generation engine {engine!r}: choose one of {', '.join(ENGINES)}")
     max_len = max_prompt + max_completion
     kw: dict = {"use_vllm": engine == "vllm", "use_transformers_continuous_batching": engine == "paged"}
+    if engine == "compiled":
+        # Longer prompts (a repair turn's conversation) get a bigger cache, and one more compile, when they come.
+        kw.update(cache_implementation="static", generation_kwargs={"max_cache_len": max_len})
     if engine == "paged":
         kw["transformers_continuous_batching_config"] = {"num_blocks": sequences * math.ceil(max_len / PAGE_TOKENS)}
     if engine == "vllm":
@@ -31,3 +45,63 @@ def engine_kwargs(engine: str, sequences: int, max_prompt: int, max_completion: 
         if vllm_mode == "colocate":
             kw["vllm_max_model_length"] = max_len
     return kw
+
+
+def enable_compiled_generation(trainer, backend: str = "inductor") -> None:
+    """Turn on generate's compiled decode step in a trainer built with engine_kwargs("compiled", ...).
+
+    TRL builds its generation config with `disable_compile=True`, and transformers compiles only on
+    accelerators unless the compile config says otherwise; both are switched here, on the config
+    TRL passes to every `generate`. On CUDA the compile mode is `reduce-overhead` (CUDA graphs).
+    `backend`: torch.compile's (bench_train's --compile-backend: `cudagraphs` needs no Triton)."""
+    from transformers import CompileConfig
+
+    on_gpu = trainer.accelerator.device.type == "cuda"
+    mode = "reduce-overhead" if on_gpu and backend == "inductor" else None
+    config = CompileConfig(fullgraph=False, dynamic=False, backend=backend, mode=mode)
+    config._compile_all_devices = True  # transformers' own switch for compiling on CPU too
+    trainer.generation_config.disable_compile = False
+    trainer.generation_config.compile_config = config
+
+
+def compile_problem() -> str | None:
+    """Why torch.compile cannot build a kernel here, on CUDA when there is one (None: it can).
+
+    Inductor needs a C compiler (its CPU kernels, Triton's launchers on a GPU). A one-line function
+    is compiled, with the graph cache off so that a cached kernel cannot hide a missing compiler,
+    before any model loads: a machine without one is a config error, not a crash in the first step."""
+    import torch
+    from torch._inductor import config as inductor_config
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        with inductor_config.patch(fx_graph_cache=False):
+            torch.compile(lambda x: x * 2 + 1, fullgraph=True, dynamic=False)(torch.ones(4, device=device))
+    except Exception as e:  # whatever stops inductor is the reason to report
+        return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+    return None
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has built in this process so far (each recompilation adds one)."""
+    from torch._dynamo.utils import counters
+    return counters["stats"]["unique_graphs"]
+
+
+def drop_orphaned_input_hooks(model) -> int:
+    """Remove the input-embedding hooks that gradient checkpointing left behind; returns how many.
+
+    TRL turns gradient checkpointing off for each generation and on again after it; each time on,
+    transformers' `enable_input_require_grads` registers a new hook on the input embeddings and
+    forgets the handle of the last one, so hooks pile up (7 per step here, all doing the same
+    thing). Every forward runs them all, and the compiled engine's graph guards on their number:
+    it would recompile every step. The hooks whose handles the model still holds are kept."""
+    live = {h.id for m in model.modules() for h in (getattr(m, "_require_grads_hooks", None) or [])}
+    embeddings = model.get_input_embeddings()
+    orphans = [k for k, fn in embeddings._forward_hooks.items()
+               if k not in live and getattr(fn, "__qualname__", "").endswith(".make_inputs_require_grads")]
+    for k in orphans:
+        for hooks in (embeddings._forward_hooks, embeddings._forward_hooks_with_kwargs,
+                      embeddings._forward_hooks_always_called):
+            hooks.pop(k, None)
+    return len(orphans)

@@ -6,6 +6,9 @@
   advantage, the later answers' keep the episode's (repair.first_answer_advantages). The per-answer
   grades come from the reward function, which writes them into each episode record (`grades`);
   TRL 1.16's loss takes advantages per token, shaped (completions, tokens), from a subclass.
+- Before each generation, the input-embedding hooks that gradient checkpointing's toggling left
+  behind are removed (engines.drop_orphaned_input_hooks): they pile up every step, and the compiled
+  engine would recompile for each new one.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from accelerate.utils import gather_object
 from torch.utils.data import Sampler
 from trl import GRPOTrainer
 
+from ocaml_grpo.training.engines import drop_orphaned_input_hooks
 from ocaml_grpo.training.group_kinds import ProblemTracker
 from ocaml_grpo.training.repair import first_answer_advantages
 from ocaml_grpo.training.tracking import TrackedSampler
@@ -33,6 +37,10 @@ class OcamlGRPOTrainer(GRPOTrainer):
                               batch_size=self.args.generation_batch_size // self.num_generations,
                               repeat_count=self.num_iterations * self.args.steps_per_generation,
                               shuffle=self.shuffle_dataset, seed=self.args.seed)
+
+    def _generate_single_turn(self, *args, **kwargs):
+        drop_orphaned_input_hooks(self.accelerator.unwrap_model(self.model))
+        return super()._generate_single_turn(*args, **kwargs)
 
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
