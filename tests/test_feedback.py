@@ -110,3 +110,30 @@ def test_the_feedback_command_prints_what_the_model_would_see(tmp_path, feedback
     printed = [json.loads(line) for line in out.splitlines()]
     assert [p["feedback"] for p in printed] == [feedback[n][0].text for n in names]
     assert printed[0]["feedback"] is None and printed[2]["examples_passed"] == 2
+
+
+POLY = ("(** The first element, or the default.\n * >>> first_or 0 [4; 2]\n * 4\n*)\n"
+        "let first_or (d : 'a) (xs : 'a list) : 'a =")
+POLY_TESTS = "let () =\n  assert (first_or 0 [4; 2] = 4);\n  assert (first_or 'x' [] = 'x')\n;;"
+POLY_ANSWERS = ["let first_or d xs = match xs with [] -> d | x :: _ -> x + 1",  # int, not 'a
+                "let first_or (d : 'b) (xs : 'b list) : int = 0",
+                "let first_or d xs = match xs with [] -> d | x :: _ -> x"]  # right
+
+
+def test_feedback_on_a_polymorphic_prompt_is_the_same_in_every_grader_process(tmp_path):
+    """A mistyped answer to a prompt with a type variable: the feedback speaks of the prompt's own
+    `'a`, names nothing of the grader (its per-process wire unit), and two grader processes say
+    the same bytes."""
+    code = ("import json, sys; from ocaml_grpo.grading.feedback import feedback_for; "
+            "from ocaml_grpo.grading.grader import OcamlGrader; from ocaml_grpo.problems import Problem\n"
+            f"p = Problem(id='poly', prompt={POLY!r}, tests={POLY_TESTS!r}); g = OcamlGrader(cores=1)\n"
+            f"print(json.dumps([feedback_for(g, p, c).text for c in {[fenced(a) for a in POLY_ANSWERS]!r}]))\n"
+            "g.close()")
+    runs = [json.loads(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                                      check=True).stdout) for _ in range(2)]
+    assert runs[0] == runs[1]
+    wrong_int, wrong_result, right = runs[0]
+    assert right is None
+    for text in (wrong_int, wrong_result):
+        assert "Wrong signature" in text and "'a. 'a -> 'a list -> 'a" in text, text
+        assert "wire" not in text.lower() and "tok" not in text.lower() and "Solution" not in text

@@ -75,9 +75,12 @@ def test_two_independent_type_errors_count_two(scorer):
 
 
 def test_errors_that_follow_from_a_broken_definition_are_not_counted(scorer):
-    code = 'let helper (x : int) : int = x + "a"\nlet add a b = helper a + b'
+    code = 'let helper (x : int) : int = x + "a"\nlet twice y = helper (helper y)\nlet add a b = a + b'
     b = score(scorer, code)
-    assert b.type_errors == 1
+    assert b.type_errors == 1 and b.type_check == pytest.approx(0.10)
+    # an entry point that needs the broken helper did not type: nothing was typed as asked
+    needs = score(scorer, 'let helper (x : int) : int = x + "a"\nlet add a b = helper a + b')
+    assert needs.error_kinds == ["type", "entry"] and needs.type_check == needs.compile == 0.0
 
 
 def test_a_syntax_error_scores_below_any_type_error_count(scorer):
@@ -86,7 +89,7 @@ def test_a_syntax_error_scores_below_any_type_error_count(scorer):
     assert syntax.type_check == 0.0
     many = score(scorer, "\n".join(f'let f{i} (x : int) : int = x + "{i}"' for i in range(5)) + "\nlet add a b = a + b")
     assert many.type_errors == 5 and many.type_check > syntax.type_check
-    assert not syntax.compiled and 0 < syntax.compile < 0.10
+    assert not syntax.compiled and syntax.compile == 0.0  # compile credit is all or nothing
 
 
 def test_broken_tests_do_not_zero_the_type_check(scorer):
@@ -301,7 +304,8 @@ def test_cli_score_prints_one_line_per_completion_in_order(tmp_path):
     out = [json.loads(line) for line in r.stdout.splitlines()]
     assert [o["reward"] for o in out][0] == 1.0
     assert out[1]["tests_passed"] == 2 and out[1]["tests_total"] == 7  # add 0 0, add 7 0
-    assert out[2]["compiled"] is False and out[2]["type_errors"] == 1
+    # the type error is in the entry point's definition: the entry check (on every path) says so too
+    assert out[2]["compiled"] is False and out[2]["type_errors"] == 2 and out[2]["reward"] == 0.05
     for o in out:
         assert {"problem_id", "reward", "tests_passed", "tests_total", "type_errors", "compiled", "timed_out"} <= set(o)
 
@@ -373,3 +377,38 @@ def test_every_assert_of_the_known_sets_becomes_one_graded_assertion(name):
         asserts = sum(1 for t in src.code_tokens(p.tests) if t.text == "assert")
         # tests in another form (the OUnit-style row) have no plan and no assert: graded whole
         assert (plan.n_assertions if plan else 0) == asserts, p.id
+
+
+def test_a_killed_graders_directory_is_swept_and_a_live_ones_kept(tmp_path):
+    """A scorer killed with SIGKILL leaves its grader directory behind; the next grader started on
+    the same temp dir removes it, and never the directory of a grader still running."""
+    import signal
+
+    def start() -> tuple[subprocess.Popen, Path]:
+        code = ("import sys; from rewards import RewardConfig, RewardScorer; from ocaml_grpo.grading.grader import OcamlGrader\n"
+                f"s = RewardScorer(RewardConfig(min_lines=0, workers=1), grader=OcamlGrader(tmp_root={str(tmp_path)!r}, cores=1))\n"
+                "print(s.grader.tmp_root, flush=True); sys.stdin.read()")
+        p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+        return p, Path(p.stdout.readline().strip())
+
+    killed, killed_dir = start()
+    alive, alive_dir = start()
+    try:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=10)
+        assert killed_dir.is_dir() and alive_dir.is_dir()  # nothing cleaned up after a SIGKILL
+        unowned = tmp_path / "ocaml-grader-unowned"  # no owner file: never proven dead, never touched
+        unowned.mkdir()
+        grader = OcamlGrader(tmp_root=str(tmp_path), cores=1)
+        try:
+            assert not killed_dir.exists()
+            assert alive_dir.is_dir() and unowned.is_dir() and grader.tmp_root.is_dir()
+            assert score(RewardScorer(RewardConfig(min_lines=0, workers=1), grader=grader),
+                         "let add a b = a + b").reward == 1.0
+        finally:
+            grader.close()
+        assert not grader.tmp_root.exists() and alive_dir.is_dir()
+    finally:
+        alive.stdin.close()
+        alive.wait(timeout=30)

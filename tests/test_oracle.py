@@ -93,7 +93,8 @@ def test_redefining_true_and_false_is_a_type_error_not_credit(scorer):
 def test_an_entry_point_of_the_wrong_type_gets_no_type_check_credit(scorer):
     b = score(scorer, "let add = ()")
     assert b.type_check == 0.0 and b.tests == 0.0 and b.error_kinds == ["entry"]
-    assert b.compiled and b.reward == pytest.approx(0.05 + 0.10)  # the END marker; it does compile
+    # it compiles, but not as asked: no compile credit either, only the END marker's
+    assert b.compiled and b.compile == 0.0 and b.reward == pytest.approx(0.05)
 
 
 def test_a_missing_entry_point_is_named(scorer):
@@ -191,3 +192,37 @@ def test_an_abstract_type_the_interface_lists_crosses_as_a_handle(scorer):
     code = "type counter = int ref\nlet make n = ref n\nlet bump c = ref (!c + 1)\nlet get c = !c"
     assert score(scorer, code, COUNTER).reward == 1.0
     assert score(scorer, "type counter = int\nlet make n = n\nlet bump c = c\nlet get c = c", COUNTER).tests_passed == 1
+
+
+# The entry-point rules, as a property of the reward over the bundled reference solutions and
+# mutations of them: an answer is never paid more for an added error or for padding, and an
+# answer without its entry point at the prompt's type earns no type-check or compile credit on
+# any path (it used to earn more with an unrelated type error: 0.15 -> 0.175).
+PAD = "\nlet _ = ()\nlet _ = ()\nlet _ = ()"
+UNRELATED_ERROR = '\nlet _oops (x : int) : int = x + "a"'
+
+
+def test_errors_and_padding_never_raise_the_reward_and_the_entry_is_checked_first(scorer):
+    from ocaml_grpo.problems import load_problems
+    problems = [p for p in load_problems("bundled") if not p.requires][::8]  # 16 of them, every kind
+    variants = {}
+    for p in problems:
+        entry = p.entry_point or src.parse_signature(p.prompt).entry
+        renamed = p.solution.replace(f"let rec {entry} ", f"let rec {entry}_x ").replace(f"let {entry} ", f"let {entry}_x ")
+        assert renamed != p.solution, p.id
+        variants[p.id] = {"right": p.solution, "right+pad": p.solution + PAD,
+                          "right+error": p.solution + UNRELATED_ERROR,
+                          "right+pad+error": p.solution + PAD + UNRELATED_ERROR,
+                          "no_entry": renamed, "no_entry+error": renamed + UNRELATED_ERROR,
+                          "no_entry+pad+error": renamed + PAD + UNRELATED_ERROR}
+    names = list(next(iter(variants.values())))
+    scored = scorer.score_batch([p for p in problems for _ in names],
+                                [fenced(variants[p.id][n]) for p in problems for n in names])
+    for k, p in enumerate(problems):
+        r = {n: b for n, b in zip(names, scored[k * len(names):(k + 1) * len(names)])}
+        assert r["right"].reward == r["right+pad"].reward == 1.0, p.id  # padding earns nothing
+        assert r["right+error"].reward < 1.0 and r["right+pad+error"].reward == r["right+error"].reward, p.id
+        for n in ("no_entry", "no_entry+error", "no_entry+pad+error"):
+            assert r[n].type_check == r[n].compile == r[n].tests == 0.0, (p.id, n, r[n].error_kinds)
+            assert "entry" in r[n].error_kinds, (p.id, n)
+        assert r["no_entry+error"].reward <= r["no_entry"].reward, p.id  # an added error never pays

@@ -16,6 +16,7 @@ Compile steps return values (`Reply`) from either path of ocaml_grpo/grading/com
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import math
 import os
@@ -34,7 +35,7 @@ from ocaml_grpo.grading.diagnostics import TIMED_OUT, CompileError, error_of, pa
 from ocaml_grpo.grading.compilers import WARNINGS_OFF, CompileBudget, Compilers, OcamlcSteps, Steps
 from ocaml_grpo.grading.harness import ENTRY_FILE, WIRE_ML, plan_of, render_oracle, render_trusted, tally_run
 from ocaml_grpo.grading.interface import Interface, interface_of
-from ocaml_grpo.grading.oracle import Lambda, lambda_unit_text, rewrite_tests, shippable
+from ocaml_grpo.grading.oracle import Lambda, entry_types, lambda_unit_text, rewrite_tests, shippable
 from ocaml_grpo.grading.sandbox import Sandbox, blocked
 from ocaml_grpo.grading.toolcache import ToolchainError
 
@@ -71,6 +72,41 @@ class Grade:
         return sum(1 for e in self.compile_errors if e.kind == "syntax")
 
 
+ENTRY_MISMATCH = "an entry point does not have the prompt's type: "
+GRADER_DIR_PREFIX = "ocaml-grader-"
+OWNER_LOCK = ".owner"  # in each grader directory, locked by the process that uses it
+
+
+def hold_owner_lock(directory: Path) -> int:
+    """Lock `directory`'s owner file for as long as this process lives; returns the descriptor.
+    The file is locked before it takes its name, so a sweep never sees it unlocked while alive."""
+    fd = os.open(directory / (OWNER_LOCK + ".new"), os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(directory / (OWNER_LOCK + ".new"), directory / OWNER_LOCK)
+    return fd
+
+
+def sweep_dead_graders(parent: Path) -> list[Path]:
+    """Remove the grader directories in `parent` whose process died without cleaning up (SIGKILL,
+    OOM): the ones whose owner lock can be taken. A directory without an owner file (still being
+    made, or older than the lock) or whose lock is held is left alone. Returns what was removed."""
+    removed = []
+    for d in parent.glob(GRADER_DIR_PREFIX + "*"):
+        try:
+            fd = os.open(d / OWNER_LOCK, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # no owner file, or not ours to read
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: its process is alive
+            os.close(fd)
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        os.close(fd)
+        removed.append(d)
+    return removed
+
+
 @dataclass(frozen=True)
 class Trusted:
     """A problem's trusted program, and the tests' closures compiled for its oracles."""
@@ -97,9 +133,13 @@ class OcamlGrader:
         # a correct but slow answer never loses its verdict to neighbours that loop (a loop is
         # stopped by its CPU limit, not by the wall clock).
         self._run_slots = threading.BoundedSemaphore(cores)
-        self.tmp_root = Path(tempfile.mkdtemp(prefix="ocaml-grader-", dir=tmp_root or self.sandbox.config.tmpdir))
+        tmp_parent = Path(tmp_root or self.sandbox.config.tmpdir or tempfile.gettempdir())
+        sweep_dead_graders(tmp_parent)
+        self.tmp_root = Path(tempfile.mkdtemp(prefix=GRADER_DIR_PREFIX, dir=tmp_parent))
         os.chmod(self.tmp_root, 0o755)
         weakref.finalize(self, shutil.rmtree, self.tmp_root, True)  # also when close() is never called
+        # held until close(), or by the kernel until this process dies: then a sweep may remove the directory
+        self._release_owner = weakref.finalize(self, os.close, hold_owner_lock(self.tmp_root))
         # The wire is compiled once (this is also the toolchain probe) under a random unit name
         # that answer code cannot guess (and could not use: it is not on the allowlist).
         self.wire = f"wire_{secrets.token_hex(8)}"
@@ -124,6 +164,7 @@ class OcamlGrader:
     def close(self) -> None:
         self.compilers.close()
         shutil.rmtree(self.tmp_root, ignore_errors=True)
+        self._release_owner()  # once: later calls do nothing
 
     def _new_job_dir(self) -> Path:
         with self._lock:
@@ -200,7 +241,12 @@ class OcamlGrader:
             if tc.items is not None:  # it parses: the compiler's own structure items are the phrases
                 phrases = src.phrases_from_starts(solution, _char_offsets(solution, tc.items))
                 grade.phrases_total = max(1, len(phrases))
-            self._count_errors(steps, phrases, error_of(tc), grade, budget)
+            good = self._count_errors(steps, phrases, error_of(tc), grade, budget)
+            if objects and not budget.exhausted and not grade.syntax_errors:
+                # The entry points, checked on this path too: what typed must define them at the
+                # prompt's types, or no part of the answer was typed as asked.
+                if mismatch := self._entry_mismatch(steps, _joined(phrases, sorted(good)).text, iface):
+                    grade.compile_errors.append(CompileError("entry", 0, ENTRY_MISMATCH + mismatch))
             return False
         grade.compiled, grade.phrases_ok = True, grade.phrases_total
         if tc.denied:
@@ -216,13 +262,34 @@ class OcamlGrader:
                 if err.kind == "unbound":
                     msg = f"the answer does not define `{err.unbound.split('.')[-1]}`, an entry point of the prompt"
                 else:
-                    msg = f"an entry point does not have the prompt's type: {err.message}"
+                    msg = ENTRY_MISMATCH + (self._entry_mismatch(steps, solution, iface)
+                                            or "it cannot be called with the prompt's argument and result types")
                 grade.compile_errors.append(CompileError("entry", 0, msg))  # it compiles, but not as asked
                 return False
             # shown to people only: no credit depends on it
             grade.test_error = err.message
             return False
         return True
+
+    def _entry_mismatch(self, steps: Steps, solution: str, iface: Interface) -> str | None:
+        """None when `solution` defines every entry point at the prompt's type; else what the
+        compiler says, in the prompt's own terms: each entry point is bound at the prompt's type,
+        its type variables quantified as the prompt wrote them (`'a. 'a -> 'a list -> 'a`), as
+        the oracle binds them at its wire's tokens (whose private names must not reach feedback).
+        A check cut short by the compile budget is a mismatch: it proved nothing."""
+        lines = ["module Solution = struct", '# 1 "solution.ml"', solution, "end", '# 1 "signature.ml"']
+        lines += [f"let _entry_{k} : {quant}{ty} = Solution.{name}"
+                  for k, (name, quant, ty) in enumerate(entry_types(iface))]
+        (steps.workdir / "signature.ml").write_text("\n".join(lines) + "\n")
+        reply = steps.compile("signature.ml", "")
+        if reply.timed_out:
+            return "the check ran out of time"
+        if reply.returncode == 0:
+            return None
+        err = error_of(reply)
+        if err.kind == "unbound" and err.unbound and err.unbound.startswith("Solution."):
+            return f"the answer does not define `{err.unbound.split('.')[-1]}`, an entry point of the prompt"
+        return err.message.replace("Solution.", "")
 
     def _trusted_program(self, iface: Interface, tests: str, requires: tuple[str, ...]) -> "Trusted":
         """The problem's trusted program (and the tests' closures the oracle holds too), built once
@@ -307,11 +374,12 @@ class OcamlGrader:
         return run, box["res"], tres
 
     def _count_errors(self, steps: Steps, phrases: list[src.Phrase], first: CompileError, grade: Grade,
-                      budget: CompileBudget) -> None:
+                      budget: CompileBudget) -> list[int]:
         """Re-check the phrases without the failing one until the rest type-checks: each
         independent error counts once; errors that only follow from a skipped phrase do not.
         An error is blamed on the phrase that holds its location (line and column) in the file
-        that was checked. Counting stops when the completion's compile budget is spent."""
+        that was checked. Counting stops when the completion's compile budget is spent. Returns
+        the phrases that type-check together."""
         good: list[int] = []
         pending = list(range(len(phrases)))
         skipped_names: set[str] = set()
@@ -353,6 +421,7 @@ class OcamlGrader:
         if not grade.compile_errors:  # the whole failed but no phrase did: count one
             grade.compile_errors.append(first)
         grade.phrases_ok = len(good)
+        return good
 
     def _unparsed(self, steps: Steps, phrases: list[src.Phrase]) -> dict[int, CompileError]:
         """The phrases that do not parse on their own, each with its syntax error."""

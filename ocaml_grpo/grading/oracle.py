@@ -284,6 +284,20 @@ def trusted_stubs(iface: Interface, wire: str) -> str:
     return "".join(out)
 
 
+def entry_types(iface: Interface) -> list[tuple[str, str, str]]:
+    """(name, quantifier, type) of each entry point at the prompt's type, as the answer's
+    `Solution` module sees it, type variables as the prompt wrote them (`'a. `, `'a -> 'a`)."""
+    g = _Gen(iface, "", "U")
+    out = []
+    for e in iface.entries:
+        full = e.result
+        for label, p in reversed(e.params):
+            full = ("arrow", label, p, full)
+        names = list(dict.fromkeys(e.vars()))
+        out.append((e.name, " ".join("'" + v for v in names) + ". " if names else "", g.ty(full, {})))
+    return out
+
+
 def oracle_server(iface: Interface, wire: str, lambdas: tuple["Lambda", ...] = (), lambda_unit: str = "") -> str:
     """U's code after the answer's `Solution` module: each entry point bound at the prompt's type
     (type variables as the wire's tokens), registered as handle k, then the serve loop.

@@ -68,19 +68,26 @@ class Part:
         return self.label or self.name
 
 
+def _entry_missing(g: Facts) -> bool:
+    """An entry point missing or not of the prompt's type (the grader checks it on every path,
+    type errors or not): nothing was typed as asked, whatever else the answer holds."""
+    return any(e.kind == "entry" for e in g.compile_errors)
+
+
 def _type_check(g: Facts, end_marker: bool) -> float:
-    # a syntax error, or an entry point missing or not of the prompt's type: nothing typed as asked;
-    # a check stopped half-way by the compile budget proves nothing, and counted no further errors
-    if g.compile_timed_out or g.syntax_errors or any(e.kind == "entry" for e in g.compile_errors):
+    # a syntax error, or no entry point as asked: nothing typed; a check stopped half-way by the
+    # compile budget proves nothing, and counted no further errors
+    if g.compile_timed_out or g.syntax_errors or _entry_missing(g):
         return 0.0
     n = len(g.compile_errors)
     return 1.0 if n == 0 else 0.5 / n
 
 
 def _compile(g: Facts, end_marker: bool) -> float:
-    if g.compile_timed_out:
+    # all or nothing: a share of the phrases that compile would pay for padding (`let _ = ()`)
+    if g.compile_timed_out or _entry_missing(g):
         return 0.0
-    return 1.0 if g.compiled else 0.5 * g.phrases_ok / max(1, g.phrases_total)
+    return 1.0 if g.compiled else 0.0
 
 
 def _tests(g: Facts, end_marker: bool) -> float:
@@ -91,8 +98,9 @@ def _tests(g: Facts, end_marker: bool) -> float:
 
 PARTS: tuple[Part, ...] = (
     Part("structural", 0.05, "the END marker is in the completion", lambda g, end_marker: float(end_marker)),
-    Part("type_check", 0.20, "the solution alone type-checks (graduated by error count)", _type_check, "type"),
-    Part("compile", 0.10, "the solution compiles (else half the share of phrases that compile)", _compile),
+    Part("type_check", 0.20, "the solution alone type-checks (graduated by error count; none without the "
+                              "entry points at the prompt's types)", _type_check, "type"),
+    Part("compile", 0.10, "the solution compiles, defining the entry points at the prompt's types", _compile),
     Part("tests", 0.65, "x the fraction of assertions passed, when the program links with the tests", _tests),
 )
 PART_NAMES = tuple(p.name for p in PARTS)
