@@ -78,6 +78,9 @@ def test_errors_that_follow_from_a_broken_definition_are_not_counted(scorer):
     code = 'let helper (x : int) : int = x + "a"\nlet twice y = helper (helper y)\nlet add a b = a + b'
     b = score(scorer, code)
     assert b.type_errors == 1 and b.type_check == pytest.approx(0.10)
+    # a phrase left out for the broken helper's name still has its own errors counted
+    own = score(scorer, 'let helper (x : int) : int = x + "a"\nlet twice y = helper y + "b"\nlet add a b = a + b')
+    assert own.type_errors == 2 and own.type_check == pytest.approx(0.05)
     # an entry point that needs the broken helper did not type: nothing was typed as asked
     needs = score(scorer, 'let helper (x : int) : int = x + "a"\nlet add a b = helper a + b')
     assert needs.error_kinds == ["type", "entry"] and needs.type_check == needs.compile == 0.0

@@ -151,6 +151,9 @@ HONEST_ROUTES = [
     # harmless attributes: documentation, warnings, optimisation hints
     "(** Adds. *)\nlet[@inline] add a b = (a + b [@ocaml.warning \"-8\"])\n[@@@ocaml.warning \"-32\"]\n"
     "let unused = (add [@inlined]) 1 2 [@@ocaml.doc \"x\"]",
+    # tail recursion modulo cons (OCaml 4.14; 4.13 ignores it), a tail-call check, a local warning
+    "let[@tail_mod_cons] rec copy = function [] -> [] | x :: t -> x :: copy t\n"
+    "let add a b = (List.fold_left ( + ) 0 [@tailcall]) (copy [a; b]) [@@warning \"-32\"]",
 ]
 
 

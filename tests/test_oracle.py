@@ -1,5 +1,7 @@
 """Reward integrity, round 4: the verdict is decided where model code never runs, and the tests
 see only the entry points, at the prompt's types. Real compiler, real sandbox, two processes."""
+import subprocess
+
 import pytest
 
 from conftest import ADD, fenced
@@ -226,3 +228,44 @@ def test_errors_and_padding_never_raise_the_reward_and_the_entry_is_checked_firs
             assert r[n].type_check == r[n].compile == r[n].tests == 0.0, (p.id, n, r[n].error_kinds)
             assert "entry" in r[n].error_kinds, (p.id, n)
         assert r["no_entry+error"].reward <= r["no_entry"].reward, p.id  # an added error never pays
+
+
+@pytest.mark.parametrize("code", [
+    "let add ~a ~b = a + b",  # labels the prompt's type does not have: the tests' total calls omit them
+    "let add ?(scale = 1) a b = scale * (a + b)",  # an optional parameter the tests never pass
+    "module Impl = struct let add a b = a + b end\nopen Impl",  # in scope at the end of the answer
+    "module Impl = struct let add a b = a + b end\ninclude Impl",
+    "let add a b =\n  let r = ref (a + b) in\n  r := !r;\n  !r;",  # a trailing `;`
+])
+def test_honest_idioms_that_plain_ocaml_accepts_score_one(scorer, tmp_path, code):
+    """The tests appended to the answer pass in plain `ocaml`: the grader gives full credit too."""
+    (tmp_path / "plain.ml").write_text(code + "\n;;\n" + ADD.tests + "\n")
+    assert subprocess.run(["ocaml", str(tmp_path / "plain.ml")], capture_output=True).returncode == 0
+    b = score(scorer, code)
+    assert b.reward == 1.0, (b.error_kinds, b.first_error)
+
+
+def test_what_the_scope_does_not_hold_at_the_end_is_not_an_entry(scorer):
+    for code in ["module Impl = struct let add a b = a + b end",  # never brought into scope
+                 "let add a b = a + b\nlet add = ()"]:  # shadowed by a value of another type
+        b = score(scorer, code)
+        assert b.tests == b.type_check == b.compile == 0.0 and "entry" in b.error_kinds, code
+
+
+APPLY_PROMPT = "(** Apply f to x, n times. *)\nlet apply_n (f : int -> int) (n : int) (x : int) : int ="
+APPLY_ANSWER = "let rec apply_n f n x = if n <= 0 then x else apply_n f (n - 1) (f x)"
+
+
+@pytest.mark.parametrize("tests", [
+    # the tests' own `max_int` (and operator): a closure compiled apart from them would use Stdlib's
+    "let max_int = 10\nlet ( +! ) a b = a * b\nlet () =\n  assert (apply_n (fun x -> x + max_int) 2 0 = 20);\n"
+    "  assert (apply_n (fun x -> x +! 2) 3 1 = 8)\n;;",
+    # a module the tests open: every name may mean something else there
+    "open struct let succ x = x + 2 end\nlet () =\n  assert (apply_n succ 3 0 = 6)\n;;",
+])
+def test_a_test_closure_means_what_the_tests_scope_says(scorer, tmp_path, tests):
+    problem = Problem(id="apply", prompt=APPLY_PROMPT, tests=tests)
+    (tmp_path / "plain.ml").write_text(APPLY_ANSWER + "\n;;\n" + tests + "\n")
+    assert subprocess.run(["ocaml", str(tmp_path / "plain.ml")], capture_output=True).returncode == 0
+    b = score(scorer, APPLY_ANSWER, problem)
+    assert b.reward == 1.0 and b.tests_passed == b.tests_total, (b.tests_passed, b.tests_total, b.first_error)

@@ -27,15 +27,16 @@ import subprocess
 import tempfile
 import threading
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ocaml_grpo.grading import source as src
 from ocaml_grpo.grading.diagnostics import TIMED_OUT, CompileError, error_of, parse_compiler_error
 from ocaml_grpo.grading.compilers import WARNINGS_OFF, CompileBudget, Compilers, OcamlcSteps, Steps
-from ocaml_grpo.grading.harness import ENTRY_FILE, WIRE_ML, plan_of, render_oracle, render_trusted, tally_run
+from ocaml_grpo.grading.harness import (ENTRY_FILE, WIRE_ML, plan_of, render_entry_check, render_oracle,
+                                        render_trusted, tally_run)
 from ocaml_grpo.grading.interface import Interface, interface_of
-from ocaml_grpo.grading.oracle import Lambda, entry_types, lambda_unit_text, rewrite_tests, shippable
+from ocaml_grpo.grading.oracle import ENTRY_ALIAS, Lambda, lambda_unit_text, rewrite_tests, shippable
 from ocaml_grpo.grading.sandbox import Sandbox, blocked
 from ocaml_grpo.grading.toolcache import ToolchainError
 
@@ -277,19 +278,22 @@ class OcamlGrader:
         its type variables quantified as the prompt wrote them (`'a. 'a -> 'a list -> 'a`), as
         the oracle binds them at its wire's tokens (whose private names must not reach feedback).
         A check cut short by the compile budget is a mismatch: it proved nothing."""
-        lines = ["module Solution = struct", '# 1 "solution.ml"', solution, "end", '# 1 "signature.ml"']
-        lines += [f"let _entry_{k} : {quant}{ty} = Solution.{name}"
-                  for k, (name, quant, ty) in enumerate(entry_types(iface))]
-        (steps.workdir / "signature.ml").write_text("\n".join(lines) + "\n")
+        (steps.workdir / "signature.ml").write_text(render_entry_check(solution, iface))
         reply = steps.compile("signature.ml", "")
         if reply.timed_out:
             return "the check ran out of time"
         if reply.returncode == 0:
             return None
         err = error_of(reply)
-        if err.kind == "unbound" and err.unbound and err.unbound.startswith("Solution."):
+        if err.kind == "unbound" and reply.loc and reply.loc[2] == ENTRY_FILE:
             return f"the answer does not define `{err.unbound.split('.')[-1]}`, an entry point of the prompt"
-        return err.message.replace("Solution.", "")
+        # The words: the entry points bound directly say "has type X but ... Y" (through a total
+        # application the compiler speaks of an argument); that check decides nothing.
+        (steps.workdir / "signature.ml").write_text(render_entry_check(solution, iface, eta=False))
+        direct = steps.compile("signature.ml", "")
+        if direct.returncode != 0 and not direct.timed_out:
+            err = error_of(direct)
+        return err.message.replace("Solution.", "").replace(ENTRY_ALIAS, "entry_")
 
     def _trusted_program(self, iface: Interface, tests: str, requires: tuple[str, ...]) -> "Trusted":
         """The problem's trusted program (and the tests' closures the oracle holds too), built once
@@ -383,6 +387,9 @@ class OcamlGrader:
         good: list[int] = []
         pending = list(range(len(phrases)))
         skipped_names: set[str] = set()
+        skipped: list[int] = []  # phrases left out, each for an error of its own or a forgiven one
+        forgiven: list[int] = []  # those left out for a name a skipped phrase declared
+        checks = 0
         err: CompileError | None = first
         checked = _joined(phrases, pending)  # solution.ml is the phrases, back to back
         if first.kind == "syntax" and len(phrases) > 1 and not budget.exhausted:
@@ -392,6 +399,7 @@ class OcamlGrader:
             for j, e in bad.items():
                 grade.compile_errors.append(e)
                 skipped_names.update(phrases[j].names)
+                skipped.append(j)
             pending = [i for i in pending if i not in bad]
             checked = _joined(phrases, pending)
             err = self._check(steps, checked.text) if pending else None
@@ -410,7 +418,10 @@ class OcamlGrader:
             # name never is: a failed `module List = ...` must not hide `List.mapp` typos.
             if not (err.unbound and err.unbound in skipped_names):
                 grade.compile_errors.append(err)
+            else:
+                forgiven.append(j)
             skipped_names.update(phrases[j].names)
+            skipped.append(j)
             if err.kind != "syntax":  # typing is in order: everything before j is fine
                 good += [i for i in pending if i < j]
             pending = [i for i in pending if i > j or (err.kind == "syntax" and i < j)]
@@ -418,6 +429,21 @@ class OcamlGrader:
                 break
             checked = _joined(phrases, good + pending)
             err = self._check(steps, checked.text)
+            checks += 1
+        # A phrase left out for a name a broken phrase declared may hold an error of its own: it
+        # is checked once more with those names declared at every type (`external f : 'a`), and
+        # its first error that is not about them counts too.
+        for j in forgiven[:max(0, self.MAX_CHECKS - checks)]:
+            if budget.exhausted:
+                break
+            before = [i for i in range(j) if i in good or i in skipped]
+            stand_in = [phrases[i] if i in good else replace(phrases[i], text=_declared_at_any_type(phrases[i]))
+                        for i in before]
+            checked = _joined(stand_in + [phrases[j]], list(range(len(before) + 1)))
+            own = self._check(steps, checked.text)
+            if (own is not None and own is not TIMED_OUT and _phrase_of(own, checked, [len(before)]) is not None
+                    and not (own.unbound and own.unbound in skipped_names)):
+                grade.compile_errors.append(own)
         if not grade.compile_errors:  # the whole failed but no phrase did: count one
             grade.compile_errors.append(first)
         grade.phrases_ok = len(good)
@@ -561,6 +587,13 @@ class Joined:
     """Phrases written back to back as one file, and where each one lies in it."""
     text: str
     spans: list[tuple[int, int, int]]  # (phrase index, first offset, end offset)
+
+
+def _declared_at_any_type(phrase: src.Phrase) -> str:
+    """The values `phrase` defines, declared at every type (for checking the phrases after it
+    without it); its types and modules are not: their uses stay unbound."""
+    return "".join(f'external {v if v[0].isalpha() or v[0] == "_" else f"( {v} )"} : \'a = "%identity"\n'
+                   for v in phrase.values)
 
 
 def _joined(phrases: list[src.Phrase], keep: list[int]) -> Joined:

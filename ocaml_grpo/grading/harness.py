@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ocaml_grpo.grading import source as src
 from ocaml_grpo.grading.interface import Interface
-from ocaml_grpo.grading.oracle import Lambda, oracle_server, trusted_stubs
+from ocaml_grpo.grading.oracle import Lambda, entry_aliases, entry_check, oracle_server, trusted_stubs
 
 WIRE_ML = (Path(__file__).resolve().parent / "ocaml" / "wire.ml").read_text()
 ENTRY_FILE = "entry.ml"  # where the oracle binds the entry points: an error there is the answer's
@@ -98,5 +98,17 @@ def render_oracle(solution: str, iface: Interface, wire: str, lambdas: tuple[Lam
                   lambda_unit: str = "") -> str:
     """The answer is typed here exactly as alone (nothing precedes it); the code after it never
     opens it, so nothing the answer defines changes what the wire means."""
-    return "\n".join(["module Solution = struct", '# 1 "solution.ml"', solution, f'# 1 "{ENTRY_FILE}"', "end",
-                      oracle_server(iface, wire, lambdas, lambda_unit)])
+    return "\n".join(_solution_module(solution, iface) + [oracle_server(iface, wire, lambdas, lambda_unit)])
+
+
+def render_entry_check(solution: str, iface: Interface, eta: bool = True) -> str:
+    """The answer's module, then each entry point bound at the prompt's type as the prompt wrote
+    it (oracle.entry_check): compiles exactly when the answer defines every entry point as asked."""
+    return "\n".join(_solution_module(solution, iface) + [entry_check(iface, eta)])
+
+
+def _solution_module(solution: str, iface: Interface) -> list[str]:
+    # `;;` first: whatever the answer's last phrase leaves open (a trailing `;`, as `end` allowed)
+    # ends there, and the aliases cannot continue it.
+    return ["module Solution = struct", '# 1 "solution.ml"', solution, f'# 1 "{ENTRY_FILE}"', ";;",
+            entry_aliases(iface), "end"]

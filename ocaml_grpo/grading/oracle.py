@@ -284,18 +284,42 @@ def trusted_stubs(iface: Interface, wire: str) -> str:
     return "".join(out)
 
 
-def entry_types(iface: Interface) -> list[tuple[str, str, str]]:
-    """(name, quantifier, type) of each entry point at the prompt's type, as the answer's
-    `Solution` module sees it, type variables as the prompt wrote them (`'a. `, `'a -> 'a`)."""
+ENTRY_ALIAS = "grader_entry_"  # + k: the k-th entry point, named where the answer's scope ends
+
+
+def entry_aliases(iface: Interface) -> str:
+    """Appended inside the answer's module: each entry point as the answer's own scope resolves it
+    at its end (a name brought in by `open Impl` included), which is what tests appended to the
+    answer would call. Last, so it shadows any name the answer gave itself."""
+    return "".join(f"let {ENTRY_ALIAS}{k} = {e.name}\n" for k, e in enumerate(iface.entries))
+
+
+def entry_binding(g: "_Gen", k: int, name: str, vars_as: dict[str, str], quantify: bool, eta: bool = True) -> str:
+    """`let name : <the k-th entry point's type at the prompt> = <the answer's entry point>`.
+    A function is bound through a total application (`fun a0 a1 -> f a0 a1`): OCaml lets a total
+    application omit labels, so an answer whose parameters carry labels the prompt's type does not
+    is bound as the tests' unlabelled calls would reach it. `quantify`: the prompt's type
+    variables as written, universally quantified (`'a. 'a -> 'a`); else as `vars_as` maps them.
+    `eta=False`: bound directly (what the compiler then says of a mismatch reads better)."""
+    e = g.iface.entries[k]
+    full = e.result
+    for label, p in reversed(e.params):
+        full = ("arrow", label, p, full)
+    names = list(dict.fromkeys(e.vars()))
+    quant = " ".join("'" + v for v in names) + ". " if quantify and names else ""
+    target = f"Solution.{ENTRY_ALIAS}{k}"
+    if not e.params or not eta:
+        return f"let {name} : {quant}{g.ty(full, vars_as)} = {target}\n"
+    args = " ".join(_labelled(lab, f"a{i}") for i, (lab, _) in enumerate(e.params))
+    return f"let {name} : {quant}{g.ty(full, vars_as)} = fun {args} -> {target} {args}\n"
+
+
+def entry_check(iface: Interface, eta: bool = True) -> str:
+    """The bindings of every entry point at the prompt's type with its type variables as written,
+    after the answer's module (grader._entry_mismatch): the check of the entry points on the path
+    where the answer has type errors, and the words feedback quotes on every path."""
     g = _Gen(iface, "", "U")
-    out = []
-    for e in iface.entries:
-        full = e.result
-        for label, p in reversed(e.params):
-            full = ("arrow", label, p, full)
-        names = list(dict.fromkeys(e.vars()))
-        out.append((e.name, " ".join("'" + v for v in names) + ". " if names else "", g.ty(full, {})))
-    return out
+    return "".join(entry_binding(g, k, f"_entry_{k}", {}, quantify=True, eta=eta) for k in range(len(iface.entries)))
 
 
 def oracle_server(iface: Interface, wire: str, lambdas: tuple["Lambda", ...] = (), lambda_unit: str = "") -> str:
@@ -307,10 +331,7 @@ def oracle_server(iface: Interface, wire: str, lambdas: tuple["Lambda", ...] = (
     for k, e in enumerate(iface.entries):
         env = {v: f"{wire}.Tok.w" for v in e.vars()} | {"r:" + v: f"{wire}.Tok.r" for v in e.vars()}
         tok = {v: f"{wire}.Tok.t" for v in e.vars()}
-        full = e.result
-        for label, p in reversed(e.params):
-            full = ("arrow", label, p, full)
-        out.append(f"let entry_{k} : {g.ty(full, tok)} = Solution.{e.name}\n")
+        out.append(entry_binding(g, k, f"entry_{k}", tok, quantify=False))
         xs = [f"a{i}" for i in range(len(e.params))]
         reads = " ".join(f"let {x} = {_arg_reader(g, k, i, lab, p, env, lambdas, lambda_unit)} r in"
                          for i, ((lab, p), x) in enumerate(zip(e.params, xs)))
@@ -371,6 +392,9 @@ def shippable(iface: Interface, tests: str) -> tuple[Lambda, ...]:
     if not entries:
         return ()
     toks = src.code_tokens(tests)
+    rebound = _names_the_tests_bind(toks)
+    if rebound is None:
+        return ()
     out: list[Lambda] = []
     for idx, tok in enumerate(toks):
         if tok.kind != "ident" or tok.text not in entries:
@@ -388,11 +412,36 @@ def shippable(iface: Interface, tests: str) -> tuple[Lambda, ...]:
             is_fun = toks[first].text == "(" and last > first + 1  # a lambda, an operator section, ...
             is_name = first == last and toks[first].kind == "ident" or (toks[first].kind == "ident" and all(
                 toks[x].text == "." or toks[x].kind == "ident" for x in range(first, last + 1)))
-            if g.resolve(p)[0] == "arrow" and _shippable_type(g, p) and (is_fun or is_name):
+            # a name the tests bind themselves means their value in the tests, not Stdlib's
+            own = {toks[x].text for x in range(first, last + 1) if toks[x].kind in ("ident", "symbol")} & rebound
+            if g.resolve(p)[0] == "arrow" and _shippable_type(g, p) and (is_fun or is_name) and not own:
                 out.append(Lambda(len(out), k * SITE_STRIDE + i, toks[first].start,
                                   toks[last].start + len(toks[last].text), text, p))
             pos = last + 1
     return tuple(out)
+
+
+BINDERS = ("let", "and", "rec", "module", "external", "val")
+SCOPE_CHANGERS = ("open", "include", "type", "exception", "class", "object")
+
+
+def _names_the_tests_bind(toks: list) -> set[str] | None:
+    """The names the tests define (after `let`, `and`, `module`, ...): a closure that uses one is
+    not compiled apart from them (alone, `max_int` would be Stdlib's, not the tests' own); it
+    stays in the trusted program, where the tests' scope holds. None: the tests open a module or
+    define types or exceptions, and then no closure is compiled apart (a handle is always right,
+    only slower)."""
+    if any(t.kind == "ident" and t.text in SCOPE_CHANGERS for t in toks):
+        return None
+    names = set()
+    for i, t in enumerate(toks[:-1]):
+        if t.kind != "ident" or t.text not in BINDERS:
+            continue
+        if toks[i + 1].kind == "ident":
+            names.add(toks[i + 1].text)
+        elif toks[i + 1].text == "(" and i + 3 < len(toks) and toks[i + 3].text == ")" and toks[i + 2].text != ")":
+            names.add(toks[i + 2].text)  # `let ( +! ) = ...` binds `+!` (`let () =` binds nothing)
+    return names
 
 
 def _atom(toks: list, pos: int) -> tuple[int, int] | None:

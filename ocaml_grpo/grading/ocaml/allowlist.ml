@@ -80,6 +80,7 @@ let harmless_attributes = [
   "warning"; "warnerror"; "ppwarning"; "alert"; "deprecated"; "deprecated_mutable";
   "warn_on_literal_pattern";  (* diagnostics only *)
   "inline"; "inlined"; "specialise"; "specialised"; "unrolled"; "tailcall"; "local";  (* optimisation hints *)
+  "tail_mod_cons";  (* OCaml 4.14's tail recursion modulo cons: the same values, in constant stack (4.13 ignores it) *)
   "explicit_arity";  (* how the parser reads `C (a, b)` *)
 ]
 
