@@ -11,7 +11,9 @@ rounds, naive then grader, every grader pass with its caches emptied; the median
   syntax errors, failing tests, infinite loops and duplicates.
 The naive pipeline is what a first version would do: `ocamlc -c`, `ocamlc -o`, run, one
 completion after another, no isolation, the CPU limit as its wall-clock limit per run.
-Then a GRPO-sized batch of 24 completions with 6 infinite loops is timed on its own.
+Then a GRPO-sized batch of 24 completions with 6 infinite loops is timed on its own. Last, the
+no-loop corpus as a new grader process sees it, start-up included: once with no trusted program on
+disk (each problem's is built), once with them there (OCAML_CACHE_DIR/trusted/).
 """
 from __future__ import annotations
 
@@ -136,6 +138,24 @@ def side_by_side(name: str, corpus: list[tuple[Problem, str, str]], scorer: Rewa
     return sorted(runs, key=lambda x: x["naive"] / x["ours"])[len(runs) // 2]
 
 
+def cold_starts(corpus: list[tuple[Problem, str, str]], cfg: RewardConfig, naive_s: float) -> None:
+    """A new grader process's view, start-up included (a fresh scorer, its in-memory caches empty):
+    with the on-disk trusted programs removed first, then with them kept from that pass."""
+    trusted = Path(cfg.sandbox.cache) / "trusted"
+    for label, empty in (("cold start, no trusted programs on disk", True), ("cold start, trusted programs on disk", False)):
+        if empty:
+            shutil.rmtree(trusted, ignore_errors=True)
+        harness._parsed_plan.cache_clear()
+        src._cached_tokens.cache_clear()
+        src._cached_phrases.cache_clear()
+        t0 = time.perf_counter()
+        scorer = RewardScorer(replace(cfg, min_lines=0))
+        scorer.score_batch([c[0] for c in corpus], [c[1] for c in corpus])
+        t = time.perf_counter() - t0
+        scorer.close()
+        print(f"{label}: {len(corpus)} completions in {t:.2f}s, {naive_s / t:.2f}x the naive pipeline's {naive_s:.2f}s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--problems", default="bundled")
@@ -185,6 +205,7 @@ def main() -> None:
           f"timed out: {sum(b.timed_out for b in res)}; its test runs used {runs_cpu:.1f}s of CPU, "
           f"{100 * runs_cpu / (t_batch * (os.cpu_count() or 1)):.0f}% of the {os.cpu_count()} cores over that time")
     scorer.close()
+    cold_starts(no_loop_corpus(exercises), cfg, rows[0]["naive"])
 
 
 if __name__ == "__main__":

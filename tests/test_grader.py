@@ -415,3 +415,33 @@ def test_a_killed_graders_directory_is_swept_and_a_live_ones_kept(tmp_path):
     finally:
         alive.stdin.close()
         alive.wait(timeout=30)
+
+
+def test_trusted_programs_are_kept_on_disk_for_the_next_grader(tmp_path):
+    """A second grader on the same cache directory builds no trusted program the first one built
+    (a resumed run, the CLI), and grades the same; other tests are another program."""
+    from dataclasses import replace as with_
+    from ocaml_grpo.config.isolation import SandboxConfig
+
+    config = with_(from_env(SandboxConfig, os.environ), cache=str(tmp_path / "cache"))
+    first = OcamlGrader(Sandbox(config), cores=1)
+    sol, entries = assemble_solution("let add a b = a + b", ADD.prompt)
+    try:
+        assert first.grade(sol, ADD.tests, [], entries, ADD.prompt).tests_passed == 7
+    finally:
+        first.close()
+    stored = list((tmp_path / "cache" / "trusted").iterdir())
+    assert len(stored) == 1 and (stored[0] / "prog").exists()
+    second = OcamlGrader(Sandbox(config), cores=1)
+    built = []
+    build = second._build_trusted
+    second._build_trusted = lambda *a: built.append(a[0]) or build(*a)
+    try:
+        assert second.grade(sol, ADD.tests, [], entries, ADD.prompt).tests_passed == 7
+        assert built == []  # read from disk
+        fewer = ADD.tests.replace("  assert (add 7 0 = 7)", "  assert (add 7 1 = 8)")
+        assert second.grade(sol, fewer, [], entries, ADD.prompt).tests_passed == 7
+        assert len(built) == 1  # other tests: built, and stored beside the first
+    finally:
+        second.close()
+    assert len(list((tmp_path / "cache" / "trusted").iterdir())) == 2

@@ -17,7 +17,9 @@ Compile steps return values (`Reply`) from either path of ocaml_grpo/grading/com
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
+import json
 import math
 import os
 import secrets
@@ -74,6 +76,15 @@ class Grade:
 
 
 ENTRY_MISMATCH = "an entry point does not have the prompt's type: "
+TRUSTED_META = "trusted.json"  # in a cached trusted program's directory: its build error, closures, unit
+
+
+@functools.lru_cache(maxsize=1)
+def trusted_sources() -> tuple[str, ...]:
+    """The code that writes a trusted program: a change in it makes every cached one stale."""
+    here = Path(__file__).resolve().parent
+    return tuple((here / f).read_text() for f in ("grader.py", "harness.py", "oracle.py", "interface.py",
+                                                  "source.py", "ocaml/wire.ml"))
 GRADER_DIR_PREFIX = "ocaml-grader-"
 OWNER_LOCK = ".owner"  # in each grader directory, locked by the process that uses it
 
@@ -151,7 +162,11 @@ class OcamlGrader:
                              capture_output=True, text=True, env=self.sandbox.toolchain.host_env)
         if res.returncode != 0:
             raise ToolchainError(f"ocamlc is installed but cannot compile a trivial module: {res.stderr.strip()[:400]}")
-        # Trusted programs, one per problem, built on first use: the program file or why it failed.
+        # Trusted programs, one per problem, built on first use (or found on disk): the program file or why it failed.
+        self._trusted_cache = Path(self.sandbox.config.cache) / "trusted" if self.sandbox.config.cache else None
+        version = subprocess.run(["ocamlfind", self.sandbox.toolchain.trusted_compiler, "-version"], capture_output=True,
+                                 text=True, env=self.sandbox.toolchain.host_env).stdout.strip()
+        self._trusted_version = "\0".join([version, self.sandbox.toolchain.root, *trusted_sources()])
         self._trusted: dict[str, Path | str] = {}
         self._trusted_locks: dict[str, threading.Lock] = {}
         self._counter = 0
@@ -299,13 +314,50 @@ class OcamlGrader:
         """The problem's trusted program (and the tests' closures the oracle holds too), built once
         in the toolchain sandbox and kept for the grader's life; a build failure is kept too (the
         tests cannot run: no completion passes)."""
-        key = hashlib.sha256("\0".join([repr(iface), tests, *requires]).encode()).hexdigest()[:24]
+        key = hashlib.sha256("\0".join([repr(iface), tests, *requires, self._trusted_version]).encode()).hexdigest()[:24]
         with self._lock:
             lock = self._trusted_locks.setdefault(key, threading.Lock())
         with lock:
-            if key not in self._trusted:
-                self._trusted[key] = self._build_trusted(key, iface, tests, requires)
+            # (one found on disk is read again if the directory went away: a cache cleared meanwhile)
+            if key not in self._trusted or not self._trusted[key].lambda_dir.is_dir():
+                self._trusted[key] = (self._cached_trusted(key, iface, tests)
+                                      or self._store_trusted(key, iface, self._build_trusted(key, iface, tests, requires)))
             return self._trusted[key]
+
+    # The trusted programs on disk (OCAML_CACHE_DIR/trusted/KEY/), as the audit keeps its results:
+    # a second grader, a resumed run and the CLI do not build them again. KEY: the interface, the
+    # tests, the packages, the sources that write and build the program, and the compiler's
+    # version. The directory is written whole under another name, then renamed into place.
+    def _cached_trusted(self, key: str, iface: Interface, tests: str) -> "Trusted | None":
+        d = self._trusted_cache / key
+        try:
+            meta = json.loads((d / TRUSTED_META).read_text())
+        except (OSError, ValueError):
+            return None
+        kept = set(meta["lambdas"])
+        lambdas = tuple(lam for lam in shippable(iface, tests) if lam.j in kept)
+        return Trusted(d / "prog", meta["error"], lambdas, meta["unit"], d)
+
+    def _store_trusted(self, key: str, iface: Interface, built: "Trusted") -> "Trusted":
+        if self._trusted_cache is None:
+            return built
+        try:
+            self._trusted_cache.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=self._trusted_cache))
+            files = ["prog"] + ([f"{built.lambda_unit}.cmi", f"{built.lambda_unit}.cmo"] if built.lambda_unit else [])
+            for f in files:
+                if (built.lambda_dir / f).exists():
+                    shutil.copy2(built.lambda_dir / f, tmp / f)
+            (tmp / TRUSTED_META).write_text(json.dumps({"error": built.error, "unit": built.lambda_unit,
+                                                        "lambdas": [lam.j for lam in built.lambdas]}))
+            os.chmod(tmp, 0o755)
+            try:
+                os.rename(tmp, self._trusted_cache / key)
+            except OSError:  # another grader stored it first: theirs is the same program
+                shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:  # a cache that cannot be written costs only the next grader a build
+            return built
+        return built
 
     def _build_trusted(self, key: str, iface: Interface, tests: str, requires: tuple[str, ...]) -> "Trusted":
         d = self.tmp_root / f"trusted-{key}"
