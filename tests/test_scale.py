@@ -72,23 +72,14 @@ def test_two_processes_take_repair_turns(tmp_path, cache_home):
 
 
 @pytest.mark.slow
-def test_train_generates_with_paged_continuous_batching(tmp_path, cache_home):
-    env = run_env(tmp_path, cache_home, GRPO_CONTINUOUS_BATCHING=1, GRPO_MAX_STEPS=1, GRPO_SAVE_STEPS=10)
+@pytest.mark.parametrize("engine,steps", [("GRPO_CONTINUOUS_BATCHING", 1), ("GRPO_COMPILED_GENERATION", 2)])
+def test_train_generates_with_the_other_transformers_engines(tmp_path, cache_home, engine, steps):
+    env = run_env(tmp_path, cache_home, **{engine: 1}, GRPO_MAX_STEPS=steps, GRPO_SAVE_STEPS=10)
     train(tmp_path, env)
     run = tmp_path / "run"
-    assert len(check_log_wellformed(log_lines(run))) == 1
+    assert len(check_log_wellformed(log_lines(run))) == steps
     rows = read_jsonl(run / "reward_logs" / "completions.jsonl")
-    assert len(rows) == 4 and all(0 < r["completion_tokens"] <= 24 for r in rows)
-
-
-@pytest.mark.slow
-def test_train_generates_with_the_compiled_engine(tmp_path, cache_home):
-    env = run_env(tmp_path, cache_home, GRPO_COMPILED_GENERATION=1, GRPO_MAX_STEPS=2, GRPO_SAVE_STEPS=10)
-    train(tmp_path, env)
-    run = tmp_path / "run"
-    assert len(check_log_wellformed(log_lines(run))) == 2
-    rows = read_jsonl(run / "reward_logs" / "completions.jsonl")
-    assert len(rows) == 8 and all(0 < r["completion_tokens"] <= 24 for r in rows)
+    assert len(rows) == 4 * steps and all(0 < r["completion_tokens"] <= 24 for r in rows)
 
 
 @pytest.mark.parametrize("extra,needle", [
