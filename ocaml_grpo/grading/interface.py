@@ -28,7 +28,7 @@ TOKEN_RE = re.compile(r"\s*(?:(?P<var>'[A-Za-z_][A-Za-z0-9_']*)|(?P<tag>`[A-Za-z
 KEYWORDS = {"of", "and", "mutable", "private", "type", "exception", "let", "val", "module", "open", "nonrec"}
 DEFINITION_START = re.compile(r"(?m)^(?=(?:type|exception|let|module|open|include|class)\b)")
 # Exercism's prompts list the interface to implement in a comment: `val name : type` lines.
-INTERFACE_RE = re.compile(r"Implement the following interface[^\n]*\n([\s\S]*?)\*\)")
+INTERFACE_RE = re.compile(r"Implement (?:the following interface|all of)[^\n]*\n([\s\S]*?)\*\)")  # Exercism's, ocaml.org's
 
 
 class Unverifiable(Exception):
