@@ -87,7 +87,8 @@ env -i PATH="$tc/bin:/usr/bin:/bin" OCAMLLIB="$tc/lib/ocaml" "$tc/bin/ocamlc" -v
 "$prefix/bin/python" -c "import dotenv, datasets; from trl import GRPOConfig, GRPOTrainer" \
     || die "the trainer's packages do not import (above: why)"
 
-echo "installed in $prefix: $(head -1 "$tc/VERSIONS"); Python packages added:" \
-     "$(ls "$prefix/site" | sed -n 's/-\([^-]*\)\.dist-info$/ \1/p' | tr '\n' ',' | sed 's/,$//;s/,/, /g')"
+added=$(ls "$prefix/site" | sed -n 's/-\([^-]*\)\.dist-info$/ \1/p' | tr '\n' ',' | sed 's/,$//;s/,/, /g')
+[ -n "$added" ] || added="none, the machine's Python has them all"
+echo "installed in $prefix: $(head -1 "$tc/VERSIONS"); Python packages added: $added"
 echo "next, the 40-second plumbing run (without GRPO_PLUMBING=1 it trains):"
 echo "  cd $repo && GRPO_PLUMBING=1 $prefix/bin/python train.py"

@@ -311,14 +311,18 @@ def groups_of(breakdowns: list[Breakdown], size: int) -> list[group_kinds.GroupS
 
 def _read_completions(path: str) -> list[dict]:
     records = []
-    with open(path, encoding="utf-8") as f:
+    try:
+        f = open(path, encoding="utf-8")
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read the completions file ({e.strerror})") from None
+    with f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
                 r = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DatasetError(f"{path}: line {n} is not JSON ({e.msg})") from None
+                raise DatasetError(f"{path}: line {n} is not JSON ({e.msg} at column {e.colno})") from None
             if "problem_id" not in r or "completion" not in r:
                 raise DatasetError(f"{path}: line {n} needs keys problem_id and completion")
             records.append(r)

@@ -63,7 +63,7 @@ def test_an_unreachable_hub_is_found_in_seconds_and_named(tmp_path, cache_home):
     res = subprocess.run([sys.executable, str(TRAIN)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert time.time() - t0 < 10
     assert res.returncode != 0 and "hub cannot be reached" in res.stdout, res.stdout + res.stderr
-    assert "BASE_MODEL_ID=someone/not-downloaded" in res.stderr and "huggingface-cli download" in res.stderr
+    assert "BASE_MODEL_ID=someone/not-downloaded" in res.stderr and "hf download" in res.stderr
 
 
 def test_an_unwritable_output_dir_is_a_config_error(tmp_path, cache_home):
@@ -166,3 +166,16 @@ def test_a_second_sigint_stops_at_once(tmp_path, cache_home):
     assert res.returncode == 128 + signal.SIGINT and "SIGINT again: stopping now" in res.stderr, res.stderr[-2000:]
     assert "Traceback" not in res.stderr
     assert (tmp_path / "run" / "learning.log").read_text().endswith("\n")  # whole lines only
+
+
+@pytest.mark.parametrize("content,needle", [
+    (None, "cannot read the completions file (No such file or directory)"),
+    ('{"problem_id": "p001_count_evens", "completion": oops}\n', "line 1 is not JSON (Expecting value at column 50)"),
+])
+def test_rewards_score_names_a_bad_completions_file_without_a_traceback(tmp_path, content, needle):
+    path = tmp_path / "completions.jsonl"
+    if content is not None:
+        path.write_text(content)
+    res = subprocess.run([sys.executable, str(ROOT / "rewards.py"), "score", "bundled", str(path)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and needle in res.stderr and "Traceback" not in res.stderr, res.stderr

@@ -87,7 +87,7 @@ def model_error(name: str, model_id: str, environ: Mapping[str, str]) -> str | N
     if hub_offline(environ) and not cached:
         return (f"{name}={model_id} is neither a local directory nor a hub model in the local cache "
                 f"({hub_cache(environ)}), and the hub is offline (HF_HUB_OFFLINE=1): download it once where the "
-                f"hub can be reached (`huggingface-cli download {model_id}`), or point {name} at a local model "
+                f"hub can be reached (`hf download {model_id}`), or point {name} at a local model "
                 "directory")
     return None
 
