@@ -40,7 +40,7 @@ from ocaml_grpo.config.settings import from_env
 from ocaml_grpo.grading.feedback import feedback_for
 from ocaml_grpo.grading.grader import Grade, OcamlGrader
 # The reward's settings (config/) and parts and metric names (reward/), re-exported for the commands.
-from ocaml_grpo.config import AUDIT_SETTINGS, SANDBOX_SETTINGS, RewardConfig, resolve
+from ocaml_grpo.config import AUDIT_SETTINGS, REWARD_SETTINGS, SANDBOX_SETTINGS, RewardConfig, resolve
 from ocaml_grpo.grading.sandbox import Sandbox
 from ocaml_grpo.reward.breakdown import Breakdown  # noqa: F401  (re-exported: rewards.Breakdown)
 from ocaml_grpo.reward.parts import (CURRICULUM, METRIC_COMPILED, METRIC_CRASHED, METRIC_END_MARKER,  # noqa: F401
@@ -338,11 +338,43 @@ def _problems_and_completions(args) -> tuple[dict[str, Problem], list[dict]]:
     return problems, records
 
 
+def _run_dir(args) -> Path | None:
+    """The training run the completions come from: `--run DIR`, or the run folder holding them
+    (RUN/reward_logs/completions.jsonl beside RUN/config.json)."""
+    if args.run:
+        if not (Path(args.run) / "config.json").is_file():
+            raise DatasetError(f"--run {args.run}: no config.json there (train.py writes one in its output folder)")
+        return Path(args.run)
+    logs = Path(args.completions).resolve().parent
+    return logs.parent if logs.name == "reward_logs" and (logs.parent / "config.json").is_file() else None
+
+
+def _reward_config(args) -> RewardConfig:
+    """The reward as the run that wrote the completions computed it (its config.json's reward
+    settings), else as this environment sets it; says which on stderr."""
+    env = dict(os.environ)
+    run = _run_dir(args)
+    keys = [s.name for s in REWARD_SETTINGS if s.name != "REWARD_WORKERS"]
+    if run is not None:
+        saved = json.loads((run / "config.json").read_text())
+        env.update({k: str(saved[k]) for k in keys if k in saved})
+        source = f"run {run}'s config.json"
+        if str(saved.get("REWARD_CURRICULUM")).lower() in ("true", "1"):
+            print("note: the run used REWARD_CURRICULUM=1; completions are scored with its final weights, "
+                  "not the phase each was trained in", file=sys.stderr)
+    else:
+        source = "the environment (no run folder: --run DIR names one)"
+    cfg = from_env(RewardConfig, env)
+    print(f"reward settings from {source}: " + ", ".join(f"{s.name}={env.get(s.name, s.default)}"
+                                                         for s in REWARD_SETTINGS if s.name in keys), file=sys.stderr)
+    return replace(cfg, workers=args.workers) if args.workers else cfg
+
+
 def cmd_feedback(args) -> int:
     """Exactly what a repair turn would show the model after each completion (null: nothing to repair)."""
     problems, records = _problems_and_completions(args)
-    cfg = from_env(RewardConfig, os.environ)
-    scorer = RewardScorer(replace(cfg, workers=args.workers) if args.workers else cfg)
+    cfg = _reward_config(args)
+    scorer = RewardScorer(cfg)
     try:
         futures = [scorer.pool.submit(feedback_for, scorer.grader, problems[str(r["problem_id"])], r["completion"])
                    for r in records]
@@ -357,10 +389,7 @@ def cmd_feedback(args) -> int:
 
 def cmd_score(args) -> int:
     problems, records = _problems_and_completions(args)
-    cfg = from_env(RewardConfig, os.environ)
-    if args.workers:
-        cfg = replace(cfg, workers=args.workers)
-    scorer = GuardedScorer(cfg)  # a completion whose grading fails prints reward None, not a dead batch
+    scorer = GuardedScorer(_reward_config(args))  # a completion whose grading fails prints reward None, not a dead batch
     if not scorer.grader.sandbox.isolated:
         print("WARNING: " + scorer.grader.sandbox.describe(), file=sys.stderr)
     try:
@@ -379,14 +408,21 @@ def cmd_score(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rewards.py", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("score", help="score completions against problems, one JSON line each")
+    p = sub.add_parser("score", help="score completions against problems, one JSON line each",
+                       description="Score completions as training does: the reward's weights, the "
+                                   "minimum-lines rule (MIN_NON_EMPTY_LINES: fewer code lines score 0) and the "
+                                   "runaway penalty, taken from the run's config.json when the completions are a "
+                                   "run's reward_logs/completions.jsonl or --run names the run, else from the "
+                                   "environment. Which settings apply is printed on stderr.")
     p.add_argument("problems", help=".jsonl/.json/.csv/.parquet with id, prompt|problem, tests[, requires]")
     p.add_argument("completions", help='JSONL of {"problem_id", "completion"[, "completion_tokens", "max_completion_tokens"]}')
+    p.add_argument("--run", default=None, help="the train.py output folder whose reward settings apply")
     p.add_argument("--workers", type=int, default=0)
     f = sub.add_parser("feedback", help="what a repair turn would show the model after each completion "
                                         "(GRPO_REPAIR_TURNS), one JSON line each")
     f.add_argument("problems", help="as for score")
     f.add_argument("completions", help='JSONL of {"problem_id", "completion"}')
+    f.add_argument("--run", default=None, help="as for score")
     f.add_argument("--workers", type=int, default=0)
     a = sub.add_parser("audit", help="which problems' tests can compile at all (see audit.py)")
     a.add_argument("dataset", help="a local file, `bundled`, or a hub id")

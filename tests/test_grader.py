@@ -445,3 +445,34 @@ def test_trusted_programs_are_kept_on_disk_for_the_next_grader(tmp_path):
     finally:
         second.close()
     assert len(list((tmp_path / "cache" / "trusted").iterdir())) == 2
+
+
+def test_rescoring_a_runs_completions_uses_the_runs_reward_settings(tmp_path):
+    """A run trained with MIN_NON_EMPTY_LINES=0: its own completions re-score as training scored
+    them (not 0 under the default 8-line minimum), from the run folder or with --run; stderr says
+    which settings applied."""
+    run = tmp_path / "run"
+    (run / "reward_logs").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"MIN_NON_EMPTY_LINES": 0, "REWARD_WEIGHT_TESTS": 0.65}))
+    line = json.dumps({"problem_id": "add", "completion": fenced("let add a b = a + b")}) + "\n"
+    (run / "reward_logs" / "completions.jsonl").write_text(line)
+    (tmp_path / "copied.jsonl").write_text(line)
+    probs = tmp_path / "p.jsonl"
+    probs.write_text(json.dumps({"id": "add", "prompt": ADD_PROMPT, "tests": ADD_TESTS}) + "\n")
+    env = {k: v for k, v in os.environ.items() if k != "MIN_NON_EMPTY_LINES"}
+
+    def rescore(*args):
+        r = subprocess.run([sys.executable, str(ROOT / "rewards.py"), "score", str(probs), *args], env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["reward"], r.stderr
+
+    reward, said = rescore(str(run / "reward_logs" / "completions.jsonl"))
+    assert reward == 1.0 and f"from run {run}'s config.json: MIN_NON_EMPTY_LINES=0" in said
+    reward, said = rescore(str(tmp_path / "copied.jsonl"))
+    assert reward == 0.0 and "from the environment" in said and "MIN_NON_EMPTY_LINES=8" in said
+    reward, said = rescore(str(tmp_path / "copied.jsonl"), "--run", str(run))
+    assert reward == 1.0 and "MIN_NON_EMPTY_LINES=0" in said
+    help_text = subprocess.run([sys.executable, str(ROOT / "rewards.py"), "score", "--help"], capture_output=True,
+                               text=True).stdout
+    assert "MIN_NON_EMPTY_LINES" in help_text
