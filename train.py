@@ -59,7 +59,7 @@ from ocaml_grpo.training.group_kinds import TRACKING_FILE, ProblemTracker
 from ocaml_grpo.training.learning_log import header_lines
 from ocaml_grpo.training.repair import RepairRollout
 from ocaml_grpo.training.models import adapter_base, checkpointing_kwargs, go_offline_unless_needed, load_model, load_tokenizer, \
-    lora_config, merge_adapter, model_error
+    lora_config, merge_adapter, model_error, quiet_library_warnings
 from ocaml_grpo.training.named_models import resolve_model
 from ocaml_grpo.training.selection import apply_selection, write_choices
 from ocaml_grpo.training.tiny_models import ensure_plumbing_model, plumbing_model_dir
@@ -193,11 +193,9 @@ def main(argv: list[str]) -> int:
     print(f"dataset: {len(problems)} problems from {train.dataset}")
 
     # Only now torch, TRL and the modules built on them: every check above answered without them.
-    import warnings
 
     import torch
-    # TRL 1.16 calls a transformers API deprecated in 5.x once per step; the warning says nothing actionable.
-    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    quiet_library_warnings()
     from accelerate import PartialState
     from datasets import Dataset
     from transformers import PrinterCallback

@@ -37,12 +37,12 @@ import random
 import shutil
 import sys
 import time
-import warnings
 from collections import defaultdict
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from bench import fresh_run_dir
+from ocaml_grpo.training.models import quiet_library_warnings
 from ocaml_grpo.config import RewardConfig
 from ocaml_grpo.config.settings import cache_dir
 from ocaml_grpo.jsonl import read_jsonl
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.time()
     os.environ.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", TRL_EXPERIMENTAL_SILENCE="1")
     os.environ.setdefault("OMP_NUM_THREADS", str(min(4, os.cpu_count() or 1)))  # this benchmark has the machine
-    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    quiet_library_warnings()
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()

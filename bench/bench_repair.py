@@ -26,12 +26,12 @@ import json
 import os
 import sys
 import time
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
 from bench import fresh_run_dir
+from ocaml_grpo.training.models import quiet_library_warnings
 from ocaml_grpo.config.settings import cache_dir
 from ocaml_grpo.grading.feedback import feedback_for
 from ocaml_grpo.jsonl import read_jsonl
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from transformers.utils import logging as hf_logging
-    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)  # as train.py
+    quiet_library_warnings()
     out = fresh_run_dir(args.out, MARK)
     t0 = time.time()
     echo = lambda l: l.startswith(("[SFT]", "repair turns", "done in", "warning"))  # noqa: E731

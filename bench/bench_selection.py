@@ -28,11 +28,11 @@ import json
 import os
 import sys
 import time
-import warnings
 from dataclasses import replace
 from pathlib import Path
 
 from bench import fresh_run_dir
+from ocaml_grpo.training.models import quiet_library_warnings
 from ocaml_grpo.training import demo
 from ocaml_grpo.training.tiny_models import ensure_learner_model, learner_model_dir
 from ocaml_grpo.config.settings import cache_dir
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from transformers.utils import logging as hf_logging
-    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)  # as train.py
+    quiet_library_warnings()
     out = fresh_run_dir(args.out, MARK)
     t0 = time.time()
     group = int(RECIPE.generations)

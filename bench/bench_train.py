@@ -47,6 +47,7 @@ from pathlib import Path
 import torch
 
 from bench.bench_rewards import variants
+from ocaml_grpo.training.models import quiet_library_warnings
 from ocaml_grpo.training.tiny_models import ensure_plumbing_model, plumbing_model_dir
 from ocaml_grpo.training.models import checkpointing_kwargs
 from ocaml_grpo.training import named_models
@@ -110,9 +111,7 @@ def device_used_gb() -> float:
 
 def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Namespace) -> dict:
     """One engine's warm-up and measured steps, in this (fresh) process."""
-    import warnings
-    # TRL 1.16 calls a transformers API deprecated in 5.x once per step; the warning says nothing actionable.
-    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    quiet_library_warnings()
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback

@@ -112,3 +112,26 @@ def test_orphaned_input_hooks_are_dropped_and_live_ones_kept(cache_home, monkeyp
     assert set(embeddings._forward_hooks) == live | {other.id} and len(live) == 1
     out = embeddings(torch.tensor([[1, 2]]))
     assert out.requires_grad  # the live hook still does its job
+
+
+def test_the_per_step_library_warnings_are_silenced_where_raised(cache_home, monkeypatch):
+    """TRL toggles gradient checkpointing around every generation through transformers' deprecated
+    aliases (a FutureWarning each time, on GPU runs); models.quiet_library_warnings silences them."""
+    import warnings
+    from transformers import AutoModelForCausalLM
+
+    from ocaml_grpo.training.models import quiet_library_warnings
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
+    model = AutoModelForCausalLM.from_pretrained(ensure_plumbing_model(plumbing_model_dir(cache_dir(os.environ))))
+    with warnings.catch_warnings(record=True) as loud:
+        warnings.simplefilter("always")
+        model.gradient_checkpointing_enable()
+        model.gradient_checkpointing_disable()
+    assert any("deprecated" in str(w.message) for w in loud)
+    with warnings.catch_warnings(record=True) as quiet:
+        warnings.simplefilter("always")
+        quiet_library_warnings()
+        model.gradient_checkpointing_enable()
+        model.gradient_checkpointing_disable()
+    assert [str(w.message) for w in quiet] == []

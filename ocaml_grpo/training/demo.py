@@ -25,10 +25,10 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ocaml_grpo.training.models import quiet_library_warnings
 from ocaml_grpo.training import models
 from ocaml_grpo.training.tiny_models import ensure_learner_model, learner_model_dir
 from ocaml_grpo.training.sampling import generate_hf, grade_completions
@@ -248,7 +248,7 @@ def main(argv: list[str], make_scorer) -> int:
     t0 = time.time()
     splits = {"training": load_problems(str(sft_out / "train_problems.jsonl")),
               "held-out": load_problems(str(sft_out / "heldout_problems.jsonl"))}
-    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    quiet_library_warnings()
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()

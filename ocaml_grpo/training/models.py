@@ -92,6 +92,18 @@ def model_error(name: str, model_id: str, environ: Mapping[str, str]) -> str | N
     return None
 
 
+def quiet_library_warnings() -> None:
+    """Silence the warnings every training run repeats and nobody can act on, where they are raised:
+    TRL 1.16 calls transformers 5's deprecated `is_gradient_checkpointing` and toggles gradient
+    checkpointing through its deprecated aliases around every generation (FutureWarning each
+    step), and warns once that `rollout_func` (the repair turns' rollout) is experimental."""
+    import warnings
+    for message in (".*is_gradient_checkpointing.*", ".*`gradient_checkpointing_(enable|disable)` is deprecated.*"):
+        warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+    warnings.filterwarnings("ignore", message="You are using 'rollout_func', which is an experimental feature",
+                            category=UserWarning)
+
+
 def load_tokenizer(path: str | Path, padding_side: str | None = None):
     """The tokenizer, with the end-of-sequence token as padding when it has none."""
     from transformers import AutoTokenizer

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 
+from ocaml_grpo.training.models import quiet_library_warnings
 from ocaml_grpo.jsonl import append
 from ocaml_grpo.training.models import go_offline_unless_needed, load_model, load_tokenizer, lora_config, model_error
 from ocaml_grpo.problems import DatasetError, load_problems
@@ -98,10 +99,9 @@ def main(argv: list[str]) -> int:
 
 
 def run(cfg: Config, train: list, held: list, skipped_no_solution: int) -> int:
-    import warnings
 
     import torch
-    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    quiet_library_warnings()
     from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
     from trl import SFTConfig, SFTTrainer
