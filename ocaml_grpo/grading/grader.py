@@ -329,6 +329,8 @@ class OcamlGrader:
     # tests, the packages, the sources that write and build the program, and the compiler's
     # version. The directory is written whole under another name, then renamed into place.
     def _cached_trusted(self, key: str, iface: Interface, tests: str) -> "Trusted | None":
+        if self._trusted_cache is None:
+            return None
         d = self._trusted_cache / key
         try:
             meta = json.loads((d / TRUSTED_META).read_text())
