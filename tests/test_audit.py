@@ -124,5 +124,5 @@ def test_a_cached_verdict_is_stale_once_the_grader_changes(monkeypatch):
     p = load_problems(str(GRADED))[0]
     before = audit._cache_key(p)
     assert audit._cache_key(p) == before
-    monkeypatch.setattr(audit, "trusted_sources", lambda: ("a grader that changed",))
+    monkeypatch.setattr(audit, "grader_code_digest", lambda: "a grader that changed")
     assert audit._cache_key(p) != before

@@ -30,7 +30,7 @@ from typing import Callable
 from ocaml_grpo.grading import source as src
 from ocaml_grpo.grading.completions import assemble_solution, invalid_entry_point_note
 from ocaml_grpo.problems import Problem, load_problems
-from ocaml_grpo.grading.grader import OcamlGrader, trusted_sources
+from ocaml_grpo.grading.grader import OcamlGrader, grader_code_digest
 from ocaml_grpo.jsonl import append, read_jsonl
 from ocaml_grpo.grading.sandbox import Sandbox
 from ocaml_grpo.config.isolation import SandboxConfig
@@ -68,7 +68,7 @@ def stub_for(p: Problem) -> tuple[str, list[str]] | None:
 
 def _cache_key(p: Problem) -> str:
     # the grader's sources too: a verdict cached before the grader changed is not this grader's
-    blob = json.dumps([AUDIT_VERSION, *trusted_sources(), p.prompt, p.tests, p.requires, p.stub, p.entry_point])
+    blob = json.dumps([AUDIT_VERSION, grader_code_digest(), p.prompt, p.tests, p.requires, p.stub, p.entry_point])
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

@@ -40,7 +40,7 @@ from ocaml_grpo.grading.harness import (ENTRY_FILE, WIRE_ML, plan_of, render_ent
 from ocaml_grpo.grading.interface import Interface, interface_of
 from ocaml_grpo.grading.oracle import ENTRY_ALIAS, Lambda, lambda_unit_text, rewrite_tests, shippable
 from ocaml_grpo.grading.sandbox import Sandbox, blocked
-from ocaml_grpo.grading.toolcache import ToolchainError
+from ocaml_grpo.grading.toolcache import Toolchain, ToolchainError
 
 # Only a trigger for a second, `-i`, type check that decides (the message itself is text a
 # solution can print with [%%ocaml.error "..."]).
@@ -80,11 +80,25 @@ TRUSTED_META = "trusted.json"  # in a cached trusted program's directory: its bu
 
 
 @functools.lru_cache(maxsize=1)
-def trusted_sources() -> tuple[str, ...]:
-    """The code that writes a trusted program: a change in it makes every cached one stale."""
+def grader_code_digest() -> str:
+    """A hash of the code that writes a trusted program and decides what compiles: a change in it
+    makes every cached trusted program and audit verdict stale."""
     here = Path(__file__).resolve().parent
-    return tuple((here / f).read_text() for f in ("grader.py", "harness.py", "oracle.py", "interface.py",
-                                                  "source.py", "ocaml/wire.ml"))
+    text = "\0".join((here / f).read_text() for f in ("grader.py", "harness.py", "oracle.py", "interface.py",
+                                                       "source.py", "ocaml/wire.ml"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=4)
+def _native_compiler_version(toolchain: Toolchain) -> str:
+    return subprocess.run(["ocamlfind", toolchain.trusted_compiler, "-version"], capture_output=True, text=True,
+                          env=toolchain.host_env).stdout.strip()
+
+
+def _undefined_entry(name: str) -> str:
+    return f"the answer does not define `{name.split('.')[-1]}`, an entry point of the prompt"
+
+
 GRADER_DIR_PREFIX = "ocaml-grader-"
 OWNER_LOCK = ".owner"  # in each grader directory, locked by the process that uses it
 
@@ -164,10 +178,9 @@ class OcamlGrader:
             raise ToolchainError(f"ocamlc is installed but cannot compile a trivial module: {res.stderr.strip()[:400]}")
         # Trusted programs, one per problem, built on first use (or found on disk): the program file or why it failed.
         self._trusted_cache = Path(self.sandbox.config.cache) / "trusted" if self.sandbox.config.cache else None
-        version = subprocess.run(["ocamlfind", self.sandbox.toolchain.trusted_compiler, "-version"], capture_output=True,
-                                 text=True, env=self.sandbox.toolchain.host_env).stdout.strip()
-        self._trusted_version = "\0".join([version, self.sandbox.toolchain.root, *trusted_sources()])
-        self._trusted: dict[str, Path | str] = {}
+        self._trusted_version = "\0".join([_native_compiler_version(self.sandbox.toolchain), self.sandbox.toolchain.root,
+                                           grader_code_digest()])
+        self._trusted: dict[str, Trusted] = {}
         self._trusted_locks: dict[str, threading.Lock] = {}
         self._counter = 0
         self._lock = threading.Lock()
@@ -276,7 +289,7 @@ class OcamlGrader:
             if not link.timed_out and link.loc and link.loc[2] == ENTRY_FILE:
                 # The entry point is missing or not of the prompt's type: the answer's own error.
                 if err.kind == "unbound":
-                    msg = f"the answer does not define `{err.unbound.split('.')[-1]}`, an entry point of the prompt"
+                    msg = _undefined_entry(err.unbound)
                 else:
                     msg = ENTRY_MISMATCH + (self._entry_mismatch(steps, solution, iface)
                                             or "it cannot be called with the prompt's argument and result types")
@@ -301,7 +314,7 @@ class OcamlGrader:
             return None
         err = error_of(reply)
         if err.kind == "unbound" and reply.loc and reply.loc[2] == ENTRY_FILE:
-            return f"the answer does not define `{err.unbound.split('.')[-1]}`, an entry point of the prompt"
+            return _undefined_entry(err.unbound)
         # The words: the entry points bound directly say "has type X but ... Y" (through a total
         # application the compiler speaks of an argument); that check decides nothing.
         (steps.workdir / "signature.ml").write_text(render_entry_check(solution, iface, eta=False))
