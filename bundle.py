@@ -1,5 +1,5 @@
 """`make bundle`: one archive holding what the trainer and the grader need on a GPU machine without
-internet, beyond its PyTorch, transformers, peft and accelerate (README, "Offline GPU machines").
+internet, beyond its PyTorch, transformers, peft and accelerate (docs/offline.md).
 
     python bundle.py [ARCHIVE]     # default dist/ocaml-grpo-offline.tar.xz; install-offline.sh installs it
 

@@ -5,10 +5,13 @@ a before/after check.
     python evaluate.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --n 10 --k 1
     python evaluate.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --adapter grpo_runs/final_adapter --n 50 --k 4
     python evaluate.py --model smollm2-135m-instruct --n 10 --k 4   # the real pretrained model, offline (make model)
-    python evaluate.py --model plumbing --dataset ../shared/benchmarks/multipl_e_ml.jsonl --n 20   # offline
+    python evaluate.py --model plumbing --dataset bundled --n 20   # offline: a tiny random model, the bundled problems
+    python evaluate.py --model M --dataset problems.jsonl      # your own problems (a local .jsonl, .json, .csv, .parquet)
     python evaluate.py --model PATH --vllm       # generate with vLLM when it is installed
-    python evaluate.py --model PATH --repair-turns 1   # pass@1 at turn 1 and after one repair turn (RLEF's protocol)
-    python evaluate.py --probe stats.jsonl       # per-problem statistics for GRPO_PROBLEM_STATS (--probe --help)
+    python evaluate.py --model PATH --repair-turns 1   # pass@1 at turn 1 and after one repair turn
+                                                       # (the protocol of RLEF, Gehring et al. 2024)
+    python evaluate.py --probe stats.jsonl       # per-problem statistics for GRPO_PROBLEM_STATS
+                                                 # (its options: --probe FILE --help)
 
 Writes OUT/report.json, OUT/report.md and OUT/completions.jsonl (default OUT: eval_runs/<time>,
 created only once the completions are graded). Each completion carries two rewards:
@@ -31,7 +34,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ocaml_grpo.grading.feedback import feedback_for
 from ocaml_grpo.training import probe
 from ocaml_grpo.training.tiny_models import ensure_plumbing_model, plumbing_model_dir
 from ocaml_grpo.training.sampling import RATES, generate_hf, generate_vllm, grade_completions
@@ -118,9 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     episodes = None
     if args.repair_turns:
-        episodes = sample_episodes(model_id, args.adapter, chosen, samples, args.repair_turns,
-                                   lambda problem, answer: feedback_for(scorer.grader, problem, answer), scorer.pool,
-                                   args.max_new_tokens, temperature, args.batch_size, args.seed, examples=examples)
+        episodes = sample_episodes(model_id, args.adapter, chosen, samples, args.repair_turns, scorer.feedback,
+                                   scorer.pool, args.max_new_tokens, temperature, args.batch_size, args.seed,
+                                   examples=examples)
         texts = [[e.answers[0] for e in eps] for eps in episodes]
         lens = [[e.answer_tokens[0] for e in eps] for eps in episodes]
     elif args.vllm:

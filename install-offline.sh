@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the offline bundle (`make bundle`: README, "Offline GPU machines") on a Linux x86-64
+# Installs the offline bundle (`make bundle`: docs/offline.md) on a Linux x86-64
 # machine without network that has Python 3.11+ with PyTorch, transformers, peft and accelerate:
 #
 #     bash install-offline.sh ARCHIVE [PREFIX]    # PREFIX: /opt/ocaml-grpo as root, else ~/.local/ocaml-grpo

@@ -37,7 +37,7 @@ from ocaml_grpo.grading.completions import assemble_solution, completion_text, e
 from ocaml_grpo.jsonl import JsonlWriter, session_id
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo.config.settings import from_env
-from ocaml_grpo.grading.feedback import feedback_for
+from ocaml_grpo.grading.feedback import Feedback, feedback_for
 from ocaml_grpo.grading.grader import Grade, OcamlGrader
 # The reward's settings (config/) and parts and metric names (reward/), re-exported for the commands.
 from ocaml_grpo.config import AUDIT_SETTINGS, REWARD_SETTINGS, SANDBOX_SETTINGS, RewardConfig, resolve
@@ -58,7 +58,7 @@ def score_grade(grade: Grade, b: Breakdown, w: Weights) -> None:
     b.syntax_errors = grade.syntax_errors
     b.error_kinds = [e.kind for e in grade.compile_errors]
     b.first_error = grade.compile_errors[0].message if grade.compile_errors else grade.test_error
-    b.compiled, b.tests_compiled = grade.compiled, grade.tests_compiled
+    b.compiled, b.tests_compiled = grade.compiled_as_asked, grade.tests_compiled
     b.tests_passed, b.tests_total, b.timed_out = grade.tests_passed, grade.tests_total, grade.timed_out
     b.forbidden, b.unverifiable, b.compile_timed_out = grade.forbidden, grade.unverifiable, grade.compile_timed_out
     b.credit(grade, w)
@@ -107,6 +107,10 @@ class RewardScorer:
         finally:
             with self._lock:
                 self._inflight.pop(key).set()
+
+    def feedback(self, problem: Problem, completion) -> Feedback:
+        """What a repair turn shows the model after this answer, under this scorer's line minimum."""
+        return feedback_for(self.grader, problem, completion, self.config.min_lines)
 
     def score_one(self, problem: Problem, completion, completion_tokens: int | None = None,
                   max_completion_tokens: int | None = None, weights: Weights | None = None) -> Breakdown:
@@ -376,7 +380,7 @@ def cmd_feedback(args) -> int:
     cfg = _reward_config(args)
     scorer = RewardScorer(cfg)
     try:
-        futures = [scorer.pool.submit(feedback_for, scorer.grader, problems[str(r["problem_id"])], r["completion"])
+        futures = [scorer.pool.submit(scorer.feedback, problems[str(r["problem_id"])], r["completion"])
                    for r in records]
         for r, fut in zip(records, futures):
             fb = fut.result()

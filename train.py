@@ -47,7 +47,6 @@ from ocaml_grpo.config import (AUDIT_SETTINGS, PLUMBING_DEFAULTS, REWARD_SETTING
                                VARIABLES, SftConfig, TrainConfig, recorded, resolve)
 from ocaml_grpo.config.settings import cache_dir, describe, settings_of, unknown_variables
 from ocaml_grpo.grading import audit
-from ocaml_grpo.grading.feedback import feedback_for
 from ocaml_grpo.grading.toolcache import ToolchainError
 from ocaml_grpo.problems import DatasetError, load_problems
 from ocaml_grpo.prompting import chat_messages, prompt_token_count
@@ -284,8 +283,8 @@ def main(argv: list[str]) -> int:
     # (ocaml_grpo/training/repair.py); the feedback comes from the same grader as the reward.
     rollout = None
     if train.repair_turns:
-        rollout = RepairRollout(kept, lambda problem, answer: feedback_for(scorer.grader, problem, answer),
-                                train.repair_turns, train.max_completion, tokenizer, scorer.pool, train.prompt_examples)
+        rollout = RepairRollout(kept, scorer.feedback, train.repair_turns, train.max_completion, tokenizer,
+                                scorer.pool, train.prompt_examples)
         if is_main:
             print(f"repair turns: up to {train.repair_turns} more answer(s) after feedback; reward x "
                   f"{train.repair_discount:g} per extra turn; episode budget {rollout.budget} completion tokens")

@@ -37,7 +37,8 @@ os.environ["OMP_NUM_THREADS"] = "1"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "slow: end-to-end training runs (tens of seconds each); deselect with -m 'not slow'")
+    config.addinivalue_line("markers", "slow: the slow tier (`make test-slow`, which CI runs too): end-to-end training "
+                                       "runs, the offline bundle, the real model; `make test` runs -m 'not slow'")
 
 
 def read_rows(path: Path) -> list[dict]:

@@ -1,4 +1,4 @@
-"""The offline bundle is whole (`make bundle`, install-offline.sh; README, "Offline GPU machines").
+"""The offline bundle is whole (`make bundle`, install-offline.sh; docs/offline.md).
 
 Installed into a temporary prefix for a Python that has this virtualenv's packages but those the
 project needs that a GPU machine lacks (what trl, datasets and python-dotenv need beyond PyTorch,
@@ -6,7 +6,7 @@ transformers, peft, accelerate, pyarrow and pandas: requirements-offline.txt), i
 namespace where the system's OCaml (/usr/lib/ocaml, /usr/bin/ocaml*), findlib's configuration,
 bubblewrap and C compiler are hidden and there is no network, it grades the bundled reference
 solutions (all 1.0; Base's too, through the compile server and through ocamlc) and runs a 2-step
-plumbing training. `make test` builds the archive first (dist/, rebuilt when its inputs change).
+plumbing training. `make test-slow` builds the archive first (dist/, rebuilt when its inputs change).
 """
 import json
 import os
@@ -103,10 +103,11 @@ def scores(out: str) -> dict[str, float]:
 @pytest.fixture(scope="module")
 def archive() -> Path:
     if not ARCHIVE.is_file():
-        pytest.skip(f"no bundle at {ARCHIVE}: `make bundle` writes it (`make test` does it first)")
+        pytest.skip(f"no bundle at {ARCHIVE}: `make bundle` writes it (`make test-slow` does it first)")
     return ARCHIVE
 
 
+@pytest.mark.slow
 def test_a_bundle_made_from_other_sources_stops_start_up_naming_make_bundle(archive, tmp_path):
     with tarfile.open(archive) as tar:
         tar.extractall(tmp_path, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))

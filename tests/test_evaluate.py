@@ -41,14 +41,15 @@ def test_aggregation_over_real_grading():
     assert core["rates"]["solved"] == pytest.approx(0.25)
     assert core["rates"]["has_end_marker"] == pytest.approx(0.25)
     assert core["rates"]["compiled"] == 1.0 and core["rates"]["tests_compiled"] == 1.0
-    # a definition that compiles alone but at a type the tests cannot use: compiled, tests not compiled
+    # a definition that compiles alone but at a type the tests cannot use: not compiled as asked (the
+    # verdict the compile part, `score` and `feedback` share), tests not compiled
     wrong_type = [[f"```ocaml\nlet {src.parse_signature(probs[0].prompt).entry} (x : unit) : unit = x\n```"]]
     scorer = RewardScorer(RewardConfig(min_lines=0, workers=2))
     try:
         other, _ = grade_completions(probs[:1], wrong_type, [[10]], 1, 512, scorer, min_lines=0)
     finally:
         scorer.close()
-    assert other["rates"]["compiled"] == 1.0 and other["rates"]["tests_compiled"] == 0.0
+    assert other["rates"]["compiled"] == 0.0 and other["rates"]["tests_compiled"] == 0.0
     assert [r["solved"] for r in rows] == [True, False, False, False]
     assert core["mean_reward"] == pytest.approx((1.0 + 3 * 0.30) / 4)  # stubs: type check + compile
     assert sum(v["n_problems"] for v in core["per_difficulty"].values()) == 2

@@ -1,6 +1,7 @@
 """The repair turn's feedback, with the real grader: it names the model's own errors and the
 prompt's public examples, and nothing of the hidden tests."""
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -106,7 +107,8 @@ def test_the_feedback_command_prints_what_the_model_would_see(tmp_path, feedback
     path.write_text("".join(json.dumps({"problem_id": COUNT_EVENS.id, "completion": fenced(ANSWERS[n])}) + "\n"
                             for n in names))
     out = subprocess.run([sys.executable, str(ROOT / "rewards.py"), "feedback", "bundled", str(path)],
-                         capture_output=True, text=True, cwd=ROOT, check=True).stdout
+                         capture_output=True, text=True, cwd=ROOT, check=True,
+                         env={**os.environ, "MIN_NON_EMPTY_LINES": "0"}).stdout  # short answers: no line gate
     printed = [json.loads(line) for line in out.splitlines()]
     assert [p["feedback"] for p in printed] == [feedback[n][0].text for n in names]
     assert printed[0]["feedback"] is None and printed[2]["examples_passed"] == 2
@@ -137,3 +139,38 @@ def test_feedback_on_a_polymorphic_prompt_is_the_same_in_every_grader_process(tm
     for text in (wrong_int, wrong_result):
         assert "Wrong signature" in text and "'a. 'a -> 'a list -> 'a" in text, text
         assert "wire" not in text.lower() and "tok" not in text.lower() and "Solution" not in text
+
+
+def test_one_answer_gets_one_compile_verdict_from_score_and_feedback(tmp_path):
+    """`rewards.py score` and `rewards.py feedback` read the same answers: an `Obj.magic` answer
+    compiles (forbidden costs test credit, not that), a wrong signature does not; both commands
+    say so, and the compile part pays exactly where they say compiled."""
+    magic = "let count_evens (xs : int list) : int =\n  Obj.magic (List.length (List.filter (fun x -> x mod 2 = 0) xs))"
+    answers = {"magic": magic, "signature": ANSWERS["signature"], "right": ANSWERS["right"],
+               "type_error": ANSWERS["type_error"]}
+    path = tmp_path / "completions.jsonl"
+    path.write_text("".join(json.dumps({"problem_id": COUNT_EVENS.id, "completion": fenced(a)}) + "\n"
+                            for a in answers.values()))
+    env = {**os.environ, "MIN_NON_EMPTY_LINES": "0"}
+    run = lambda cmd: [json.loads(line) for line in subprocess.run(  # noqa: E731
+        [sys.executable, str(ROOT / "rewards.py"), cmd, "bundled", str(path)],
+        capture_output=True, text=True, cwd=ROOT, check=True, env=env).stdout.splitlines()]
+    scored, told = run("score"), run("feedback")
+    assert [s["compiled"] for s in scored] == [f["compiled"] for f in told] == [True, False, True, False]
+    assert [s["compile"] > 0 for s in scored] == [True, False, True, False]
+    assert scored[0]["forbidden"] == "Stdlib.Obj.magic" and scored[0]["tests"] == 0
+    assert "Obj.magic" in told[0]["feedback"]
+
+
+def test_an_answer_the_line_minimum_zeroes_is_told_why(grader):
+    """A right two-line answer under MIN_NON_EMPTY_LINES=8 scores 0: its feedback says so (and is
+    no longer None, so the episode goes on); without the minimum it gets none."""
+    short = fenced(ANSWERS["right"])
+    assert feedback_for(grader, COUNT_EVENS, short).text is None
+    fb = feedback_for(grader, COUNT_EVENS, short, min_lines=8)
+    assert fb.text.startswith("Your answer has 2 lines of code; an answer shorter than 8 non-empty lines")
+    assert "scores 0" in fb.text and fb.compiled and fb.examples_passed == 3
+    wrong = feedback_for(grader, COUNT_EVENS, fenced(ANSWERS["type_error"]), min_lines=8)
+    assert "3 lines of code" in wrong.text and "Type error at line 2" in wrong.text  # both reasons
+    long_enough = feedback_for(grader, COUNT_EVENS, short, min_lines=2)
+    assert long_enough.text is None

@@ -82,7 +82,13 @@ def test_findings_on_the_recent_window():
     assert keys(flat(0.30))["reward"] == "warning" and keys(flat(0.10))["reward"] == "critical"
     assert keys(healthy + [Point(1.6, 0.7, 0.14, 0.0, 0.01, 0.05)] * 10)["entropy"] == "critical"
     assert keys(healthy[:-1] + [Point(1.5, 0.7, 0.14, 0.0, 0.25, 0.05)])["entropy"] == "warning"
-    assert keys(flat(0.70) + [Point(1.6, 0.7, 0.5, 0.0, 0.15, 0.05)] * 10)["cv"] == "warning"
+    # the entropy finding is named by what is wrong with it
+    title = lambda pts: {f.key: f.title for f in health.findings(pts)}["entropy"]  # noqa: E731
+    assert title(healthy + [Point(1.6, 0.7, 0.14, 0.0, 0.08, 0.05)] * 10) == "Low entropy"  # steady, below
+    assert title(healthy + [Point(1.6, 0.7, 0.14, 0.0, 0.25, 0.05)] * 10) == "High entropy"
+    swinging = healthy + [Point(1.6 + i / 100, 0.7, 0.14, 0.0, (0.12, 0.19, 0.30)[i % 3], 0.05) for i in range(9)]
+    assert title(swinging) == "Unstable entropy"
+    assert keys(flat(0.70) + [Point(1.6, 0.7, 0.5, 0.0, 0.15, 0.05)] * 10)["cv"] == "info"  # the batch's spread
     assert keys(healthy + [Point(1.6, 0.7, 0.14, 0.0, 0.15, 0.9)])["grad"] == "warning"
     assert keys(healthy + [Point(1.6, 0.7, 0.14, 0.0, 0.15, float("nan"), float("nan"))])["nonfinite"] == "critical"
 

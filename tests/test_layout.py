@@ -1,6 +1,8 @@
-"""The layout's promises, read from the source: no import cycle between the project's modules,
-and no project import hidden inside a function (the way a cycle is usually dodged)."""
+"""The layout's promises, read from the source: no import cycle between the project's modules, no
+project import hidden inside a function (the way a cycle is usually dodged); and the user's door:
+the README and the --help texts point only at what a clone has."""
 import ast
+import re
 import subprocess
 import sys
 
@@ -149,3 +151,58 @@ def test_no_module_below_the_commands_reads_the_environment():
                      if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv")
                      and isinstance(node.value, ast.Name) and node.value.id == "os")
     assert "ocaml_grpo.config.settings" in below and readers == []
+
+
+HELP_COMMANDS = [["train.py", "--help"], ["train.py", "sft", "--help"], ["rewards.py", "--help"],
+                 ["rewards.py", "score", "--help"], ["rewards.py", "feedback", "--help"], ["rewards.py", "audit", "--help"],
+                 ["evaluate.py", "--help"], ["evaluate.py", "--probe", "stats.jsonl", "--help"], ["analyze.py", "--help"]]
+# What a user's clone does not have, and words only this project's own history explains.
+NOT_A_USERS = ("../shared", "the seed", "issue #", "epoch 0.28")
+
+
+def test_help_texts_point_only_at_what_a_clone_has():
+    """Every command's --help: no example reads a file outside the clone, no internal word."""
+    for cmd in HELP_COMMANDS:
+        res = subprocess.run([sys.executable, *cmd], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, (cmd, res.stderr[-1000:])
+        text = res.stdout.lower()
+        assert [w for w in NOT_A_USERS if w in text] == [], cmd
+        assert "rlef" not in text or "gehring" in text, cmd  # a name a user can look up
+
+
+def test_the_readme_names_both_test_tiers_and_ci_runs_them():
+    """`make test` is the fast tier, `make test-slow` the slow one; the README names both and CI
+    runs both, so nothing marked slow goes untested."""
+    readme, ci, make = ((ROOT / f).read_text() for f in ("README.md", ".ci/run", "Makefile"))
+    assert "make test " in readme and "make test-slow" in readme
+    ran = [line.split("#")[0].split() for line in ci.splitlines() if line.startswith("make ")]
+    assert ["make", "test"] in ran and ["make", "test-slow"] in ran
+    target = lambda name: make.split(f"\n{name}:", 1)[1].split("\n\n", 1)[0]  # noqa: E731
+    assert '-m "not slow"' in target("test") and "-m slow" in target("test-slow")
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_the_readme_is_a_door():
+    """Short enough to read (the long explanations live in docs/), the CPU torch warning next to
+    the two commands, no internal word, and every link it holds leads somewhere."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 320
+    first = text.split("\n## ")[1]  # the two commands' section
+    assert first.startswith("Two commands") and "download.pytorch.org/whl/cpu" in first
+    lowered = text.lower()
+    assert [w for w in NOT_A_USERS if w in lowered] == [] and not re.search(r"\B#\d+\b", text)
+    assert "rlef" not in lowered or "gehring" in lowered
+    anchors = {github_anchor(h) for h in re.findall(r"^#+ (.*)$", text, re.M)}
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if target.startswith("http"):
+            continue
+        path, _, anchor = target.partition("#")
+        if path:
+            assert (ROOT / path).exists(), target
+        elif anchor:
+            assert anchor in anchors, target

@@ -34,7 +34,6 @@ import pytest
 
 import preloaded
 from conftest import TRAIN
-from ocaml_grpo.grading.feedback import feedback_for
 from ocaml_grpo.problems import load_problems
 from ocaml_grpo.reward.parts import discounted
 from ocaml_grpo.training import demo
@@ -116,7 +115,7 @@ def evaluate_repair(model_dir: str, sft: Path, turns: int = 1) -> float:
     scorer = RewardScorer(replace(config, min_lines=0))
     try:
         episodes = sample_episodes(model_dir, None, problems, EVAL_SAMPLES, turns,
-                                   lambda p, a: feedback_for(scorer.grader, p, a), scorer.pool,
+                                   scorer.feedback, scorer.pool,
                                    int(RECIPE.max_completion), float(RECIPE.temperature), len(problems), 0, top_k=0)
         flat = [(p, e) for p, eps in zip(problems, episodes) for e in eps]
         graded = scorer.score_batch([p for p, _ in flat], [e.answers[-1] for _, e in flat],

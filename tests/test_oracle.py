@@ -95,8 +95,9 @@ def test_redefining_true_and_false_is_a_type_error_not_credit(scorer):
 def test_an_entry_point_of_the_wrong_type_gets_no_type_check_credit(scorer):
     b = score(scorer, "let add = ()")
     assert b.type_check == 0.0 and b.tests == 0.0 and b.error_kinds == ["entry"]
-    # it compiles, but not as asked: no compile credit either, only the END marker's
-    assert b.compiled and b.compile == 0.0 and b.reward == pytest.approx(0.05)
+    # it compiles, but not as asked: not `compiled` (one verdict with the compile part and the
+    # feedback), no compile credit either, only the END marker's
+    assert not b.compiled and b.compile == 0.0 and b.reward == pytest.approx(0.05)
 
 
 def test_a_missing_entry_point_is_named(scorer):

@@ -9,7 +9,6 @@ from trl import GRPOConfig, GRPOTrainer
 
 import analyze
 from conftest import check_log_wellformed, fenced, log_lines, read_jsonl, run_env, train
-from ocaml_grpo.grading.feedback import feedback_for
 from ocaml_grpo.problems import load_problems
 from ocaml_grpo.prompting import chat_messages
 from ocaml_grpo.reward.parts import discounted
@@ -67,7 +66,7 @@ def test_the_rollout_masks_feedback_and_keeps_each_turn(tmp_path, model_dir, sco
     tok = load_tokenizer(str(model_dir))
     args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
                       max_completion_length=16, use_cpu=True, bf16=False, report_to=[], max_steps=1)
-    rollout = RepairRollout(problems, lambda p, a: feedback_for(scorer.grader, p, a), 1, 16, tok, scorer.pool)
+    rollout = RepairRollout(problems, scorer.feedback, 1, 16, tok, scorer.pool)
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     trainer = GRPOTrainer(model=load_model(str(model_dir)), reward_funcs=[lambda completions, **k: [0.0] * len(completions)],
                           args=args, train_dataset=Dataset.from_list([{"prompt": chat_messages(p.prompt)} for p in problems]),
@@ -85,7 +84,7 @@ def test_the_rollout_masks_feedback_and_keeps_each_turn(tmp_path, model_dir, sco
         assert ep["feedback"][0].splitlines()[0] in masked and masked.endswith("<|im_start|>assistant\n")
         assert tok.decode(ids[:first], skip_special_tokens=True) == ep["answers"][0]
         problem = rollout.problem_of(prompt)
-        assert ep["feedback"][0] == feedback_for(scorer.grader, problem, ep["answers"][0]).text
+        assert ep["feedback"][0] == scorer.feedback(problem, ep["answers"][0]).text
 
 
 def normalised(values, scale="group"):
@@ -138,7 +137,7 @@ def test_the_trainer_gives_the_first_answer_its_own_advantage(tmp_path, model_di
     trainer = OcamlGRPOTrainer(model=load_model(str(model_dir)), reward_funcs=[scripted], args=args,
                                train_dataset=Dataset.from_list([{"prompt": chat_messages(p.prompt)} for p in problems]),
                                processing_class=tok, tracker=None,
-                               rollout_func=RepairRollout(problems, lambda p, a: feedback_for(scorer.grader, p, a), 1, 8,
+                               rollout_func=RepairRollout(problems, scorer.feedback, 1, 8,
                                                           tok, scorer.pool))
     inputs = [{"prompt": chat_messages(p.prompt)} for p in problems for _ in range(2)]
     out = trainer._generate_and_score_completions(inputs)

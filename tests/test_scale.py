@@ -98,7 +98,9 @@ def test_missing_or_bad_engine_is_a_clear_config_error(tmp_path, cache_home, ext
     res = subprocess.run([sys.executable, str(TRAIN)], cwd=tmp_path, env=run_env(tmp_path, cache_home, **extra),
                          capture_output=True, text=True, timeout=60)
     assert res.returncode != 0 and needle in res.stderr, res.stderr
-    assert time.time() - t0 < 10
+    # before any model loads: the compile check imports torch and tries one kernel (12.7 s seen on 2
+    # loaded cores); the others stop before torch is imported
+    assert time.time() - t0 < (40 if "torch.compile" in needle else 10)
 
 
 def test_reward_workers_are_shared_between_local_processes(monkeypatch):

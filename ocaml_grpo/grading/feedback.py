@@ -10,17 +10,17 @@ not how many passed. An error located anywhere but the answer's code (the tests,
 that calls the answer) is reported without location or excerpt. The answer's own output is
 never shown either: printing is not a channel.
 
-`feedback_for` returns None when the answer compiles and passes every public example: the
-episode ends there, whatever the hidden tests would say.
+`feedback_for` returns None when the answer compiles, passes every public example and is long
+enough for the run's line minimum: the episode ends there, whatever the hidden tests would say.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ocaml_grpo.grading.completions import assemble_solution, completion_text, extract_code
 from ocaml_grpo.grading.grader import Grade, OcamlGrader
-from ocaml_grpo.grading.source import parse_signature
+from ocaml_grpo.grading.source import count_code_lines, parse_signature
 from ocaml_grpo.problems import Problem
 
 MAX_EXAMPLES_SHOWN = 4  # failing examples listed, in the prompt's order
@@ -76,14 +76,16 @@ def examples_as_tests(examples: list[Example]) -> str:
 
 @dataclass(frozen=True)
 class Feedback:
-    text: str | None  # what the model reads; None: nothing to repair (compiles, examples pass)
-    compiled: bool  # the answer compiled (and linked with the calling program)
+    text: str | None  # what the model reads; None: nothing to repair (compiles, examples pass, long enough)
+    compiled: bool  # Grade.compiled_as_asked: the same verdict as `rewards.py score`'s
     examples_passed: int
     examples_total: int
 
 
-def feedback_for(grader: OcamlGrader, problem: Problem, completion) -> Feedback:
-    """Grade the answer against the prompt's public examples only, and say what went wrong."""
+def feedback_for(grader: OcamlGrader, problem: Problem, completion, min_lines: int = 0) -> Feedback:
+    """Grade the answer against the prompt's public examples only, and say what went wrong.
+    `min_lines` is the run's MIN_NON_EMPTY_LINES: an answer the gate zeroes is told so, first (it
+    is the rule the reward applies, so a right but short answer must not end its episode unexplained)."""
     examples = public_examples(problem.prompt)
     code = extract_code(completion_text(completion))
     if not code.strip():
@@ -91,18 +93,24 @@ def feedback_for(grader: OcamlGrader, problem: Problem, completion) -> Feedback:
     solution, entries = assemble_solution(code, problem.prompt, problem.entry_point)
     grade = grader.grade(solution, examples_as_tests(examples), problem.requires, entries, problem.prompt)
     offset = solution[:len(solution) - len(code)].count("\n")  # the answer's code ends the unit
-    return render(grade, examples, offset)
+    fb = render(grade, examples, offset)
+    lines = count_code_lines(code)
+    if lines >= min_lines:
+        return fb
+    short = (f"Your answer has {lines} line{'' if lines == 1 else 's'} of code; an answer shorter than "
+             f"{min_lines} non-empty lines of code (comments not counted) scores 0 here.")
+    return replace(fb, text=short + " " + (fb.text or ASK_AGAIN))
 
 
 def render(grade: Grade, examples: list[Example], offset: int) -> Feedback:
-    compiled = grade.compiled and not grade.compile_errors and not grade.forbidden
+    compiled = grade.compiled_as_asked
     if grade.compile_timed_out:
         return Feedback("The compiler ran out of time on your answer. " + ASK_AGAIN, False, 0, len(examples))
     if grade.compile_errors:
         return Feedback(_compile_errors(grade, offset), False, 0, len(examples))
     if grade.forbidden:
         return Feedback(f"Your answer uses `{grade.forbidden}`, which is not allowed here. " + ASK_AGAIN,
-                        False, 0, len(examples))
+                        compiled, 0, len(examples))
     if not grade.tests_compiled:
         # The answer compiled, but the program that calls it did not build: its text is not the
         # model's to see (it holds the calls), so neither is where or why.

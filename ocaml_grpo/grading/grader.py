@@ -74,6 +74,13 @@ class Grade:
     def syntax_errors(self) -> int:
         return sum(1 for e in self.compile_errors if e.kind == "syntax")
 
+    @property
+    def compiled_as_asked(self) -> bool:
+        """The one verdict on "it compiles" that the score, the feedback and the compile part share:
+        it compiled, defining the entry points at the prompt's types. A forbidden library value does
+        not change it (that costs the test credit, not this)."""
+        return self.compiled and not self.compile_errors and not self.compile_timed_out
+
 
 ENTRY_MISMATCH = "an entry point does not have the prompt's type: "
 TRUSTED_META = "trusted.json"  # in a cached trusted program's directory: its build error, closures, unit

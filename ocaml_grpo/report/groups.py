@@ -8,6 +8,7 @@ A group with identical rewards teaches nothing, but the remedies differ with the
     too_easy   every completion passed: drop them (probe + GRPO_PROBLEM_STATS), the tracker draws them less;
     identical  the completions score alike otherwise: more diverse samples (GRPO_TEMPERATURE, more
                GRPO_NUM_GENERATIONS). Only this one looks like the seed's "mode collapse".
+A remedy the run already has on is not offered again; with the kind unknown (no breakdown log), none is.
 
 Reads, judges and renders in separate functions; no I/O beyond reading the run directory's files.
 """
@@ -21,18 +22,33 @@ from ocaml_grpo.reward.breakdown import Breakdown
 from ocaml_grpo.training.group_kinds import KINDS, TITLES, STATES, TRACKING_FILE, ZERO_VARIANCE, group_kind, states_over_time
 from ocaml_grpo.training.selection import SELECTION_FILE
 
-REMEDY = {
-    "too_hard": "no completion passed any test in them. Train on problems the model sometimes solves: probe them "
-                "(`python evaluate.py --probe probe.jsonl`) and set GRPO_PROBLEM_STATS=probe.jsonl; reward partial "
-                "credit first (REWARD_CURRICULUM=1); let the model read the compiler's diagnosis and answer again "
-                "(GRPO_REPAIR_TURNS=1); or start from a stronger base model or an SFT warm start "
-                "(`python train.py sft`). More samples or a higher temperature rarely help here.",
-    "too_easy": "every completion passed every test in them. Drop the mastered problems: probe them "
-                "(`python evaluate.py --probe probe.jsonl`) and set GRPO_PROBLEM_STATS=probe.jsonl; the problem "
-                "tracker (GRPO_TRACK_PROBLEMS=1) draws them less.",
-    "identical": "the completions scored alike without all passing or all failing (e.g. the same wrong answer): "
-                 "sample more diversely (GRPO_TEMPERATURE) or more completions per group (GRPO_NUM_GENERATIONS).",
+# A kind's remedies: (what its groups show, [(what to do, the setting it turns on, or None)], a
+# closing remark). A remedy whose setting the run already has on is left out of its advice (remedy()).
+REMEDIES = {
+    "too_hard": ("no completion passed any test in them.", [
+        ("train on problems the model sometimes solves: probe them (`python evaluate.py --probe probe.jsonl`) "
+         "and set GRPO_PROBLEM_STATS=probe.jsonl", "GRPO_PROBLEM_STATS"),
+        ("reward partial credit first (REWARD_CURRICULUM=1)", "REWARD_CURRICULUM"),
+        ("let the model read the compiler's diagnosis and answer again (GRPO_REPAIR_TURNS=1)", "GRPO_REPAIR_TURNS"),
+        ("start from a stronger base model or an SFT warm start (`python train.py sft`)", None)],
+        "More samples or a higher temperature rarely help here."),
+    "too_easy": ("every completion passed every test in them.", [
+        ("drop the mastered problems: probe them (`python evaluate.py --probe probe.jsonl`) and set "
+         "GRPO_PROBLEM_STATS=probe.jsonl", "GRPO_PROBLEM_STATS"),
+        ("let the problem tracker (GRPO_TRACK_PROBLEMS=1) draw them less", "GRPO_TRACK_PROBLEMS")], ""),
+    "identical": ("the completions scored alike without all passing or all failing (e.g. the same wrong answer).", [
+        ("sample more diversely (GRPO_TEMPERATURE) or more completions per group (GRPO_NUM_GENERATIONS)", None)], ""),
 }
+
+
+def remedy(kind: str, config: dict | None = None) -> str:
+    """What a kind's groups show and what to do about them, less what `config` already has on."""
+    shown, todo, remark = REMEDIES[kind]
+    left = [text for text, setting in todo if not (setting and (config or {}).get(setting))]
+    if not left:
+        return f"{shown} {remark}".strip()
+    said = left[0] if len(left) == 1 else "; ".join(left[:-1]) + "; or " + left[-1]
+    return f"{shown} {said[0].upper()}{said[1:]}. {remark}".strip()
 
 
 @dataclass
@@ -85,23 +101,27 @@ def read_group_report(run_dir: Path, recs: list[dict], read_jsonl, drop_supersed
     return GroupReport(count_kinds(recs), states_over_time(events, kept), selection)
 
 
-def explain(g: GroupReport) -> tuple[str, str]:
-    """(title, detail) for the zero-variance finding."""
+def explain(g: GroupReport, config: dict | None = None) -> tuple[str, str]:
+    """(title, detail) for the zero-variance finding; without a zero-variance group in the breakdown
+    log the kind is unknown, and the detail says the figures cannot tell which remedy fits."""
     if not g.zero_variance:
-        return TITLES[None], ""
+        seen = (f"the breakdown log's {sum(g.kinds.values())} groups hold none with identical rewards"
+                if sum(g.kinds.values()) else "there is no breakdown log (reward_logs/syntax_aware_breakdown.jsonl)")
+        return TITLES[None], (f" Which kind these groups were (too hard, too easy or identical, each with its own "
+                              f"remedy) the figures cannot tell: {seen}. No export is advised for it.")
     shares = ", ".join(f"{k} {g.kinds[k]}" for k in ZERO_VARIANCE if g.kinds[k])
     return TITLES[g.dominant], (f" In the breakdown log {g.zero_variance}/{sum(g.kinds.values())} groups had identical "
-                                f"rewards ({shares}). Most are {g.dominant}: {REMEDY[g.dominant]}")
+                                f"rewards ({shares}). Most are {g.dominant}: {remedy(g.dominant, config)}")
 
 
-def render(g: GroupReport) -> list[str]:
-    """The report's markdown section."""
+def render(g: GroupReport, config: dict | None = None) -> list[str]:
+    """The report's markdown section (its remedies less those `config` already has on)."""
     total = sum(g.kinds.values())
     md = ["## What the Groups Taught", "",
           "| Group kind | Groups | Share |", "|---|---:|---:|"]
     md += [f"| {k} | {g.kinds[k]} | {g.kinds[k] / max(1, total):.0%} |" for k in KINDS]
     if g.dominant:
-        md += ["", f"Most zero-variance groups are **{g.dominant}**: {REMEDY[g.dominant]}"]
+        md += ["", f"Most zero-variance groups are **{g.dominant}**: {remedy(g.dominant, config)}"]
     if g.selection:
         s = g.selection
         md += ["", f"Selection (GRPO_PROBLEM_STATS, `{SELECTION_FILE}`): {s['kept']} of {s['problems']} problems kept; "

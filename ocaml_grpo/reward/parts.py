@@ -44,6 +44,9 @@ class Facts(Protocol):
     @property
     def syntax_errors(self) -> int: ...
 
+    @property
+    def compiled_as_asked(self) -> bool: ...
+
 
 @dataclass(frozen=True)
 class Part:
@@ -84,10 +87,9 @@ def _type_check(g: Facts, end_marker: bool) -> float:
 
 
 def _compile(g: Facts, end_marker: bool) -> float:
-    # all or nothing: a share of the phrases that compile would pay for padding (`let _ = ()`)
-    if g.compile_timed_out or _entry_missing(g):
-        return 0.0
-    return 1.0 if g.compiled else 0.0
+    # all or nothing (a share of the phrases that compile would pay for padding, `let _ = ()`), and
+    # the same verdict as the breakdown's and the feedback's `compiled`
+    return 1.0 if g.compiled_as_asked else 0.0
 
 
 def _tests(g: Facts, end_marker: bool) -> float:

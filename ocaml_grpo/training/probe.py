@@ -29,7 +29,6 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 
-from ocaml_grpo.grading.feedback import feedback_for
 from ocaml_grpo.reward.parts import discounted
 from ocaml_grpo.training.group_kinds import group_stat
 from ocaml_grpo.training.repair import sample_episodes
@@ -142,8 +141,7 @@ def main(argv: list[str], generate_hf, generate_vllm, make_scorer) -> int:
         if repair:
             for start in range(0, len(todo), args.batch_size):
                 batch = todo[start:start + args.batch_size]
-                eps = sample_episodes(model, adapter, batch, k, repair,
-                                      lambda problem, answer: feedback_for(scorer.grader, problem, answer), scorer.pool,
+                eps = sample_episodes(model, adapter, batch, k, repair, scorer.feedback, scorer.pool,
                                       cfg.train.max_completion, cfg.train.temperature, args.batch_size, args.seed + start,
                                       top_k=0, examples=cfg.train.prompt_examples)
                 write(batch, [[e.answers[-1] for e in es] for es in eps], [[e.answer_tokens[-1] for e in es] for es in eps],
