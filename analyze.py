@@ -35,9 +35,7 @@ from pathlib import Path
 
 from ocaml_grpo.training import health
 from ocaml_grpo.report.advice import Action, actions, cfg_float
-# normalize_error and summarize_breakdown stay reachable as analyze.* (tests, notebooks)
-from ocaml_grpo.report.outcomes import (GATED, PASS_ANY, RUNAWAY, BreakdownStats, normalize_error,  # noqa: F401
-                                        summarize_breakdown)
+from ocaml_grpo.report.outcomes import GATED, PASS_ANY, RUNAWAY, BreakdownStats, summarize_breakdown
 from ocaml_grpo.report.plots import make_plots
 from ocaml_grpo.report.groups import GroupReport, explain, read_group_report, render as render_groups
 from ocaml_grpo.report.turns import RepairReport, read_repair_report, render as render_repair

@@ -90,5 +90,5 @@ env -i PATH="$tc/bin:/usr/bin:/bin" OCAMLLIB="$tc/lib/ocaml" "$tc/bin/ocamlc" -v
 added=$(ls "$prefix/site" | sed -n 's/-\([^-]*\)\.dist-info$/ \1/p' | tr '\n' ',' | sed 's/,$//;s/,/, /g')
 [ -n "$added" ] || added="none, the machine's Python has them all"
 echo "installed in $prefix: $(head -1 "$tc/VERSIONS"); Python packages added: $added"
-echo "next, the 40-second plumbing run (without GRPO_PLUMBING=1 it trains):"
+echo "next, the plumbing run (20 steps of a tiny model; without GRPO_PLUMBING=1 it trains):"
 echo "  cd $repo && GRPO_PLUMBING=1 $prefix/bin/python train.py"

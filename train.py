@@ -192,7 +192,6 @@ def main(argv: list[str]) -> int:
     print(f"dataset: {len(problems)} problems from {train.dataset}")
 
     # Only now torch, TRL and the modules built on them: every check above answered without them.
-
     import torch
     quiet_library_warnings()
     from accelerate import PartialState

@@ -9,6 +9,7 @@ import pytest
 
 import analyze
 from conftest import FIXTURES as FIX, ROOT
+from ocaml_grpo.report.outcomes import normalize_error
 from ocaml_grpo.training.learning_log import LogLine, health_line, parse_learning_log, parse_metric_line
 from ocaml_grpo.training.metrics import METRICS_FILE, StepRecord
 
@@ -210,10 +211,10 @@ def test_lr_schedule(lrs, expected):
 
 
 def test_normalize_error():
-    assert analyze.normalize_error('File "a.ml", line 3, characters 8-20:\nError: This expression has type int '
+    assert normalize_error('File "a.ml", line 3, characters 8-20:\nError: This expression has type int '
                                    'but an expression was expected of type string') == \
         "Error: This expression has type <t> but an expression was expected of type <t>"
-    assert analyze.normalize_error("Error: Syntax error") == "Error: Syntax error"
+    assert normalize_error("Error: Syntax error") == "Error: Syntax error"
 
 
 def test_green_run(tmp_path):

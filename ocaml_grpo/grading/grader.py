@@ -378,7 +378,7 @@ class OcamlGrader:
             except OSError:  # another grader stored it first: theirs is the same program
                 shutil.rmtree(tmp, ignore_errors=True)
         except OSError:  # a cache that cannot be written costs only the next grader a build
-            return built
+            pass
         return built
 
     def _build_trusted(self, key: str, iface: Interface, tests: str, requires: tuple[str, ...]) -> "Trusted":
