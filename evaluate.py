@@ -77,8 +77,12 @@ def main(argv: list[str] | None = None) -> int:
                     choices=[str(n) for n in range(prompting.ALL + 1)],
                     help="worked examples in the prompt: what the model was trained with (default: "
                          "GRPO_PROMPT_EXAMPLES, else 3)")
+    ap.add_argument("--stop-at-end", default=os.environ.get("GRPO_STOP_AT_END", "1").replace("auto", "1"),
+                    choices=["0", "1"], help="1: an answer ends at the END marker, as in training (default: "
+                                             "GRPO_STOP_AT_END, else 1)")
     ap.add_argument("--out", default=None, help="report directory (default eval_runs/<time>)")
     args = ap.parse_args(argv)
+    stop_at_end = args.stop_at_end == "1"
     examples = int(args.prompt_examples)
     samples = args.samples or args.k
     errors = [m for bad, m in [(args.n < 1, "--n must be >= 1"), (args.k < 1, "--k must be >= 1"),
@@ -122,14 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.repair_turns:
         episodes = sample_episodes(model_id, args.adapter, chosen, samples, args.repair_turns, scorer.feedback,
                                    scorer.pool, args.max_new_tokens, temperature, args.batch_size, args.seed,
-                                   examples=examples)
+                                   examples=examples, stop_at_end=stop_at_end)
         texts = [[e.answers[0] for e in eps] for eps in episodes]
         lens = [[e.answer_tokens[0] for e in eps] for eps in episodes]
     elif args.vllm:
-        texts, lens = generate_vllm(model_id, args.adapter, prompts, samples, args.max_new_tokens, temperature, args.seed)
+        texts, lens = generate_vllm(model_id, args.adapter, prompts, samples, args.max_new_tokens, temperature, args.seed,
+                                    stop_at_end)
     else:
         texts, lens = generate_hf(model_id, args.adapter, prompts, samples, args.max_new_tokens, temperature,
-                                  args.batch_size, args.seed)
+                                  args.batch_size, args.seed, stop_at_end=stop_at_end)
     t_gen = time.time() - t0
     try:
         core, rows = grade_completions(chosen, texts, lens, args.k, args.max_new_tokens, scorer, env_cfg.min_lines)

@@ -49,7 +49,7 @@ from ocaml_grpo.config.settings import cache_dir, describe, settings_of, unknown
 from ocaml_grpo.grading import audit
 from ocaml_grpo.grading.toolcache import ToolchainError
 from ocaml_grpo.problems import DatasetError, load_problems
-from ocaml_grpo.prompting import chat_messages, prompt_token_count
+from ocaml_grpo.prompting import END_MARKER, chat_messages, prompt_token_count
 from ocaml_grpo.training import demo as demo_command
 from ocaml_grpo.training import run_dir
 from ocaml_grpo.training import sft as sft_command
@@ -135,6 +135,9 @@ def main(argv: list[str]) -> int:
                      train.continuous_batching), ("GRPO_COMPILED_GENERATION", train.compiled_generation)] if on]
     if len(engines_asked) > 1:
         errors.append(f"{'=1 and '.join(engines_asked)}=1: choose one generation engine")
+    if train.stop_at_end and train.continuous_batching:
+        errors.append("GRPO_STOP_AT_END=1 and GRPO_CONTINUOUS_BATCHING=1: continuous batching cannot stop an answer at "
+                      "the END marker; set GRPO_STOP_AT_END=0 (or auto), or choose another engine")
     # (the one check here that loads torch: compiling a one-line function, only when asked for)
     if train.compiled_generation and not errors and (problem := compile_problem()):
         errors.append(f"GRPO_COMPILED_GENERATION=1 but torch.compile cannot build kernels here ({problem}): install a "
@@ -329,7 +332,7 @@ def main(argv: list[str]) -> int:
                         sequences=train.batch_size * G * train.grad_accum_steps,
                         max_prompt=train.max_prompt, max_completion=train.max_completion,
                         vllm_mode=train.vllm_mode, vllm_gpu_memory=train.vllm_gpu_memory,
-                        vllm_server_url=train.vllm_server_url),
+                        vllm_server_url=train.vllm_server_url, stop=END_MARKER if train.stop_at_end else None),
     )
 
     # learning.log and the live health monitor (the rules analyze.py reports with: ocaml_grpo/training/health.py)
@@ -340,7 +343,7 @@ def main(argv: list[str]) -> int:
                            curriculum=cfg.reward.weights if train.curriculum else None)
     trainer = OcamlGRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=train_dataset,
                                processing_class=tokenizer, peft_config=peft_config, callbacks=[callback, stop],
-                               tracker=tracker, rollout_func=rollout)
+                               tracker=tracker, rollout_func=rollout, stop=END_MARKER if train.stop_at_end else None)
     if engine == "compiled":
         enable_compiled_generation(trainer)
     trainer.remove_callback(PrinterCallback)  # its ~1,000-character metrics dict per step: LearningLog prints instead

@@ -44,7 +44,8 @@ from pathlib import Path
 from bench import fresh_run_dir
 from ocaml_grpo.training.models import quiet_library_warnings
 from ocaml_grpo.config import RewardConfig
-from ocaml_grpo.config.settings import cache_dir
+from ocaml_grpo.config.isolation import SandboxConfig
+from ocaml_grpo.config.settings import cache_dir, from_env
 from ocaml_grpo.jsonl import read_jsonl
 from ocaml_grpo.problems import BUNDLED, Problem, load_problems
 from ocaml_grpo.prompting import answer_text, chat_messages
@@ -92,7 +93,8 @@ def prepare(a, tokenizer) -> tuple[list[Problem], list[Problem], list[Problem], 
              [a.model, *(w.stat().st_mtime_ns for w in sorted(Path(a.model).glob("*.safetensors")))])
     inputs = {"model": model, "held": [p.id for p in held],
               "pool": [p.id for p in pool], "k": a.k, "budget": a.budget, "temperature": a.temperature,
-              "seed": a.seed, "reward": asdict(RewardConfig()), "prompt": chat_messages("x", EXAMPLES)}
+              "seed": a.seed, "reward": asdict(RewardConfig()), "prompt": chat_messages("x", EXAMPLES),
+              "stop_at_end": True}
     return problems, train, held, pool, inputs
 
 
@@ -108,7 +110,9 @@ def evaluate(model: str, adapter: str | None, problems: list[Problem], a, make_s
     every graded completion goes to `completions` (evaluate.py's completions.jsonl rows)."""
     texts, lens = generate_hf(model, adapter, [chat_messages(p.prompt, EXAMPLES) for p in problems], a.k, a.budget,
                               a.temperature, a.batch_problems, a.seed, top_k=0, progress=False)
-    config = RewardConfig()
+    # the reward's defaults, as in the training runs (base_env drops the caller's reward settings); the
+    # sandbox's from the environment, as train.py reads them (OCAML_TOOLCHAIN_DIR of the offline bundle)
+    config = replace(RewardConfig(), sandbox=from_env(SandboxConfig, os.environ))
     scorer = make_scorer(replace(config, min_lines=0))
     try:
         core, rows = grade_completions(problems, texts, lens, 1, a.budget, scorer, config.min_lines)
@@ -164,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     out = fresh_run_dir(a.out, MARK)
     model = resolve_model(a.model, cache_dir(os.environ))  # converted once (named_models.py)
     problems, train, held, pool, inputs = prepare(a, load_tokenizer(model))
+    if len(held) < a.heldout or not pool:
+        sys.exit(f"bench_real: {len(held)} held-out and {len(pool)} pool problems fit the budget of {a.budget} tokens: "
+                 "raise --budget (0: from the reference solutions)")
     write(out / "train_problems.jsonl", train)
     pool_file = write(out / "pool_problems.jsonl", pool)
     print(f"bench_real: {a.model}; {len(train)} training problems ({len(pool)} in the GRPO pool), {len(held)} held out; "

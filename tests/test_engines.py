@@ -8,7 +8,7 @@ import torch
 
 from ocaml_grpo.config.settings import cache_dir
 from ocaml_grpo.training.engines import (compiled_graphs, drop_orphaned_input_hooks, enable_compiled_generation,
-                                         engine_kwargs)
+                                         end_turn_at_stop, engine_kwargs)
 from ocaml_grpo.training.tiny_models import ensure_plumbing_model, plumbing_model_dir
 
 
@@ -135,3 +135,58 @@ def test_the_per_step_library_warnings_are_silenced_where_raised(cache_home, mon
         model.gradient_checkpointing_enable()
         model.gradient_checkpointing_disable()
     assert [str(w.message) for w in quiet] == []
+
+
+def test_end_turn_at_stop_closes_only_the_answers_that_stopped():
+    decode = lambda ids: "".join(chr(i) for i in ids)  # one character per id
+    eos, pad = 1, 0
+    ids = [[ord(c) for c in "x = 1 (* END *)"] + [pad, pad],  # stopped early: generate padded it
+           [ord(c) for c in "x = 2 (* END *)"],                # stopped last: no end at all
+           [ord(c) for c in "x = 3 (* END *)"] + [eos],        # the model ended its turn itself
+           [ord(c) for c in "x = 4 (* EN"]]                   # cut at the budget: left alone
+    out, _ = end_turn_at_stop(ids, None, decode, "(* END *)", {eos, pad}, eos)
+    assert out == [ids[0][:-2] + [eos], ids[1] + [eos], ids[2], ids[3]]
+    # vLLM's log-probabilities: the added end of turn was not sampled (probability 1)
+    _, lps = end_turn_at_stop(ids[1:2], [[-0.5] * len(ids[1])], decode, "(* END *)", {eos, pad}, eos)
+    assert lps == [[-0.5] * len(ids[1]) + [0.0]]
+    with pytest.raises(ValueError, match="paged"):
+        engine_kwargs("paged", 4, 64, 12, stop="(* END *)")
+    assert engine_kwargs("vllm", 4, 64, 12, stop="S")["generation_kwargs"] == {"stop": ["S"], "include_stop_str_in_output": True}
+    assert engine_kwargs("compiled", 4, 64, 12, stop="S")["generation_kwargs"] == {"stop_strings": ["S"], "max_cache_len": 76}
+
+
+def test_the_trainer_stops_an_answer_at_the_stop_text_and_ends_its_turn(tmp_path, cache_home, monkeypatch):
+    """TRL's own generation path, sampled from one seed: with the stop text set to what the first
+    answer writes in its first tokens, that answer ends right there with one end-of-turn token; the
+    other runs on as it did without a stop text."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig
+
+    from ocaml_grpo.training.trainer import OcamlGRPOTrainer
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
+    model_dir = ensure_plumbing_model(plumbing_model_dir(cache_dir(os.environ)))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rows = [{"prompt": "let f x = " + "x + 1 :: " * n} for n in (2, 9)]
+    prompt_ids = [tokenizer(r["prompt"])["input_ids"] for r in rows]
+
+    def answers(stop: str | None) -> list[list[int]]:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
+                          max_completion_length=12, max_steps=1, beta=0.0, report_to=[], use_cpu=True, bf16=False,
+                          save_strategy="no", remove_unused_columns=False, seed=0,
+                          **engine_kwargs("default", 2, 64, 12, stop=stop))
+        t = OcamlGRPOTrainer(model=model, reward_funcs=[lambda completions, **_: [0.0] * len(completions)], args=args,
+                             train_dataset=Dataset.from_list(rows), processing_class=tokenizer, tracker=None, stop=stop)
+        torch.manual_seed(1)
+        return t._generate_single_turn(prompt_ids, None, {}, 1)[0]
+
+    free = answers(None)
+    assert all(len(x) == 12 and tokenizer.eos_token_id not in x for x in free)  # the random model never ends its turn
+    n = next(n for n in range(3, 10) if not tokenizer.decode(free[0][:n])[-1].isspace())
+    stop = tokenizer.decode(free[0][:n])
+    stopped = answers(stop)
+    assert stopped[0] == free[0][:n] + [tokenizer.eos_token_id]
+    assert stopped[1] == free[1]

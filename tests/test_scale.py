@@ -88,6 +88,8 @@ def test_train_generates_with_the_other_transformers_engines(tmp_path, cache_hom
     ({"GRPO_VLLM_MODE": "local"}, "GRPO_VLLM_MODE"),
     ({"GRPO_COMPILED_GENERATION": "1", "GRPO_CONTINUOUS_BATCHING": "1"},
      "GRPO_CONTINUOUS_BATCHING=1 and GRPO_COMPILED_GENERATION=1: choose one generation engine"),
+    ({"GRPO_STOP_AT_END": "1", "GRPO_CONTINUOUS_BATCHING": "1"},
+     "GRPO_STOP_AT_END=1 and GRPO_CONTINUOUS_BATCHING=1: continuous batching cannot stop an answer"),
     ({"GRPO_COMPILED_GENERATION": "1", "CXX": "/nonexistent/g++"},  # a machine without a C compiler
      "GRPO_COMPILED_GENERATION=1 but torch.compile cannot build kernels here"),
 ])
@@ -101,6 +103,14 @@ def test_missing_or_bad_engine_is_a_clear_config_error(tmp_path, cache_home, ext
     # before any model loads: the compile check imports torch and tries one kernel (12.7 s seen on 2
     # loaded cores); the others stop before torch is imported
     assert time.time() - t0 < (40 if "torch.compile" in needle else 10)
+
+
+def test_answers_stop_at_the_end_marker_unless_the_engine_cannot():
+    from ocaml_grpo.config.grpo import TrainConfig
+    from ocaml_grpo.config.settings import from_env
+    assert from_env(TrainConfig, {}).stop_at_end
+    assert not from_env(TrainConfig, {"GRPO_CONTINUOUS_BATCHING": "1"}).stop_at_end  # auto: it cannot
+    assert not from_env(TrainConfig, {"GRPO_STOP_AT_END": "0"}).stop_at_end
 
 
 def test_reward_workers_are_shared_between_local_processes(monkeypatch):

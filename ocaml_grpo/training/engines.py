@@ -25,18 +25,29 @@ PAGE_TOKENS = 256  # transformers' continuous-batching page size (its default)
 
 def engine_kwargs(engine: str, sequences: int, max_prompt: int, max_completion: int, *,
                   vllm_mode: str = "colocate", vllm_gpu_memory: float = 0.3,
-                  vllm_server_url: str | None = None) -> dict:
+                  vllm_server_url: str | None = None, stop: str | None = None) -> dict:
     """GRPOConfig keyword arguments for `engine` (default: transformers generate, compiled: the same
     with a static cache and a compiled decode step (also call `enable_compiled_generation` on the
     trainer), paged: transformers continuous batching, vllm: TRL's vLLM integration).
-    `sequences`: completions generated at once (per-device batch x steps per generation)."""
+    `sequences`: completions generated at once (per-device batch x steps per generation).
+    `stop`: a text that ends an answer (the END marker), kept in it; the trainer must then be an
+    OcamlGRPOTrainer made with the same `stop`, which gives generate the tokenizer it needs for it."""
     if engine not in ENGINES:
         raise ValueError(f"unknown generation engine {engine!r}: choose one of {', '.join(ENGINES)}")
+    if stop and engine == "paged":
+        raise ValueError("the paged engine (continuous batching) cannot stop an answer at a text")
     max_len = max_prompt + max_completion
     kw: dict = {"use_vllm": engine == "vllm", "use_transformers_continuous_batching": engine == "paged"}
+    generation: dict = {}
+    if stop:
+        generation.update({"stop": [stop], "include_stop_str_in_output": True} if engine == "vllm"
+                          else {"stop_strings": [stop]})
     if engine == "compiled":
         # Longer prompts (a repair turn's conversation) get a bigger cache, and one more compile, when they come.
-        kw.update(cache_implementation="static", generation_kwargs={"max_cache_len": max_len})
+        generation["max_cache_len"] = max_len
+        kw["cache_implementation"] = "static"
+    if generation:
+        kw["generation_kwargs"] = generation
     if engine == "paged":
         kw["transformers_continuous_batching_config"] = {"num_blocks": sequences * math.ceil(max_len / PAGE_TOKENS)}
     if engine == "vllm":
@@ -45,6 +56,30 @@ def engine_kwargs(engine: str, sequences: int, max_prompt: int, max_completion: 
         if vllm_mode == "colocate":
             kw["vllm_max_model_length"] = max_len
     return kw
+
+
+def end_turn_at_stop(ids: list[list[int]], logprobs: list[list[float]] | None, decode, stop: str,
+                     end_ids: set[int], eos_id: int) -> tuple[list[list[int]], list[list[float]] | None]:
+    """Answers that stopped at `stop` end their turn with `eos_id`, as if the model had written it.
+
+    generate pads an answer that stopped early (TRL keeps the pads up to its first end-of-turn id,
+    all of them when the pad is not one) and leaves the last one to stop with no end at all; vLLM
+    never adds one. TRL counts an answer without an end-of-turn token as cut off at the budget
+    (its clipped ratio, GRPO_MASK_TRUNCATED), and a repair turn's conversation must close the
+    answer, so each answer whose text ends with `stop` gets exactly one `eos_id` after it. That
+    token was not sampled: its vLLM log-probability is 0 (certain). `end_ids`: the pad and
+    end-of-turn ids that may trail an answer."""
+    ids, logprobs = [list(x) for x in ids], None if logprobs is None else [list(x) for x in logprobs]
+    for i, x in enumerate(ids):
+        n = len(x)
+        while n and x[n - 1] in end_ids:
+            n -= 1
+        if not decode(x[:n]).rstrip().endswith(stop):
+            continue
+        ids[i] = x[:n] + [eos_id]
+        if logprobs is not None:
+            logprobs[i] = logprobs[i][:n] + ([logprobs[i][n]] if len(logprobs[i]) > n else [0.0])
+    return ids, logprobs
 
 
 def enable_compiled_generation(trainer, backend: str = "inductor") -> None:

@@ -43,7 +43,7 @@ from ocaml_grpo.training.named_models import resolve_model
 # What the probe reads from the environment (the rest of train.py's settings do not change a sample).
 USED = [s for s in SETTINGS if s.name in ("BASE_MODEL_ID", "GRPO_INIT_ADAPTER", "TRAINING_DATASET", "GRPO_TEMPERATURE",
                                           "GRPO_MAX_COMPLETION", "GRPO_NUM_GENERATIONS", "GRPO_PROMPT_EXAMPLES", "GRPO_REPAIR_TURNS",
-                                          "GRPO_REPAIR_DISCOUNT")] + settings_of(RewardConfig)
+                                          "GRPO_REPAIR_DISCOUNT", "GRPO_STOP_AT_END")] + settings_of(RewardConfig)
 
 
 def problem_stats(problem: Problem, graded: list, sampling: dict) -> ProblemStats:
@@ -143,16 +143,17 @@ def main(argv: list[str], generate_hf, generate_vllm, make_scorer) -> int:
                 batch = todo[start:start + args.batch_size]
                 eps = sample_episodes(model, adapter, batch, k, repair, scorer.feedback, scorer.pool,
                                       cfg.train.max_completion, cfg.train.temperature, args.batch_size, args.seed + start,
-                                      top_k=0, examples=cfg.train.prompt_examples)
+                                      top_k=0, examples=cfg.train.prompt_examples,
+                                      stop_at_end=cfg.train.stop_at_end)
                 write(batch, [[e.answers[-1] for e in es] for es in eps], [[e.answer_tokens[-1] for e in es] for es in eps],
                       [[e.turns for e in es] for es in eps])
         elif args.vllm:
             texts, lens = generate_vllm(model, adapter, prompts, k, cfg.train.max_completion, cfg.train.temperature,
-                                        args.seed)
+                                        args.seed, cfg.train.stop_at_end)
             write(todo, texts, lens)
         else:
             generate_hf(model, adapter, prompts, k, cfg.train.max_completion, cfg.train.temperature,
-                        args.batch_size, args.seed, top_k=0, progress=False,
+                        args.batch_size, args.seed, top_k=0, progress=False, stop_at_end=cfg.train.stop_at_end,
                         on_batch=lambda start, texts, lens: write(todo[start:start + len(texts)], texts, lens))
     finally:
         scorer.close()

@@ -191,13 +191,14 @@ def conversation(problem: Problem, episode: Episode, examples: int = ALL) -> lis
 def sample_episodes(model_id: str, adapter: str | None, problems: list[Problem], samples: int, turns: int,
                     feedback: Callable[[Problem, str], Feedback], pool: Executor, max_new_tokens: int,
                     temperature: float, batch_size: int, seed: int, top_k: int | None = None,
-                    examples: int = ALL) -> list[list[Episode]]:
+                    examples: int = ALL, stop_at_end: bool = True) -> list[list[Episode]]:
     """`samples` episodes per problem, sampled outside the trainer (evaluate.py, the benchmark):
     the same feedback, the same turn rule as the rollout; each turn re-renders the conversation
     with the chat template instead of concatenating token ids, and feedback is not cut at
     FEEDBACK_TOKENS (a compile error's is under 600 characters; examples are the prompt's own)."""
     texts, lens = generate_hf(model_id, adapter, [chat_messages(p.prompt, examples) for p in problems], samples,
-                              max_new_tokens, temperature, batch_size, seed, top_k=top_k, progress=False)
+                              max_new_tokens, temperature, batch_size, seed, top_k=top_k, progress=False,
+                              stop_at_end=stop_at_end)
     episodes = [[Episode([t], [], [n]) for t, n in zip(ts, ns)] for ts, ns in zip(texts, lens)]
     live = [(i, s) for i in range(len(problems)) for s in range(samples)]
     for turn in range(turns):
@@ -213,7 +214,7 @@ def sample_episodes(model_id: str, adapter: str | None, problems: list[Problem],
             break
         new, new_lens = generate_hf(model_id, adapter, [conversation(problems[i], episodes[i][s], examples) for i, s in go], 1,
                                     max_new_tokens, temperature, batch_size, seed + turn + 1, top_k=top_k,
-                                    progress=False)
+                                    progress=False, stop_at_end=stop_at_end)
         for (i, s), t, n in zip(go, new, new_lens):
             episodes[i][s].answers.append(t[0])
             episodes[i][s].answer_tokens.append(n[0])

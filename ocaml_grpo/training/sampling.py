@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ocaml_grpo.training.models import load_model, load_tokenizer
 from ocaml_grpo.problems import Problem
+from ocaml_grpo.prompting import END_MARKER
 
 CAPABILITY_THRESHOLD = 0.20  # the original training analysis: under 20% solved -> the base model is not ready for GRPO
 # Share of completions with each Breakdown flag set, and what the flag means.
@@ -41,9 +42,10 @@ def verdict(pass1: float) -> str:
 
 def generate_hf(model_id: str, adapter: str | None, prompts: list[list[dict]], samples: int, max_new_tokens: int,
                 temperature: float, batch_size: int, seed: int, top_k: int | None = None,
-                progress: bool = True, on_batch=None) -> tuple[list[list[str]], list[list[int]]]:
+                progress: bool = True, on_batch=None, stop_at_end: bool = True) -> tuple[list[list[str]], list[list[int]]]:
     """`samples` completions per prompt (top_k=0 samples as TRL's GRPO does, repetition penalty
-    off; None keeps the model's generation config). `on_batch(start, texts, lens)` sees each batch as it is done."""
+    off; None keeps the model's generation config). `on_batch(start, texts, lens)` sees each batch as it is done.
+    stop_at_end: each answer ends at the END marker, as training's do (GRPO_STOP_AT_END)."""
     import torch
 
     torch.manual_seed(seed)
@@ -68,6 +70,7 @@ def generate_hf(model_id: str, adapter: str | None, prompts: list[list[dict]], s
                                  temperature=temperature if do_sample else None, top_p=1.0 if do_sample else None,
                                  # TRL also sets repetition_penalty 1 (Qwen2.5's generation config has 1.05)
                                  **({"top_k": top_k, "repetition_penalty": 1.0} if do_sample and top_k is not None else {}),
+                                 **({"stop_strings": [END_MARKER], "tokenizer": tokenizer} if stop_at_end else {}),
                                  num_return_sequences=samples, pad_token_id=tokenizer.pad_token_id)
         new = gen[:, batch["input_ids"].shape[1]:]
         for i in range(0, new.shape[0], samples):
@@ -82,14 +85,15 @@ def generate_hf(model_id: str, adapter: str | None, prompts: list[list[dict]], s
 
 
 def generate_vllm(model_id: str, adapter: str | None, prompts: list[list[dict]], samples: int, max_new_tokens: int,
-                  temperature: float, seed: int) -> tuple[list[list[str]], list[list[int]]]:
+                  temperature: float, seed: int, stop_at_end: bool = True) -> tuple[list[list[str]], list[list[int]]]:
     try:
         from vllm import LLM, SamplingParams
     except ImportError:
         sys.exit("--vllm was asked for but vLLM is not installed (pip install -r requirements-vllm.txt on a CUDA machine), "
                  "or drop --vllm to use transformers' generate")
     llm = LLM(model=model_id, enable_lora=bool(adapter), seed=seed)
-    params = SamplingParams(n=samples, temperature=temperature, max_tokens=max_new_tokens, seed=seed)
+    params = SamplingParams(n=samples, temperature=temperature, max_tokens=max_new_tokens, seed=seed,
+                            **({"stop": [END_MARKER], "include_stop_str_in_output": True} if stop_at_end else {}))
     lora = None
     if adapter:
         from vllm.lora.request import LoRARequest

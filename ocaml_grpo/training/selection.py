@@ -128,6 +128,7 @@ def sampling_settings(cfg: Config) -> dict:
     return {"model": _where(cfg.train.base_model), "adapter": _where(cfg.train.init_adapter),
             "temperature": cfg.train.temperature, "top_k": 0, "top_p": 1.0,
             "max_completion": cfg.train.max_completion, "reward": recorded(cfg, REWARD_KEYS),
+            "stop_at_end": cfg.train.stop_at_end,
             # the prompt's worked examples change every sample (OPTIONAL)
             **({"prompt_examples": cfg.train.prompt_examples} if cfg.train.prompt_examples != 3 else {}),
             # repair turns change what a problem's group scores (OPTIONAL)

@@ -6,27 +6,33 @@
   advantage, the later answers' keep the episode's (repair.first_answer_advantages). The per-answer
   grades come from the reward function, which writes them into each episode record (`grades`);
   TRL 1.16's loss takes advantages per token, shaped (completions, tokens), from a subclass.
+- Answers stop at the END marker (GRPO_STOP_AT_END, `stop`): generate gets the tokenizer its stop
+  strings need, and each answer that stopped there ends its turn (engines.end_turn_at_stop).
 - Before each generation, the input-embedding hooks that gradient checkpointing's toggling left
   behind are removed (engines.drop_orphaned_input_hooks): they pile up every step, and the compiled
   engine would recompile for each new one.
 """
 from __future__ import annotations
 
+from functools import partial
+
 from accelerate.utils import gather_object
 from torch.utils.data import Sampler
 from trl import GRPOTrainer
 
-from ocaml_grpo.training.engines import drop_orphaned_input_hooks
+from ocaml_grpo.training.engines import drop_orphaned_input_hooks, end_turn_at_stop
 from ocaml_grpo.training.group_kinds import ProblemTracker
 from ocaml_grpo.training.repair import first_answer_advantages
 from ocaml_grpo.training.tracking import TrackedSampler
 
 
 class OcamlGRPOTrainer(GRPOTrainer):
-    """TRL's GRPOTrainer; tracker=None: TRL's own sampler."""
+    """TRL's GRPOTrainer; tracker=None: TRL's own sampler; stop: the text that ends an answer
+    (the args' generation_kwargs must stop there too: engines.engine_kwargs(stop=...))."""
 
-    def __init__(self, *args, tracker: ProblemTracker | None, **kwargs):
+    def __init__(self, *args, tracker: ProblemTracker | None, stop: str | None = None, **kwargs):
         self.tracker = tracker
+        self.stop = stop
         super().__init__(*args, **kwargs)
 
     def _get_train_sampler(self, dataset=None) -> Sampler:
@@ -39,8 +45,16 @@ class OcamlGRPOTrainer(GRPOTrainer):
                               shuffle=self.shuffle_dataset, seed=self.args.seed)
 
     def _generate_single_turn(self, *args, **kwargs):
-        drop_orphaned_input_hooks(self.accelerator.unwrap_model(self.model))
-        return super()._generate_single_turn(*args, **kwargs)
+        model = self.accelerator.unwrap_model(self.model)
+        drop_orphaned_input_hooks(model)
+        if self.stop is None:
+            return super()._generate_single_turn(*args, **kwargs)
+        if "generate" not in vars(model):  # transformers' stop strings need the tokenizer; TRL passes none
+            model.generate = partial(model.generate, tokenizer=self._tokenizer)
+        ids, logprobs = super()._generate_single_turn(*args, **kwargs)
+        tok = self._tokenizer
+        return end_turn_at_stop(ids, logprobs, partial(tok.decode, skip_special_tokens=True), self.stop,
+                                {*self.eos_token_ids, tok.pad_token_id}, tok.eos_token_id)
 
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
