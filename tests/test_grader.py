@@ -476,3 +476,35 @@ def test_rescoring_a_runs_completions_uses_the_runs_reward_settings(tmp_path):
     help_text = subprocess.run([sys.executable, str(ROOT / "rewards.py"), "score", "--help"], capture_output=True,
                                text=True).stdout
     assert "MIN_NON_EMPTY_LINES" in help_text
+
+
+def test_a_prompt_whose_prose_opens_a_comment_is_read_as_its_author_closed_it(scorer):
+    """Markdown prose such as `adenine (**A** )` opens a comment OCaml nests, so the doc comment
+    would swallow the type after it: it ends at its `*)` line instead, for full and body answers."""
+    prompt = ("(** Complement each base: adenine (**A** ) pairs with uracil (**U** ).\n"
+              " * >>> to_rna [`A]\n * [`U]\n*)\ntype dna = [ `A | `T ]\n\ntype rna = [ `A | `U ]\n\n"
+              "let to_rna (x : dna list) : rna list =")
+    p = Problem(id="prose", prompt=prompt, tests="let () =\n  assert (to_rna [`A] = [`U]);\n  assert (to_rna [`T; `A] = [`A; `U])\n;;")
+    body = "  List.map (function `A -> `U | `T -> `A) x"
+    for code in ("let to_rna (x : dna list) : rna list =\n" + body, body):
+        b = scorer.score_one(p, fenced(code))
+        assert (b.reward, b.tests_passed) == (1.0, 2), b.first_error
+    assert scorer.score_one(p, fenced("  List.map (fun _ -> `A) x")).tests_passed == 0
+
+
+def test_base_maps_cross_the_wire_as_their_bindings(scorer):
+    """`v Map.M(K).t` (Base): the answer's map crosses as its sorted bindings and the trusted
+    program rebuilds it, so the tests compare real maps; a wrong count fails its assertion."""
+    prompt = ("open Base\n\n(** How often each character occurs.\n * >>> Map.to_alist (counts \"aab\")\n"
+              " * [('a', 2); ('b', 1)]\n*)\nlet counts (s : string) : int Map.M(Char).t =")
+    tests = ("let () =\n  assert (Map.is_empty (counts \"\"));\n"
+             "  assert (Stdlib.(=) (Map.to_alist (counts \"aab\")) [('a', 2); ('b', 1)]);\n"
+             "  assert (Map.equal Int.equal (counts \"ba\") (Map.of_alist_exn (module Char) [('a', 1); ('b', 1)]))\n;;")
+    p = Problem(id="map", prompt=prompt, tests=tests, requires=["base"])
+    right = ("  String.fold s ~init:(Map.empty (module Char))\n"
+             "    ~f:(fun m c -> Map.update m c ~f:(function None -> 1 | Some n -> n + 1))")
+    b = scorer.score_one(p, fenced(right))
+    assert (b.reward, b.tests_passed, b.tests_total) == (1.0, 3, 3), b.first_error
+    off_by_one = right.replace("Some n -> n + 1", "Some n -> n")  # every count is 1
+    b = scorer.score_one(p, fenced(off_by_one))
+    assert (b.compiled, b.tests_passed) == (True, 2)

@@ -136,7 +136,7 @@ def assemble_solution(code: str, prompt: str, entry_point: str = "") -> tuple[st
         # drop its prose and any stray text.
         kept = [ph.text for ph in prompt_definitions(sig.preamble) if not (set(ph.names) & code_names)]
         return "".join(kept).rstrip() + "\n\n" + code, [entry]
-    return prompt.rstrip() + "\n" + code, [entry]
+    return (sig.preamble + sig.signature).rstrip() + "\n" + code, [entry]
 
 
 def _is_definitions(code: str) -> bool:

@@ -25,6 +25,18 @@ TOKEN_RE = re.compile(r"\s*(?:(?P<var>'[A-Za-z_][A-Za-z0-9_']*)|(?P<tag>`[A-Za-z
                       r"|(?P<id>[A-Za-z_][A-Za-z0-9_']*(?:\.[A-Za-z_][A-Za-z0-9_']*)*)|(?P<sym>->|[()*,\[\]|:;{}=~?<>.]))")
 
 
+# Base's maps, `v Map.M(K).t`: they cross as their sorted (key, value) list, K one of these (read as
+# Base's modules; a problem that names them requires `base`).
+MAP_KEYS = {"String": "string", "Char": "char", "Int": "int"}
+MAP_RE = re.compile(r"(?:Base\.)?Map\.M\((\w+)\)\.t")
+
+
+def map_key(name: str) -> str | None:
+    """K of a Base map type's name `Map.M(K).t` (None: not one)."""
+    m = MAP_RE.fullmatch(name)
+    return m.group(1) if m else None
+
+
 KEYWORDS = {"of", "and", "mutable", "private", "type", "exception", "let", "val", "module", "open", "nonrec"}
 DEFINITION_START = re.compile(r"(?m)^(?=(?:type|exception|let|module|open|include|class)\b)")
 # Exercism's prompts list the interface to implement in a comment: `val name : type` lines.
@@ -150,6 +162,17 @@ def _parse_tuple(tk: _Tokens) -> Type:
     return items[0] if len(items) == 1 else ("tuple", tuple(items))
 
 
+def _constructor(tk: _Tokens) -> str:
+    """A type constructor's name: a path, or Base's `Map.M(K).t` (its functor application)."""
+    name = tk.take()
+    if name.endswith("Map.M") and tk.peek() == "(" and _is_ident(tk.peek(1)) and tk.peek(2) == ")" \
+            and tk.peek(3) == "." and tk.peek(4) == "t":
+        key = tk.toks[tk.i + 1]
+        tk.i += 5
+        return f"Map.M({key}).t"
+    return name
+
+
 def _parse_app(tk: _Tokens) -> Type:
     if tk.peek() == "(":
         tk.take()
@@ -161,7 +184,7 @@ def _parse_app(tk: _Tokens) -> Type:
         if len(args) > 1:
             if not _is_ident(tk.peek()):
                 raise Unverifiable("a type argument list without its type constructor")
-            t: Type = ("con", tk.take(), tuple(args))
+            t: Type = ("con", _constructor(tk), tuple(args))
         else:
             t = args[0]
     elif tk.peek() == "[":
@@ -169,11 +192,11 @@ def _parse_app(tk: _Tokens) -> Type:
     elif tk.peek().startswith("'"):
         t = ("var", tk.take()[1:])
     elif _is_ident(tk.peek()) and tk.peek() not in KEYWORDS:
-        t = ("con", tk.take(), ())
+        t = ("con", _constructor(tk), ())
     else:
         raise Unverifiable(f"cannot read a type at {tk.peek() or 'the end'!r}")
     while _is_ident(tk.peek()) and tk.peek() not in KEYWORDS:
-        t = ("con", tk.take(), (t,))
+        t = ("con", _constructor(tk), (t,))
     return t
 
 
@@ -407,6 +430,9 @@ def _check(iface: Interface) -> None:
                     raise Unverifiable(f"type {d.name} is abstract: its values cannot cross the wire")
                 if len(d.params) != len(t[2]):
                     raise Unverifiable(f"type {d.name} takes {len(d.params)} arguments")
+            elif (key := map_key(t[1])) is not None:
+                if key not in MAP_KEYS or len(t[2]) != 1:
+                    raise Unverifiable(f"type {t[1]}: a map's keys cross only as {', '.join(MAP_KEYS)}")
             elif name not in BUILTINS:
                 raise Unverifiable(f"type {t[1]} has no wire format (a library's or an abstract type)")
             for a in t[2]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ocaml_grpo.grading import source as src
-from ocaml_grpo.grading.interface import ALIASES, BUILTINS, Entry, Interface, Type
+from ocaml_grpo.grading.interface import ALIASES, BUILTINS, MAP_KEYS, Entry, Interface, Type, map_key
 
 # ---------------------------------------------------------------------------------------------
 # Code generation. `side` is "T" (prompt types in scope) or "U" (the answer's, as Solution.*).
@@ -44,6 +44,8 @@ class _Gen:
             args = [self.ty(a, vars_as) for a in t[2]]
             if t[1] in self.defs:
                 name = self.q + t[1]
+            elif (key := map_key(t[1])) is not None:
+                name = f"Base.Map.M(Base.{key}).t"
             else:
                 name = {"result": "Stdlib.result"}.get(ALIASES.get(t[1], t[1]), ALIASES.get(t[1], t[1]))
             if not args:
@@ -114,6 +116,14 @@ class _Gen:
         sub = self.w if way == "w" else self.r
         if t[1] in self.defs:
             return "(" + " ".join([f"{way}_{t[1]}"] + [sub(a, env) for a in t[2]]) + ")"
+        if (key := map_key(t[1])) is not None:  # as its (key, value) list, in key order
+            W, k = self.W, MAP_KEYS[key]
+            if way == "w":
+                return (f"(fun b m -> {W}.w_list (fun b (k, v) -> {W}.w_{k} b k; {sub(t[2][0], env)} b v) b "
+                        f"(Base.Map.to_alist m))")
+            return (f"(fun r -> match Base.Map.of_alist (module Base.{key}) ({W}.r_list (fun r -> "
+                    f"let k = {W}.r_{k} r in let v = {sub(t[2][0], env)} r in (k, v)) r) with "
+                    f"`Ok m -> m | `Duplicate_key _ -> Stdlib.raise {W}.Bad)")
         name = ALIASES.get(t[1], t[1])
         if name in ("list", "array", "option", "result"):
             return f"({self.W}.{way}_{name} " + " ".join(sub(a, env) for a in t[2]) + ")"

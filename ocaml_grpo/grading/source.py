@@ -394,8 +394,27 @@ def parse_signature(prompt: str) -> Signature | None:
     for idx in range(len(lines) - 1, -1, -1):
         m = SIGNATURE_RE.match(lines[idx].strip()) if not lines[idx].startswith((" ", "\t", "*")) else None
         if m:
-            return Signature("\n".join(lines[:idx]) + ("\n" if idx else ""), "\n".join(lines[idx:]), m.group(1))
+            preamble = "\n".join(lines[:idx]) + ("\n" if idx else "")
+            return Signature(close_prose_comment(preamble), "\n".join(lines[idx:]), m.group(1))
     return None
+
+
+def close_prose_comment(preamble: str) -> str:
+    """The preamble with its doc comment closed where its author closed it.
+
+    Prose can open comments OCaml nests (`adenine (**A** )` in a markdown description): the doc
+    comment then swallows the definitions after it, and the compiler reports it unterminated.
+    When the preamble's first comment runs to its end, it ends at its first line that is only
+    `*)`, and each `(*` inside it is spaced apart so that the compiler reads it the same way.
+    A preamble that OCaml reads as its author meant is returned as it is."""
+    toks = tokenize(preamble)
+    first = next((t for t in toks if t.kind == "comment"), None)
+    closed = first is not None and len(tokenize(first.text + "\nx")) > 1  # the comment ends before the x
+    if first is None or closed or not (m := re.search(r"^\*\)[ \t]*$", preamble[first.start:], re.M)):
+        return preamble
+    end = first.start + m.start()
+    body = preamble[first.start + 2:end].replace("(*", "( *")
+    return preamble[:first.start + 2] + body + preamble[end:]
 
 
 # ---------------------------------------------------------------------------------------------
