@@ -508,3 +508,28 @@ def test_base_maps_cross_the_wire_as_their_bindings(scorer):
     off_by_one = right.replace("Some n -> n + 1", "Some n -> n")  # every count is 1
     b = scorer.score_one(p, fenced(off_by_one))
     assert (b.compiled, b.tests_passed) == (True, 2)
+
+
+def test_type_variables_inside_function_types_keep_their_values_order(scorer):
+    """`('a -> 'b) -> 'a list -> 'b list`: the values the tests' closure returns during the call
+    get tokens in their own order, so an honest map passes and one that sorts what it returns
+    passes only where sorting changes nothing, as in plain OCaml."""
+    prompt = ("(** Apply f to each element.\n * >>> map (fun x -> x * 2) [1; 2]\n * [2; 4]\n*)\n"
+              "let map (f : 'a -> 'b) (l : 'a list) : 'b list =")
+    tests = ("let () =\n  assert (map (fun x -> x * 2) [1; 2; 3] = [2; 4; 6]);\n"
+             "  assert (map (fun x -> - x) [1; 2; 3] = [-1; -2; -3]);\n"
+             "  assert (map string_of_int [3; 10] = [\"3\"; \"10\"]);\n"
+             "  assert (map (fun s -> s ^ \"!\") [\"b\"; \"a\"] = [\"b!\"; \"a!\"])\n;;")
+    p = Problem(id="poly_map", prompt=prompt, tests=tests)
+    b = scorer.score_one(p, fenced("  List.map f l"))
+    assert (b.reward, b.tests_passed, b.tests_total) == (1.0, 4, 4), b.first_error
+    sorting = scorer.score_one(p, fenced("  List.sort compare (List.map f l)"))
+    # plain OCaml: [2; 4; 6] passes; [-3; -2; -1] fails; ["10"; "3"] fails; ["a!"; "b!"] fails
+    assert (sorting.compiled, sorting.tests_passed) == (True, 1)
+    fold = Problem(id="poly_fold", prompt="(** Fold from the left. *)\n"
+                   "let fold (f : 'acc -> 'a -> 'acc) (init : 'acc) (l : 'a list) : 'acc =",
+                   tests="let () =\n  assert (fold (fun acc x -> acc * 10 + x) 0 [1; 2; 3] = 123);\n"
+                         "  assert (fold (fun acc x -> x :: acc) [] [\"a\"; \"b\"] = [\"b\"; \"a\"])\n;;")
+    b = scorer.score_one(fold, fenced("  List.fold_left f init l"))
+    assert (b.reward, b.tests_passed) == (1.0, 2), b.first_error
+    assert scorer.score_one(fold, fenced("  List.fold_right (fun x acc -> f acc x) l init")).tests_passed == 0

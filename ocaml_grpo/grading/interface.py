@@ -1,8 +1,8 @@
 """The entry points' interface, read from the prompt: each entry point's parameters and result,
 the prompt's own types and exceptions, and whether all of it has a wire format (ocaml/wire.ml).
 
-What has none (an abstract type, a library type such as `Hashtbl.t`, a type variable inside a
-function type, a mutable field) makes the problem unverifiable: `Interface.unverifiable` says why,
+What has none (an abstract type, a library type such as `Hashtbl.t`, a functor, a mutable
+field) makes the problem unverifiable: `Interface.unverifiable` says why,
 and such a problem earns no test credit. The types are read from the prompt's text; everything
 generated from them is checked by the compiler at both ends (oracle.py).
 """
@@ -415,11 +415,9 @@ def interface_of(prompt: str, entry: str) -> Interface:
 def _check(iface: Interface) -> None:
     defs = {d.name: d for d in iface.types}
 
-    def ok(t: Type, in_arrow: bool, params: tuple[str, ...] | None) -> None:
+    def ok(t: Type, params: tuple[str, ...] | None) -> None:
         kind = t[0]
         if kind == "var":
-            if in_arrow:
-                raise Unverifiable("a type variable inside a function type")
             if params is not None and t[1] not in params:
                 raise Unverifiable(f"type variable '{t[1]} is unbound")
         elif kind == "con":
@@ -436,39 +434,39 @@ def _check(iface: Interface) -> None:
             elif name not in BUILTINS:
                 raise Unverifiable(f"type {t[1]} has no wire format (a library's or an abstract type)")
             for a in t[2]:
-                ok(a, in_arrow, params)
+                ok(a, params)
         elif kind == "tuple":
             for a in t[1]:
-                ok(a, in_arrow, params)
+                ok(a, params)
         elif kind == "arrow":
             if t[1]:
                 raise Unverifiable("a labelled function type inside a value")
-            ok(t[2], True, params)
-            ok(t[3], True, params)
+            ok(t[2], params)
+            ok(t[3], params)
         elif kind == "poly":
             for _, a in t[1]:
                 if a is not None:
-                    ok(a, in_arrow, params)
+                    ok(a, params)
 
     for d in iface.types:
         if d.kind == "alias":
-            ok(d.body, False, d.params)
+            ok(d.body, d.params)
         elif d.kind == "poly":
-            ok(d.body, False, d.params)
+            ok(d.body, d.params)
         elif d.kind == "variant":
             for _, args in d.body:
                 for a in args:
-                    ok(a, False, d.params)
+                    ok(a, d.params)
         elif d.kind == "record":
             for _, a in d.body:
-                ok(a, False, d.params)
+                ok(a, d.params)
     for _, args in iface.exceptions:
         for a in args:
-            ok(a, False, ())
+            ok(a, ())
     for e in iface.entries:
         for _, p in e.params:
-            ok(p, False, None)
-        ok(e.result, False, None)
+            ok(p, None)
+        ok(e.result, None)
         # an entry point's own arrows are curried parameters only
         if e.result[0] == "arrow" and any(v for v in e.vars()):
             raise Unverifiable("a polymorphic entry point that returns a function")

@@ -9,7 +9,8 @@ programs of a grading:
 Values are written by their type (entry_interface.py says which types have a form): Stdlib's basic
 types, lists, arrays, options, results, tuples, the prompt's own variants, records and polymorphic
 variants, functions (as handles both ways: higher-order entry points, functions returned), and type
-variables (as ranks of the call's values: a polymorphic answer can only compare them).
+variables (as keys in the values' order, one table for the run: a polymorphic answer can only
+compare them).
 """
 from __future__ import annotations
 

@@ -122,9 +122,16 @@ let kept k = if k < 0 || k >= !kept_count then raise Bad else Obj.obj !kept_valu
 
 (* ---------------------------------------------------------------- type variables *)
 
-(* The oracle sees a value of a type variable as a token: its rank among the values of that
-   variable in the call's arguments, so `=`, `compare` and sorting mean in the oracle what they
-   mean on the values (a polymorphic answer can do nothing else with them). *)
+(* The oracle sees a value of a type variable as a token: an integer key whose order is the
+   values' order (`compare`) among every value the trusted program has sent as a token, so `=`,
+   `compare` and sorting mean in the oracle what they mean on the values (a polymorphic answer can
+   do nothing else with them). One table serves the whole run, not one call: a value can come back
+   in a later call (`value_of` of a cell `create_input_cell` made, as a handle of the oracle's) or
+   from one of the trusted side's closures during a call (`map`'s function, a fold's step). A new
+   value gets a key between its neighbours' (a call's new values spread evenly across their gap);
+   when no integer is left between them the wire is broken (the assertion under way fails: a key
+   is never out of order). Two values of different types never meet in one comparison in the
+   oracle, and values `compare` finds equal share a key. *)
 module Tok : sig
   type t
   val w : Buffer.t -> t -> unit
@@ -135,32 +142,72 @@ end = struct
   let r = r_int
 end
 
-type tokens = { pools : Obj.t list array; mutable sorted : Obj.t array array; mutable collecting : bool }
+let tok_vals : Obj.t array ref = ref [||]  (* sorted by compare, distinct *)
+let tok_keys : int array ref = ref [||]  (* increasing *)
+let bound = 1 lsl 60  (* keys lie strictly between -bound and bound *)
 
-let tokens n = { pools = Array.make n []; sorted = [||]; collecting = true }
+(* Where [o] is among the sorted values [a]: (true, its index), or (false, where it would go). *)
+let search (a : Obj.t array) (o : Obj.t) =
+  let rec go lo hi =
+    if lo >= hi then (false, lo)
+    else
+      let mid = (lo + hi) / 2 in
+      let c = compare o a.(mid) in
+      if c = 0 then (true, mid) else if c < 0 then go lo mid else go (mid + 1) hi in
+  go 0 (Array.length a)
 
-let rank (a : Obj.t array) (o : Obj.t) =
+(* Add the sorted, distinct values [news], none of them in the table yet. *)
+let tok_add (news : Obj.t array) =
+  let vals = !tok_vals and keys = !tok_keys in
+  let n = Array.length vals and k = Array.length news in
+  let gap_of = Array.map (fun o -> snd (search vals o)) news in
+  let new_keys = Array.make k 0 in
+  let i = ref 0 in
+  while !i < k do
+    let j = gap_of.(!i) in
+    let e = ref !i in
+    while !e < k && gap_of.(!e) = j do incr e done;
+    let lo = if j = 0 then - bound else keys.(j - 1) and hi = if j = n then bound else keys.(j) in
+    let step = (hi - lo) / (!e - !i + 1) in
+    if step < 1 then raise Bad;
+    for m = !i to !e - 1 do new_keys.(m) <- lo + step * (m - !i + 1) done;
+    i := !e
+  done;
+  let all_vals = Array.append vals news and all_keys = Array.append keys new_keys in
+  let order = Array.init (n + k) (fun x -> x) in
+  Array.sort (fun a b -> compare all_keys.(a) all_keys.(b)) order;
+  tok_vals := Array.map (fun x -> all_vals.(x)) order;
+  tok_keys := Array.map (fun x -> all_keys.(x)) order
+
+let tok_key o =
+  match search !tok_vals o with
+  | true, j -> !tok_keys.(j)
+  | false, _ -> tok_add [| o |]; !tok_keys.(snd (search !tok_vals o))
+
+(* A call's tokens: its arguments' values are collected first, so that they get their keys together. *)
+type tokens = { mutable pool : Obj.t list; mutable collecting : bool }
+
+let tokens _ = { pool = []; collecting = true }
+
+let w_var tb _ b v =
+  let o = Obj.repr v in
+  if tb.collecting then tb.pool <- o :: tb.pool else w_int b (tok_key o)
+
+(* Run the arguments' writer once to collect every value of each variable, then key the new ones. *)
+let seal tb write =
+  write (Buffer.create 16);
+  let vals = !tok_vals in
+  tok_add (Array.of_list (List.filter (fun o -> not (fst (search vals o))) (List.sort_uniq compare tb.pool)));
+  tb.collecting <- false
+
+let r_var _ _ r =
+  let k = r_int r and keys = !tok_keys in
   let rec go lo hi =
     if lo >= hi then raise Bad
     else
       let mid = (lo + hi) / 2 in
-      let c = compare o a.(mid) in
-      if c = 0 then mid else if c < 0 then go lo mid else go (mid + 1) hi in
-  go 0 (Array.length a)
-
-let w_var tb i b v =
-  let o = Obj.repr v in
-  if tb.collecting then tb.pools.(i) <- o :: tb.pools.(i) else w_int b (rank tb.sorted.(i) o)
-
-(* Run the arguments' writer once to collect every value of each variable, then rank them. *)
-let seal tb write =
-  write (Buffer.create 16);
-  tb.sorted <- Array.map (fun l -> Array.of_list (List.sort_uniq compare l)) tb.pools;
-  tb.collecting <- false
-
-let r_var tb i r =
-  let k = r_int r and a = tb.sorted.(i) in
-  if k < 0 || k >= Array.length a then raise Bad else Obj.obj a.(k)
+      if keys.(mid) = k then Obj.obj !tok_vals.(mid) else if k < keys.(mid) then go lo mid else go (mid + 1) hi in
+  go 0 (Array.length keys)
 
 (* ---------------------------------------------------------------- frames *)
 
