@@ -1,10 +1,10 @@
 """The entry points' interface, read from the prompt: each entry point's parameters and result,
 the prompt's own types and exceptions, and whether all of it has a wire format (ocaml/wire.ml).
 
-What has none (an abstract type, a library type such as `Hashtbl.t`, a functor, a mutable
-field) makes the problem unverifiable: `Interface.unverifiable` says why,
-and such a problem earns no test credit. The types are read from the prompt's text; everything
-generated from them is checked by the compiler at both ends (oracle.py).
+What has none (an abstract type, a library type such as `Hashtbl.t`, a functor, a mutable field)
+makes the problem unverifiable: `Interface.unverifiable` says why, and such a problem earns no test
+credit. The types are read from the prompt's text; everything generated from them is checked by the
+compiler at both ends (oracle.py).
 """
 from __future__ import annotations
 
