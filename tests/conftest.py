@@ -59,12 +59,11 @@ ADD_TESTS = """let () =
 
 ADD = Problem(id="add", prompt=ADD_PROMPT, tests=ADD_TESTS)
 
-# Rows the oracle cannot run, by why: their entry points have no wire format (a type the interface
-# does not list: React's signals; a functor). They earn no test
-# credit. (ocaml.org's 5 multi-function rows are graded since their "Implement all of:" list is read
-# as more entry points.)
+# Rows the oracle cannot run, by why: their entry points have no wire format (a functor). They earn
+# no test credit. (ocaml.org's 5 multi-function rows are graded since their "Implement all of:" list
+# is read as more entry points.)
 UNVERIFIABLE = {
-    "exercism_ocaml.jsonl": {"custom-set", "hangman"},
+    "exercism_ocaml.jsonl": {"custom-set"},
 }
 
 

@@ -533,3 +533,48 @@ def test_type_variables_inside_function_types_keep_their_values_order(scorer):
     b = scorer.score_one(fold, fenced("  List.fold_left f init l"))
     assert (b.reward, b.tests_passed) == (1.0, 2), b.first_error
     assert scorer.score_one(fold, fenced("  List.fold_right (fun x acc -> f acc x) l init")).tests_passed == 0
+
+
+COUNTER_PROMPT = """open React
+
+(** A counter whose value is a signal.
+ * >>> S.value (count (create 5))
+ * 5
+*)
+(* Implement the following interface (counter.mli):
+open React
+type t
+val create : int -> t
+val bump : t -> unit
+val count : t -> int signal
+*)
+let count (x : t) : int signal ="""
+COUNTER_TESTS = """let () =
+  let c = create 5 in
+  let s = count c in
+  assert (S.value s = 5);
+  bump c;
+  assert (S.value s = 6);
+  assert (S.value (count c) = 6)
+;;
+let () =
+  let c = create 5 in
+  let doubled = S.map (fun x -> 2 * x) (count c) in
+  bump c;
+  bump c;
+  assert (S.value doubled = 14)
+;;"""
+COUNTER = """type t = { v : int signal; set : ?step:step -> int -> unit }
+let create n = let v, set = S.create n in { v; set }
+let bump c = c.set (S.value c.v + 1)
+let count c = c.v"""
+
+
+def test_react_signals_an_entry_point_returns_are_mirrored_after_every_call(scorer):
+    """A signal stays in the oracle; the trusted program's mirror takes its value after every call,
+    so a signal the tests hold follows the answer's, and one that never changes fails as in OCaml."""
+    p = Problem(id="counter", prompt=COUNTER_PROMPT, tests=COUNTER_TESTS, requires=["react"])
+    b = scorer.score_one(p, fenced(COUNTER))
+    assert (b.reward, b.tests_passed, b.tests_total) == (1.0, 4, 4), b.first_error
+    frozen = scorer.score_one(p, fenced(COUNTER.replace("let count c = c.v", "let count c = S.const (S.value c.v)")))
+    assert (frozen.compiled, frozen.tests_passed) == (True, 2)  # the first and the third, as in plain OCaml

@@ -31,6 +31,11 @@ MAP_KEYS = {"String": "string", "Char": "char", "Int": "int"}
 MAP_RE = re.compile(r"(?:Base\.)?Map\.M\((\w+)\)\.t")
 
 
+# React's signals (a problem that names them requires `react`): an entry point may return one (the
+# trusted program mirrors it), not take one.
+SIGNALS = {"signal", "React.signal", "S.t", "React.S.t"}
+
+
 def map_key(name: str) -> str | None:
     """K of a Base map type's name `Map.M(K).t` (None: not one)."""
     m = MAP_RE.fullmatch(name)
@@ -84,6 +89,19 @@ class Interface:
     @property
     def names(self) -> list[str]:
         return [e.name for e in self.entries]
+
+
+def mentions(t: Type, names: set[str]) -> bool:
+    """Whether a type constructor of `names` occurs in `t`."""
+    if t[0] == "con":
+        return t[1] in names or any(mentions(a, names) for a in t[2])
+    if t[0] == "tuple":
+        return any(mentions(a, names) for a in t[1])
+    if t[0] == "arrow":
+        return mentions(t[2], names) or mentions(t[3], names)
+    if t[0] == "poly":
+        return any(a is not None and mentions(a, names) for _, a in t[1])
+    return False
 
 
 def _collect_vars(t: Type, out: list[str]) -> None:
@@ -428,6 +446,9 @@ def _check(iface: Interface) -> None:
                     raise Unverifiable(f"type {d.name} is abstract: its values cannot cross the wire")
                 if len(d.params) != len(t[2]):
                     raise Unverifiable(f"type {d.name} takes {len(d.params)} arguments")
+            elif t[1] in SIGNALS:
+                if len(t[2]) != 1:
+                    raise Unverifiable(f"type {t[1]} takes 1 argument")
             elif (key := map_key(t[1])) is not None:
                 if key not in MAP_KEYS or len(t[2]) != 1:
                     raise Unverifiable(f"type {t[1]}: a map's keys cross only as {', '.join(MAP_KEYS)}")
@@ -466,6 +487,8 @@ def _check(iface: Interface) -> None:
     for e in iface.entries:
         for _, p in e.params:
             ok(p, None)
+            if mentions(p, SIGNALS):
+                raise Unverifiable("a React signal as an argument (only results can be mirrored)")
         ok(e.result, None)
         # an entry point's own arrows are curried parameters only
         if e.result[0] == "arrow" and any(v for v in e.vars()):

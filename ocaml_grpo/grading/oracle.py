@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ocaml_grpo.grading import source as src
-from ocaml_grpo.grading.interface import ALIASES, BUILTINS, MAP_KEYS, Entry, Interface, Type, map_key
+from ocaml_grpo.grading.interface import ALIASES, BUILTINS, MAP_KEYS, SIGNALS, Entry, Interface, Type, map_key, mentions
 
 # ---------------------------------------------------------------------------------------------
 # Code generation. `side` is "T" (prompt types in scope) or "U" (the answer's, as Solution.*).
@@ -47,6 +47,8 @@ class _Gen:
                 name = self.q + t[1]
             elif (key := map_key(t[1])) is not None:
                 name = f"Base.Map.M(Base.{key}).t"
+            elif t[1] in SIGNALS:
+                name = "React.signal"
             else:
                 name = {"result": "Stdlib.result"}.get(ALIASES.get(t[1], t[1]), ALIASES.get(t[1], t[1]))
             if not args:
@@ -117,6 +119,13 @@ class _Gen:
         sub = self.w if way == "w" else self.r
         if t[1] in self.defs:
             return "(" + " ".join([f"{way}_{t[1]}"] + [sub(a, env) for a in t[2]]) + ")"
+        if t[1] in SIGNALS:  # the oracle keeps it; the trusted program mirrors it (wire.ml, refreshers)
+            W, x = self.W, t[2][0]
+            if way == "w":
+                return (f"(fun b s -> {W}.w_fun b (fun r b -> {W}.r_end r; {self.w(x, env)} b (React.S.value s)); "
+                        f"{self.w(x, env)} b (React.S.value s))")
+            return (f"(fun r -> let h = {W}.r_handle r in let s, set = React.S.create ({self.r(x, env)} r) in "
+                    f"{W}.on_refresh (fun () -> set ({W}.call h (fun _ -> ()) {self.r(x, env)})); s)")
         if (key := map_key(t[1])) is not None:  # as its (key, value) list, in key order
             W, k = self.W, MAP_KEYS[key]
             if way == "w":
@@ -264,6 +273,7 @@ def trusted_stubs(iface: Interface, wire: str) -> str:
     point, at the prompt's type, that asks the oracle (handle k = the k-th entry point)."""
     g = _Gen(iface, wire, "T")
     out = [g.codecs(), g.exception_codec()]
+    signals = any(mentions(e.result, SIGNALS) for e in iface.entries)
     for k, e in enumerate(iface.entries):
         vs = e.vars()
         env = {v: f"({wire}.w_var tb {i})" for i, v in enumerate(vs)} | {"r:" + v: f"({wire}.r_var tb {i})"
@@ -288,6 +298,8 @@ def trusted_stubs(iface: Interface, wire: str) -> str:
         read = f"(fun r -> let v = {value} in{backs} v)"
         body = (f"let tb = {wire}.tokens {len(vs)} in " if vs else "") + f"let write b = {writes} in "
         body += (f"{wire}.seal tb write; " if vs else "") + f"{wire}.call {k} write {read}"
+        if signals:  # after any call, every mirrored signal takes the oracle's value
+            body = f"let v = {body} in {wire}.refresh (); v"
         if e.params:
             out.append(f"let {e.name} : {quant}{ty} = fun {binders} -> {body}\n")
         else:

@@ -383,6 +383,14 @@ let call h write read =
 (* A function value of the peer's, as a handle: calls go to the peer. *)
 let r_handle r = r_int r
 
+(* React signals an entry point returns stay in the oracle; the trusted program holds a mirror of
+   each (a signal of its own, made by `React.S.create`), set to the oracle's value when it arrives
+   and again after every later call of an entry point: a signal changes only while the answer's
+   code runs, so a mirror holds the oracle's value whenever the tests look. *)
+let refreshers : (unit -> unit) list ref = ref []
+let on_refresh f = refreshers := f :: !refreshers
+let refresh () = List.iter (fun f -> f ()) (List.rev !refreshers)
+
 external fd_in : int -> in_channel = "caml_ml_open_descriptor_in"
 external fd_out : int -> out_channel = "caml_ml_open_descriptor_out"
 
