@@ -77,9 +77,9 @@ def main(argv: list[str] | None = None) -> int:
                     choices=[str(n) for n in range(prompting.ALL + 1)],
                     help="worked examples in the prompt: what the model was trained with (default: "
                          "GRPO_PROMPT_EXAMPLES, else 3)")
-    ap.add_argument("--stop-at-end", default=os.environ.get("GRPO_STOP_AT_END", "1").replace("auto", "1"),
-                    choices=["0", "1"], help="1: an answer ends at the END marker, as in training (default: "
-                                             "GRPO_STOP_AT_END, else 1)")
+    ap.add_argument("--stop-at-end", default=os.environ.get("GRPO_STOP_AT_END", "0"), choices=["0", "1"],
+                    help="1: an answer ends at the END marker, as training's do with GRPO_STOP_AT_END=1 (default: "
+                         "GRPO_STOP_AT_END, else 0)")
     ap.add_argument("--out", default=None, help="report directory (default eval_runs/<time>)")
     args = ap.parse_args(argv)
     stop_at_end = args.stop_at_end == "1"

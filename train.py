@@ -137,7 +137,7 @@ def main(argv: list[str]) -> int:
         errors.append(f"{'=1 and '.join(engines_asked)}=1: choose one generation engine")
     if train.stop_at_end and train.continuous_batching:
         errors.append("GRPO_STOP_AT_END=1 and GRPO_CONTINUOUS_BATCHING=1: continuous batching cannot stop an answer at "
-                      "the END marker; set GRPO_STOP_AT_END=0 (or auto), or choose another engine")
+                      "the END marker; set GRPO_STOP_AT_END=0, or choose another engine")
     # (the one check here that loads torch: compiling a one-line function, only when asked for)
     if train.compiled_generation and not errors and (problem := compile_problem()):
         errors.append(f"GRPO_COMPILED_GENERATION=1 but torch.compile cannot build kernels here ({problem}): install a "

@@ -109,7 +109,7 @@ def evaluate(model: str, adapter: str | None, problems: list[Problem], a, make_s
     """(metrics, per-problem mean training reward) of `model` (+ `adapter`), sampled as GRPO samples;
     every graded completion goes to `completions` (evaluate.py's completions.jsonl rows)."""
     texts, lens = generate_hf(model, adapter, [chat_messages(p.prompt, EXAMPLES) for p in problems], a.k, a.budget,
-                              a.temperature, a.batch_problems, a.seed, top_k=0, progress=False)
+                              a.temperature, a.batch_problems, a.seed, top_k=0, progress=False, stop_at_end=True)
     # the reward's defaults, as in the training runs (base_env drops the caller's reward settings); the
     # sandbox's from the environment, as train.py reads them (OCAML_TOOLCHAIN_DIR of the offline bundle)
     config = replace(RewardConfig(), sandbox=from_env(SandboxConfig, os.environ))
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     # ---------------------------------------------------------------- SFT only, its probe and evaluation, cached
     env = {**demo.base_env(), "OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"], "GRPO_PROMPT_EXAMPLES": str(EXAMPLES),
            "BASE_MODEL_ID": a.model, "GRPO_SEED": str(a.seed), "GRPO_MAX_COMPLETION": str(a.budget),
-           "GRPO_MAX_PROMPT": "1024", "GRPO_TEMPERATURE": str(a.temperature)}
+           "GRPO_MAX_PROMPT": "1024", "GRPO_TEMPERATURE": str(a.temperature), "GRPO_STOP_AT_END": "1"}
     t0 = time.time()
     folder, done = stage_dir("sft", steps=a.sft_steps, lr=a.sft_lr)
     sft, stats_file = folder / "sft", folder / "probe.jsonl"

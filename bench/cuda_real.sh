@@ -5,7 +5,11 @@
 #
 #     bash bench/cuda_real.sh ARCHIVE GGUF_WHEEL MODEL.gguf OUT [bench_real flags...]
 #
-# PREFIX: where the bundle goes (default /tmp/ocaml-grpo-gpu: a second call on the same machine
+# The .gguf (98 MB) is larger than one transfer to a lent GPU machine (64 MiB a call): send it in two
+# parts (`head -c`/`tail -c`) in two calls, each copied out of the repository there (/root survives
+# between calls on a warm machine; ignored files in the checkout may not), and join them there.
+#
+# PREFIX: where the bundle goes (default ~/ocaml-grpo-gpu: a second call on the same machine
 # skips the install); PYTHON: the Python with PyTorch (default python3); BOX: the benchmark's time
 # box in seconds (default 540). Everything the benchmark prints goes to OUT/bench.txt as it comes,
 # its JSON to OUT/real_model.json, GRPO's learning.log and the SFT log beside them, so a run cut off
@@ -14,7 +18,7 @@ set -uo pipefail
 [ $# -ge 4 ] || { echo "usage: bash bench/cuda_real.sh ARCHIVE GGUF_WHEEL MODEL.gguf OUT [bench_real flags...]" >&2; exit 2; }
 archive=$1 wheel=$2 model=$(realpath "$3") out=$4; shift 4
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-prefix=${PREFIX:-/tmp/ocaml-grpo-gpu}
+prefix=${PREFIX:-$HOME/ocaml-grpo-gpu}
 mkdir -p "$out"
 out=$(realpath "$out")
 cd "$repo"

@@ -19,7 +19,8 @@ statistic: the mean reward of episodes with one repair turn, graded as training 
 answer, discount 0.8), same seeds. Measured: 12 steps gave +0.095 (the turn-1 answers share each
 step's gradient with the repaired ones), so the repair runs take REPAIR_STEPS=16: +0.133 (0.371 ->
 0.503) with one advantage per episode, +0.170 (0.364 -> 0.534) since the first answer gets its own
-(training/trainer.py); advantages flipped (the first answer's grades too): -0.364 (0.364 -> 0.000).
+(training/trainer.py); on 2026-11-27's code +0.102 (0.381 -> 0.483), the same on every run: close to
+the margin; advantages flipped (the first answer's grades too): -0.364 (0.364 -> 0.000).
 The learning.log statistic the demo reports (last 5 steps minus first 5) is too noisy for 12 steps:
 no-learning runs gave -0.05, -0.03 and +0.10, and a learning run +0.004 (GRPO_SEED 1); over the
 demo's 20 steps it gave +0.24, +0.15, +0.24, +0.20 (seeds 42, 1, 2, 3).

@@ -105,12 +105,11 @@ def test_missing_or_bad_engine_is_a_clear_config_error(tmp_path, cache_home, ext
     assert time.time() - t0 < (40 if "torch.compile" in needle else 10)
 
 
-def test_answers_stop_at_the_end_marker_unless_the_engine_cannot():
+def test_answers_stop_at_the_end_marker_when_asked():
     from ocaml_grpo.config.grpo import TrainConfig
     from ocaml_grpo.config.settings import from_env
-    assert from_env(TrainConfig, {}).stop_at_end
-    assert not from_env(TrainConfig, {"GRPO_CONTINUOUS_BATCHING": "1"}).stop_at_end  # auto: it cannot
-    assert not from_env(TrainConfig, {"GRPO_STOP_AT_END": "0"}).stop_at_end
+    assert not from_env(TrainConfig, {}).stop_at_end  # opt-in (README, GRPO_STOP_AT_END)
+    assert from_env(TrainConfig, {"GRPO_STOP_AT_END": "1"}).stop_at_end
 
 
 def test_reward_workers_are_shared_between_local_processes(monkeypatch):

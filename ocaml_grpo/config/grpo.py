@@ -94,10 +94,10 @@ class TrainConfig:
     top_entropy_quantile: float = setting("GRPO_TOP_ENTROPY_QUANTILE", "1.0", Float(0, 1, lo_open=True),
                                           "train only on the top-entropy tokens (1.0: all)")
     stop_at_end: bool = setting(
-        "GRPO_STOP_AT_END", "auto", Auto(Flag, lambda env: env.get("GRPO_CONTINUOUS_BATCHING", "0") != "1",
-                                         "1, except with GRPO_CONTINUOUS_BATCHING=1, which cannot stop at a text"),
+        "GRPO_STOP_AT_END", "0", Flag,
         "1: an answer ends where it writes the END marker (training, evaluate.py and the probe), so text after it "
-        "costs no time and earns nothing; 0: it runs until the model ends its turn or GRPO_MAX_COMPLETION")
+        "costs no time and earns nothing (not with GRPO_CONTINUOUS_BATCHING=1); 0: it runs until the model ends its "
+        "turn or GRPO_MAX_COMPLETION")
     mask_truncated: bool = setting("GRPO_MASK_TRUNCATED", "0", Flag, "1: truncated completions get no loss")
     report_to: str = setting("GRPO_REPORT_TO", "tensorboard", Choice("tensorboard", "wandb", "none"),
                              "metric sink besides learning.log")

@@ -191,7 +191,7 @@ def conversation(problem: Problem, episode: Episode, examples: int = ALL) -> lis
 def sample_episodes(model_id: str, adapter: str | None, problems: list[Problem], samples: int, turns: int,
                     feedback: Callable[[Problem, str], Feedback], pool: Executor, max_new_tokens: int,
                     temperature: float, batch_size: int, seed: int, top_k: int | None = None,
-                    examples: int = ALL, stop_at_end: bool = True) -> list[list[Episode]]:
+                    examples: int = ALL, stop_at_end: bool = False) -> list[list[Episode]]:
     """`samples` episodes per problem, sampled outside the trainer (evaluate.py, the benchmark):
     the same feedback, the same turn rule as the rollout; each turn re-renders the conversation
     with the chat template instead of concatenating token ids, and feedback is not cut at

@@ -42,7 +42,7 @@ def verdict(pass1: float) -> str:
 
 def generate_hf(model_id: str, adapter: str | None, prompts: list[list[dict]], samples: int, max_new_tokens: int,
                 temperature: float, batch_size: int, seed: int, top_k: int | None = None,
-                progress: bool = True, on_batch=None, stop_at_end: bool = True) -> tuple[list[list[str]], list[list[int]]]:
+                progress: bool = True, on_batch=None, stop_at_end: bool = False) -> tuple[list[list[str]], list[list[int]]]:
     """`samples` completions per prompt (top_k=0 samples as TRL's GRPO does, repetition penalty
     off; None keeps the model's generation config). `on_batch(start, texts, lens)` sees each batch as it is done.
     stop_at_end: each answer ends at the END marker, as training's do (GRPO_STOP_AT_END)."""
@@ -85,7 +85,7 @@ def generate_hf(model_id: str, adapter: str | None, prompts: list[list[dict]], s
 
 
 def generate_vllm(model_id: str, adapter: str | None, prompts: list[list[dict]], samples: int, max_new_tokens: int,
-                  temperature: float, seed: int, stop_at_end: bool = True) -> tuple[list[list[str]], list[list[int]]]:
+                  temperature: float, seed: int, stop_at_end: bool = False) -> tuple[list[list[str]], list[list[int]]]:
     try:
         from vllm import LLM, SamplingParams
     except ImportError:
