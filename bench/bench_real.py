@@ -18,7 +18,8 @@ sampled and graded the same way, on a fixed held-out split of the bundled proble
 5. SFT + GRPO: `train.py` from the SFT adapter on the probed pool, with the probe's selection
    (GRPO_PROBLEM_STATS) and problem tracking (on by default).
 6. Every model is sampled k times per problem with the training prompt, GRPO's temperature, top-k
-   off and the same completion budget, and graded by the training grader. The held-out gain of
+   off and the same completion budget, every answer stopped at the END marker (GRPO_STOP_AT_END=1 in
+   every stage), and graded by the training grader. The held-out gain of
    SFT + GRPO over SFT only is the mean over problems of the per-problem difference of mean rewards,
    with a 95% bootstrap interval over problems (paired: both models on the same problems).
 
