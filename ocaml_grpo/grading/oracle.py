@@ -273,7 +273,7 @@ def trusted_stubs(iface: Interface, wire: str) -> str:
     point, at the prompt's type, that asks the oracle (handle k = the k-th entry point)."""
     g = _Gen(iface, wire, "T")
     out = [g.codecs(), g.exception_codec()]
-    signals = any(mentions(e.result, SIGNALS) for e in iface.entries)
+    signals = any(mentions(e.result, SIGNALS - set(g.defs)) for e in iface.entries)
     for k, e in enumerate(iface.entries):
         vs = e.vars()
         env = {v: f"({wire}.w_var tb {i})" for i, v in enumerate(vs)} | {"r:" + v: f"({wire}.r_var tb {i})"
