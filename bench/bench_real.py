@@ -145,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heldout", type=int, default=24, help="held-out problems (stratified by difficulty)")
     ap.add_argument("--pool", type=int, default=16, help="training problems probed, trained on by GRPO and evaluated")
     ap.add_argument("--k", type=int, default=4, help="samples per problem and model (pass@1 = solved share), and GRPO's group size")
-    ap.add_argument("--temperature", type=float, default=0.8, help="GRPO_TEMPERATURE, and every evaluation's")
+    ap.add_argument("--temperature", type=float, default=0.8, help="every evaluation's (and the probe's) temperature")
+    ap.add_argument("--grpo-temperature", type=float, default=None,
+                    help="GRPO_TEMPERATURE of the GRPO run (default: --temperature); evaluations keep --temperature")
     ap.add_argument("--budget", type=int, default=0, help="completion tokens (0: from the reference solutions)")
     ap.add_argument("--batch-problems", type=int, default=4, help="problems per generate() call in evaluations")
     ap.add_argument("--sft-steps", default="12", help="SFT optimizer steps of 8 examples (SFT_MAX_STEPS)")
@@ -250,12 +252,13 @@ def main(argv: list[str] | None = None) -> int:
 
     # ---------------------------------------------------------------- SFT + GRPO
     grpo = out / "grpo"
+    grpo_temperature = a.temperature if a.grpo_temperature is None else a.grpo_temperature
     t0 = time.time()
     demo.run_stage("GRPO from the SFT adapter", [str(demo.TRAIN)],
                    {**env, "GRPO_OUTPUT_DIR": str(grpo), "GRPO_RESUME": "never", "GRPO_PROBLEM_STATS": str(stats_file),
                     "GRPO_BATCH_SIZE": "1", "GRPO_GRAD_ACCUM_STEPS": str(a.grpo_prompts), "GRPO_MAX_STEPS": str(a.grpo_steps),
                     "GRPO_LEARNING_RATE": a.grpo_lr, "GRPO_LR_SCHEDULER": "constant", "GRPO_SAVE_STEPS": "1000",
-                    "GRPO_AUTO_STOP": "0", "GRPO_LOGGING_STEPS": "1",
+                    "GRPO_AUTO_STOP": "0", "GRPO_LOGGING_STEPS": "1", "GRPO_TEMPERATURE": str(grpo_temperature),
                     # a 135M model's rewards are crumbs (structure, type checks): any spread teaches
                     "GRPO_LEARNABLE_MIN_STD": a.min_std},
                    out, out / "grpo.out", echo=lambda l: l.startswith(("reward grader:", "done in", "warning", "selection")),
@@ -279,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
               "k": a.k, "budget": a.budget, "temperature": a.temperature, "model": a.model,
               "recipe": {"sft": {"lora": True, "steps": a.sft_steps, "batch": 8, "lr": a.sft_lr, "train_problems": len(train)},
                          "grpo": {"steps": a.grpo_steps, "prompts": a.grpo_prompts, "generations": a.k, "lr": a.grpo_lr,
+                                  "temperature": grpo_temperature,
                                   "pool": len(pool), "learnable_min_std": a.min_std}, "prompt_examples": EXAMPLES},
               "minutes": round((time.time() - t_start) / 60, 1), "stage_minutes": {k: round(v, 1) for k, v in minutes.items()},
               "seed": a.seed}

@@ -59,12 +59,10 @@ ADD_TESTS = """let () =
 
 ADD = Problem(id="add", prompt=ADD_PROMPT, tests=ADD_TESTS)
 
-# Rows the oracle cannot run, by why: their entry points have no wire format (a functor). They earn
-# no test credit. (ocaml.org's 5 multi-function rows are graded since their "Implement all of:" list
-# is read as more entry points.)
-UNVERIFIABLE = {
-    "exercism_ocaml.jsonl": {"custom-set"},
-}
+# Rows the oracle cannot run, by set: none (a functor entry point is graded through its signature;
+# ocaml.org's 5 multi-function rows through their "Implement all of:" list). They would earn no
+# test credit.
+UNVERIFIABLE: dict[str, set[str]] = {}
 
 
 

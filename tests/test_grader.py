@@ -578,3 +578,69 @@ def test_react_signals_an_entry_point_returns_are_mirrored_after_every_call(scor
     assert (b.reward, b.tests_passed, b.tests_total) == (1.0, 4, 4), b.first_error
     frozen = scorer.score_one(p, fenced(COUNTER.replace("let count c = c.v", "let count c = S.const (S.value c.v)")))
     assert (frozen.compiled, frozen.tests_passed) == (True, 2)  # the first and the third, as in plain OCaml
+
+
+ORDERED_SET_PROMPT = '''(** A set of unique elements of any ordered type. *)
+(* Implement the following interface (ordered_set.mli):
+module type ELEMENT = sig
+  type t
+  val compare : t -> t -> int
+end
+
+module Make :
+  functor (El : ELEMENT) ->
+    sig
+      type t
+      val of_list : El.t list -> t
+      val is_member : t -> El.t -> bool
+      val size : t -> int
+      val union : t -> t -> t
+    end
+*)
+'''
+ORDERED_SET_TESTS = '''module Mod10 = Make (struct type t = int let compare a b = compare (a mod 10) (b mod 10) end)
+module Plain = Make (struct type t = int let compare = compare end)
+let () =
+  assert (Mod10.is_member (Mod10.of_list [1; 2]) 11);
+  assert (Mod10.size (Mod10.of_list [1; 11; 21]) = 1);
+  assert (Plain.size (Plain.of_list [1; 11; 21]) = 3);
+  assert (not (Plain.is_member (Plain.of_list [1; 2]) 11));
+  assert (Mod10.size (Mod10.union (Mod10.of_list [1; 2]) (Mod10.of_list [12; 3])) = 3)
+;;
+'''
+ORDERED_SET = '''module type ELEMENT = sig
+  type t
+  val compare : t -> t -> int
+end
+
+module Make (El : ELEMENT) = struct
+  type t = El.t list
+  let rec insert x = function
+    | [] -> [x]
+    | y :: rest as l ->
+      let c = El.compare x y in
+      if c = 0 then l else if c < 0 then x :: l else y :: insert x rest
+  let of_list l = List.fold_left (fun s x -> insert x s) [] l
+  let is_member s x = List.exists (fun y -> El.compare x y = 0) s
+  let size = List.length
+  let union a b = List.fold_left (fun s x -> insert x s) a b
+end
+'''
+
+
+def test_a_functor_entry_point_is_graded_through_its_signature(scorer):
+    """A functor over an ordered type (Exercism's custom-set): each application in the tests makes
+    an instance in the oracle whose elements are tokens and whose `compare` is the tests' own, so
+    two applications with different orders give what OCaml gives; the sets stay there as handles."""
+    p = Problem(id="ordered_set", prompt=ORDERED_SET_PROMPT, tests=ORDERED_SET_TESTS)
+    b = scorer.score_one(p, fenced(ORDERED_SET))
+    assert (b.reward, b.tests_passed, b.tests_total) == (1.0, 5, 5), b.first_error
+    # Stdlib's compare in place of the element's: the 3rd and 4th assertions, as in plain OCaml
+    cheat = scorer.score_one(p, fenced(ORDERED_SET.replace("El.compare", "compare")))
+    assert (cheat.compiled, cheat.tests_passed) == (True, 2)
+    # a value at another type than the signature's: the answer's error, no type-check credit
+    wrong = scorer.score_one(p, fenced(ORDERED_SET.replace("let size = List.length", "let size s = s = []")))
+    assert wrong.error_kinds == ["entry"] and wrong.type_check == wrong.compile == wrong.tests == 0.0
+    # no functor, and an unrelated type error beside it: nothing typed as asked
+    flat = scorer.score_one(p, fenced('let size (s : int list) = List.length s\nlet x : int = "a"'))
+    assert "entry" in flat.error_kinds and flat.type_check == flat.compile == 0.0

@@ -38,7 +38,7 @@ from ocaml_grpo.grading.compilers import WARNINGS_OFF, CompileBudget, Compilers,
 from ocaml_grpo.grading.harness import (ENTRY_FILE, WIRE_ML, plan_of, render_entry_check, render_oracle,
                                         render_trusted, tally_run)
 from ocaml_grpo.grading.interface import Interface, interface_of
-from ocaml_grpo.grading.oracle import ENTRY_ALIAS, Lambda, lambda_unit_text, rewrite_tests, shippable
+from ocaml_grpo.grading.oracle import ENTRY_ALIAS, ENTRY_MODULE, Lambda, lambda_unit_text, rewrite_tests, shippable
 from ocaml_grpo.grading.sandbox import Sandbox, blocked
 from ocaml_grpo.grading.toolcache import Toolchain, ToolchainError
 
@@ -328,7 +328,8 @@ class OcamlGrader:
         direct = steps.compile("signature.ml", "")
         if direct.returncode != 0 and not direct.timed_out:
             err = error_of(direct)
-        return err.message.replace("Solution.", "").replace(ENTRY_ALIAS, "entry_")
+        message = err.message.replace("Solution.", "").replace(ENTRY_ALIAS, "entry_")
+        return message.replace(ENTRY_MODULE, iface.functor.name) if iface.functor else message
 
     def _trusted_program(self, iface: Interface, tests: str, requires: tuple[str, ...]) -> "Trusted":
         """The problem's trusted program (and the tests' closures the oracle holds too), built once

@@ -1,9 +1,9 @@
 """The entry points' interface, read from the prompt: each entry point's parameters and result,
 the prompt's own types and exceptions, and whether all of it has a wire format (ocaml/wire.ml).
 
-What has none (an abstract type, a library type such as `Hashtbl.t`, a functor, a mutable field)
-makes the problem unverifiable: `Interface.unverifiable` says why, and such a problem earns no test
-credit. The types are read from the prompt's text; everything generated from them is checked by the
+What has none (an abstract type, a library type such as `Hashtbl.t`, a functor over anything but an
+ordered type, a mutable field) makes the problem unverifiable: `Interface.unverifiable` says why,
+and such a problem earns no test credit. The types are read from the prompt's text; everything generated from them is checked by the
 compiler at both ends (oracle.py).
 """
 from __future__ import annotations
@@ -79,12 +79,30 @@ class Entry:
 
 
 @dataclass(frozen=True)
+class Functor:
+    """An entry point that is a functor over an ordered type (Exercism's custom-set:
+    `module Make : functor (El : ELEMENT) -> sig ... end`, ELEMENT = `type t`, `compare`). Its
+    result's values are the interface's entries, `El.t` in them the type variable ELEMENT_VAR (a
+    token: the answer can only compare elements, by `El.compare`, which calls the tests' own) and
+    its abstract types handles of the instance the tests' application made."""
+    name: str  # Make
+    param: str  # El
+    result_sig: str  # the prompt's `sig ... end` of the result, as written
+    types_text: str  # its type definitions but the abstract ones, for the trusted program
+
+
+ELEMENT_VAR = "grader_el"
+ORDERED_SIG = "sig type t val compare : t -> t -> int end"
+
+
+@dataclass(frozen=True)
 class Interface:
     entries: tuple[Entry, ...] = ()
     types: tuple[TypeDef, ...] = ()
     exceptions: tuple[tuple[str, tuple[Type, ...]], ...] = ()
     preamble: str = ""  # the prompt's definitions, for the trusted program
     unverifiable: str = ""  # why the tests cannot run against an oracle ("" when they can)
+    functor: Functor | None = None  # the entries are this functor's result's values
 
     @property
     def names(self) -> list[str]:
@@ -392,6 +410,12 @@ def _entry_of_val(name: str, text: str) -> Entry:
 def interface_of(prompt: str, entry: str) -> Interface:
     """The entry point's interface and the prompt's definitions (cached: a group shares its prompt)."""
     sig = src.parse_signature(prompt)
+    listed = INTERFACE_RE.search(prompt)
+    if sig is None and listed and FUNCTOR_RE.search(listed.group(1)):
+        try:
+            return _functor_interface(listed.group(1))
+        except Unverifiable as why:
+            return Interface(unverifiable=str(why))
     if sig is None or not entry:
         return Interface(unverifiable="the prompt has no `let name ... =` signature line")
     kept = [ph.text for ph in prompt_definitions(sig.preamble)]
@@ -409,7 +433,6 @@ def interface_of(prompt: str, entry: str) -> Interface:
         # The interface a prompt lists (`val name : type` lines, as Exercism's do) declares more
         # entry points the tests may call.
         entries = {e.name: e}
-        listed = INTERFACE_RE.search(prompt)
         for m in VAL_RE.finditer(listed.group(1) if listed else ""):
             if m.group(1) not in entries:
                 entries[m.group(1)] = _entry_of_val(m.group(1), m.group(2))
@@ -425,6 +448,66 @@ def interface_of(prompt: str, entry: str) -> Interface:
         return iface
     except Unverifiable as why:
         return Interface(preamble=preamble, unverifiable=str(why))
+
+
+FUNCTOR_RE = re.compile(r"(?m)^[ \t]*module[ \t]+([A-Z][A-Za-z0-9_']*)\s*:\s*functor\s*\(\s*([A-Z][A-Za-z0-9_']*)\s*:\s*"
+                        r"([A-Z][A-Za-z0-9_']*)\s*\)\s*->\s*sig\b([\s\S]*)\bend\s*\Z")
+MODULE_TYPE_RE = re.compile(r"module[ \t]+type[ \t]+([A-Z][A-Za-z0-9_']*)\s*=\s*sig\b([\s\S]*?)\bend\b")
+ITEM_START = re.compile(r"(?m)^[ \t]*(?=(?:type|val)\b)")
+
+
+def _functor_interface(listed: str) -> Interface:
+    """The interface of a functor entry point over an ordered type, from the interface a prompt
+    lists (no signature line): its result's values, `El.t` as a token, abstract types as handles."""
+    m = FUNCTOR_RE.search(listed)
+    name, param, param_type, body = m.groups()
+    params = {t: " ".join(b.split()) for t, b in MODULE_TYPE_RE.findall(listed)}
+    if f"sig {params.get(param_type, '')} end" != ORDERED_SIG:
+        raise Unverifiable(f"functor {name}: its parameter {param_type} is not an ordered type ({ORDERED_SIG})")
+    if re.search(r"\b(?:sig|struct|module|functor|exception|class|external)\b", body):
+        raise Unverifiable(f"functor {name}: its result holds more than types and values")
+    element = ("var", ELEMENT_VAR)
+    elements = {f"{param}.t"}
+    types: list[TypeDef] = []
+    kept_types: list[str] = []
+    entries: list[Entry] = []
+    for item in filter(None, (x.strip() for x in ITEM_START.split(body))):
+        if item.startswith("val"):
+            vm = re.fullmatch(r"val\s+([a-z_][A-Za-z0-9_']*)\s*:([\s\S]*)", item)
+            if not vm:
+                raise Unverifiable(f"functor {name}: cannot read {item[:40]!r}")
+            e = _entry_of_val(vm.group(1), vm.group(2))
+            swap = functools.partial(_replace_cons, names=elements, by=element)
+            entries.append(Entry(e.name, tuple((lab, swap(t)) for lab, t in e.params), swap(e.result)))
+            continue
+        for d in _parse_typedefs(item):
+            if d.kind == "abstract":
+                types.append(TypeDef(d.name, d.params, "handle", None))
+            elif d.kind == "alias" and d.body == ("con", f"{param}.t", ()) and not d.params:
+                elements.add(d.name)  # `type el = El.t`
+                kept_types.append(item)
+            else:
+                types.append(d)
+                kept_types.append(item)
+    if any(e.vars() != [ELEMENT_VAR] and e.vars() for e in entries):
+        raise Unverifiable(f"functor {name}: a value with a type variable of its own")
+    iface = Interface(tuple(entries), tuple(types), functor=Functor(name, param, f"sig{body}end", "\n".join(kept_types)))
+    _check(iface)
+    return iface
+
+
+def _replace_cons(t: Type, names: set[str], by: Type) -> Type:
+    """`t` with every type constructor of `names` (no arguments) replaced by `by`."""
+    k = t[0]
+    if k == "con":
+        return by if t[1] in names and not t[2] else ("con", t[1], tuple(_replace_cons(a, names, by) for a in t[2]))
+    if k == "tuple":
+        return ("tuple", tuple(_replace_cons(a, names, by) for a in t[1]))
+    if k == "arrow":
+        return ("arrow", t[1], _replace_cons(t[2], names, by), _replace_cons(t[3], names, by))
+    if k == "poly":
+        return ("poly", tuple((tag, None if a is None else _replace_cons(a, names, by)) for tag, a in t[1]))
+    return t
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,14 +10,16 @@ Values are written by their type (entry_interface.py says which types have a for
 types, lists, arrays, options, results, tuples, the prompt's own variants, records and polymorphic
 variants, functions (as handles both ways: higher-order entry points, functions returned), and type
 variables (as keys in the values' order, one table for the run: a polymorphic answer can only
-compare them).
+compare them). A functor entry point over an ordered type is served as instances: one per
+application in the tests, its values' calls carrying the instance's number.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ocaml_grpo.grading import source as src
-from ocaml_grpo.grading.interface import ALIASES, BUILTINS, MAP_KEYS, SIGNALS, Entry, Interface, Type, map_key, mentions
+from ocaml_grpo.grading.interface import (ALIASES, BUILTINS, ELEMENT_VAR, MAP_KEYS, ORDERED_SIG, SIGNALS, Entry,
+                                          Interface, Type, map_key, mentions)
 
 # ---------------------------------------------------------------------------------------------
 # Code generation. `side` is "T" (prompt types in scope) or "U" (the answer's, as Solution.*).
@@ -154,9 +156,13 @@ class _Gen:
         return f"(fun {' '.join(xs)} -> {self.W}.call h (fun b -> {writes}) {self.r(res, env)})"
 
     # -- the prompt's variants and records: recursive writer/reader pairs
+    def named(self) -> list:
+        """The types with codecs of their own: the prompt's variants and records, handles."""
+        return [d for d in self.iface.types if d.kind in ("variant", "record", "handle")]
+
     def codecs(self) -> str:
         W, q = self.W, self.q
-        named = [d for d in self.iface.types if d.kind in ("variant", "record", "handle")]
+        named = self.named()
         if not named:
             return ""
         out = []
@@ -191,9 +197,12 @@ class _Gen:
             rt = "".join(f"({W}.reader -> {p}) -> " for p in tparams)
             out.append(f"w_{d.name} : {quant}{wt}Stdlib.Buffer.t -> {tname} -> unit = fun {pw} b v -> {wbody}")
             out.append(f"r_{d.name} : {quant}{rt}{W}.reader -> {tname} = fun {pr} r -> {rbody}")
-        handles = "".join(f"type {_params_text(d.params)}{d.name} = Handle__{d.name} of int\n"
-                          for d in named if d.kind == "handle" and self.side == "T")
-        return handles + "let rec " + "\nand ".join(out) + "\n"
+        return "let rec " + "\nand ".join(out) + "\n"
+
+    def handle_types(self) -> str:
+        """T's types of the handles: the number of a value the oracle keeps."""
+        return "".join(f"type {_params_text(d.params)}{d.name} = Handle__{d.name} of int\n"
+                       for d in self.iface.types if d.kind == "handle" and self.side == "T")
 
     def exception_codec(self) -> str:
         if not self.iface.exceptions:
@@ -272,39 +281,61 @@ def trusted_stubs(iface: Interface, wire: str) -> str:
     """T's code between the prompt's definitions and the tests: codecs, then one stub per entry
     point, at the prompt's type, that asks the oracle (handle k = the k-th entry point)."""
     g = _Gen(iface, wire, "T")
-    out = [g.codecs(), g.exception_codec()]
+    if iface.functor:
+        return _functor_stubs(g)
     signals = any(mentions(e.result, SIGNALS - set(g.defs)) for e in iface.entries)
-    for k, e in enumerate(iface.entries):
-        vs = e.vars()
-        env = {v: f"({wire}.w_var tb {i})" for i, v in enumerate(vs)} | {"r:" + v: f"({wire}.r_var tb {i})"
-                                                                          for i, v in enumerate(vs)}
-        full = e.result
-        for label, p in reversed(e.params):
-            full = ("arrow", label, p, full)
-        quant = (" ".join("'" + v for v in vs) + ". ") if vs else ""
-        ty = g.ty(full, {}) if e.params else g.ty(e.result, {})
-        xs = [f"a{i}" for i in range(len(e.params))]
-        binders = " ".join(_labelled(lab, x) for (lab, _), x in zip(e.params, xs))
-        writes = "; ".join(_arg_writer(g, k, i, lab, p, env) + f" b {x}"
-                           for i, ((lab, p), x) in enumerate(zip(e.params, xs))) or "()"
-        backs = "".join(f" {wire}.blit_back {x} ({wire}.r_array {g.r(g.resolve(p)[2][0], env)} r);"
-                        if _is_array(g, p) == "array" else f" {wire}.bytes_back {x} ({wire}.r_bytes r);"
-                        for (_, p), x in zip(e.params, xs) if _is_array(g, p))
-        same = _same_params(g, e)
-        value = g.r(e.result, env) + " r"
-        if same:  # the oracle says when the result is one of the arguments, as the tests may check (==)
-            value = (f"(match {wire}.r_int r with -1 -> {value} | "
-                     + " | ".join(f"{i} -> {xs[i]}" for i in same) + f" | _ -> Stdlib.raise {wire}.Bad)")
-        read = f"(fun r -> let v = {value} in{backs} v)"
-        body = (f"let tb = {wire}.tokens {len(vs)} in " if vs else "") + f"let write b = {writes} in "
-        body += (f"{wire}.seal tb write; " if vs else "") + f"{wire}.call {k} write {read}"
-        if signals:  # after any call, every mirrored signal takes the oracle's value
-            body = f"let v = {body} in {wire}.refresh (); v"
-        if e.params:
-            out.append(f"let {e.name} : {quant}{ty} = fun {binders} -> {body}\n")
-        else:
-            out.append(f"let {e.name} : {ty} = {body}\n")
-    return "".join(out)
+    return "".join([g.handle_types(), g.codecs(), g.exception_codec()]
+                   + [_stub(g, k, e, signals) for k, e in enumerate(iface.entries)])
+
+
+def _stub(g: _Gen, k: int, e: Entry, signals: bool, instance: str = "") -> str:
+    """`let name : <its type> = fun args -> <ask the oracle's handle k>` (`instance`: an int
+    written first, the functor instance the call is for)."""
+    wire = g.W
+    vs = e.vars()
+    env = {v: f"({wire}.w_var tb {i})" for i, v in enumerate(vs)} | {"r:" + v: f"({wire}.r_var tb {i})"
+                                                                      for i, v in enumerate(vs)}
+    full = e.result
+    for label, p in reversed(e.params):
+        full = ("arrow", label, p, full)
+    quant = (" ".join("'" + v for v in vs) + ". ") if vs else ""
+    ty = g.ty(full, {}) if e.params else g.ty(e.result, {})
+    xs = [f"a{i}" for i in range(len(e.params))]
+    binders = " ".join(_labelled(lab, x) for (lab, _), x in zip(e.params, xs))
+    writes = "; ".join(([f"{wire}.w_int b {instance}"] if instance else [])
+                       + [_arg_writer(g, k, i, lab, p, env) + f" b {x}"
+                          for i, ((lab, p), x) in enumerate(zip(e.params, xs))]) or "()"
+    backs = "".join(f" {wire}.blit_back {x} ({wire}.r_array {g.r(g.resolve(p)[2][0], env)} r);"
+                    if _is_array(g, p) == "array" else f" {wire}.bytes_back {x} ({wire}.r_bytes r);"
+                    for (_, p), x in zip(e.params, xs) if _is_array(g, p))
+    same = _same_params(g, e)
+    value = g.r(e.result, env) + " r"
+    if same:  # the oracle says when the result is one of the arguments, as the tests may check (==)
+        value = (f"(match {wire}.r_int r with -1 -> {value} | "
+                 + " | ".join(f"{i} -> {xs[i]}" for i in same) + f" | _ -> Stdlib.raise {wire}.Bad)")
+    read = f"(fun r -> let v = {value} in{backs} v)"
+    body = (f"let tb = {wire}.tokens {len(vs)} in " if vs else "") + f"let write b = {writes} in "
+    body += (f"{wire}.seal tb write; " if vs else "") + f"{wire}.call {k} write {read}"
+    if signals:  # after any call, every mirrored signal takes the oracle's value
+        body = f"let v = {body} in {wire}.refresh (); v"
+    if e.params:
+        return f"let {e.name} : {quant}{ty} = fun {binders} -> {body}\n"
+    return f"let {e.name} : {ty} = {body}\n"
+
+
+def _functor_stubs(g: _Gen) -> str:
+    """T's functor: applied, it asks the oracle for an instance of the answer's functor over an
+    element module whose `compare` calls the tests' own (handle 0 makes one); its values are
+    stubs of that instance (handle k + 1 = the k-th value), its abstract types its handles'."""
+    f, W = g.iface.functor, g.W
+    compare = ("arrow", "", ("var", ELEMENT_VAR), ("arrow", "", ("var", ELEMENT_VAR), ("con", "int", ())))
+    env = {"r:" + ELEMENT_VAR: f"({W}.r_var () 0)"}
+    head = f"functor ({f.param} : {ORDERED_SIG}) ->"
+    return "".join([f"module {f.name} : {head} {f.result_sig} = {head} struct\n", g.handle_types(),
+                    f.types_text + "\n", g.codecs(),
+                    f"let grader_instance : int = {W}.call 0 (fun b -> {g.w(compare, env)} b {f.param}.compare) {W}.r_int\n"]
+                   + [_stub(g, k + 1, e, False, "grader_instance") for k, e in enumerate(g.iface.entries)]
+                   + ["end\n"])
 
 
 ENTRY_ALIAS = "grader_entry_"  # + k: the k-th entry point, named where the answer's scope ends
@@ -314,23 +345,30 @@ def entry_aliases(iface: Interface) -> str:
     """Appended inside the answer's module: each entry point as the answer's own scope resolves it
     at its end (a name brought in by `open Impl` included), which is what tests appended to the
     answer would call. Last, so it shadows any name the answer gave itself."""
+    if iface.functor:
+        return f"module {ENTRY_MODULE} = {iface.functor.name}\n"
     return "".join(f"let {ENTRY_ALIAS}{k} = {e.name}\n" for k, e in enumerate(iface.entries))
 
 
-def entry_binding(g: "_Gen", k: int, name: str, vars_as: dict[str, str], quantify: bool, eta: bool = True) -> str:
+ENTRY_MODULE = "Grader_entry_functor"  # a functor entry point, named where the answer's scope ends
+
+
+def entry_binding(g: "_Gen", k: int, name: str, vars_as: dict[str, str], quantify: bool, eta: bool = True,
+                  target: str = "") -> str:
     """`let name : <the k-th entry point's type at the prompt> = <the answer's entry point>`.
     A function is bound through a total application (`fun a0 a1 -> f a0 a1`): OCaml lets a total
     application omit labels, so an answer whose parameters carry labels the prompt's type does not
     is bound as the tests' unlabelled calls would reach it. `quantify`: the prompt's type
     variables as written, universally quantified (`'a. 'a -> 'a`); else as `vars_as` maps them.
-    `eta=False`: bound directly (what the compiler then says of a mismatch reads better)."""
+    `eta=False`: bound directly (what the compiler then says of a mismatch reads better).
+    `target`: the value bound (default: the answer's k-th entry point)."""
     e = g.iface.entries[k]
     full = e.result
     for label, p in reversed(e.params):
         full = ("arrow", label, p, full)
     names = list(dict.fromkeys(e.vars()))
     quant = " ".join("'" + v for v in names) + ". " if quantify and names else ""
-    target = f"Solution.{ENTRY_ALIAS}{k}"
+    target = target or f"Solution.{ENTRY_ALIAS}{k}"
     if not e.params or not eta:
         return f"let {name} : {quant}{g.ty(full, vars_as)} = {target}\n"
     args = " ".join(_labelled(lab, f"a{i}") for i, (lab, _) in enumerate(e.params))
@@ -341,6 +379,9 @@ def entry_check(iface: Interface, eta: bool = True) -> str:
     """The bindings of every entry point at the prompt's type with its type variables as written,
     after the answer's module (grader._entry_mismatch): the check of the entry points on the path
     where the answer has type errors, and the words feedback quotes on every path."""
+    if f := iface.functor:  # the answer's functor seen through the prompt's signature
+        head = f"functor ({f.param} : {ORDERED_SIG}) ->"
+        return f"module {f.name} : {head} {f.result_sig} = Solution.{ENTRY_MODULE}\n"
     g = _Gen(iface, "", "U")
     return "".join(entry_binding(g, k, f"_entry_{k}", {}, quantify=True, eta=eta) for k in range(len(iface.entries)))
 
@@ -350,26 +391,64 @@ def oracle_server(iface: Interface, wire: str, lambdas: tuple["Lambda", ...] = (
     (type variables as the wire's tokens), registered as handle k, then the serve loop.
     `lambdas` (compiled in `lambda_unit`): the tests' closures it holds as well."""
     g = _Gen(iface, wire, "U")
+    if iface.functor:
+        return _functor_server(g)
     out = [g.codecs(), g.exception_codec()]
     for k, e in enumerate(iface.entries):
-        env = {v: f"{wire}.Tok.w" for v in e.vars()} | {"r:" + v: f"{wire}.Tok.r" for v in e.vars()}
-        tok = {v: f"{wire}.Tok.t" for v in e.vars()}
-        out.append(entry_binding(g, k, f"entry_{k}", tok, quantify=False))
-        xs = [f"a{i}" for i in range(len(e.params))]
-        reads = " ".join(f"let {x} = {_arg_reader(g, k, i, lab, p, env, lambdas, lambda_unit)} r in"
-                         for i, ((lab, p), x) in enumerate(zip(e.params, xs)))
-        args = " ".join(_labelled(lab, x) for (lab, _), x in zip(e.params, xs))
-        backs = "".join(f"; {wire}.w_array {g.w(g.resolve(p)[2][0], env)} b {x}" if _is_array(g, p) == "array"
-                        else f"; {wire}.w_bytes b {x}" for (_, p), x in zip(e.params, xs) if _is_array(g, p))
-        call = f"entry_{k} {args}" if e.params else f"entry_{k}"
-        write = f"{g.w(e.result, env)} b v"
-        same = _same_params(g, e)
-        if same:
-            which = " else ".join(f"if v == {xs[i]} then {i}" for i in same) + " else -1"
-            write = f"(match {which} with -1 -> {wire}.w_int b (-1); {write} | i -> {wire}.w_int b i)"
-        out.append(f"let () = ignore ({wire}.register (fun r b -> {reads} {wire}.r_end r; "
-                   f"let v = {call} in {write}{backs}))\n")
+        out.append(entry_binding(g, k, f"entry_{k}", {v: f"{wire}.Tok.t" for v in e.vars()}, quantify=False))
+        out.append(f"let () = ignore ({wire}.register {_serve(g, k, e, lambdas, lambda_unit)})\n")
     out.append(f"let () = {wire}.serve ()\n")
+    return "".join(out)
+
+
+def _serve(g: _Gen, k: int, e: Entry, lambdas: tuple["Lambda", ...] = (), lambda_unit: str = "") -> str:
+    """How the oracle serves calls of `entry_k`: read the arguments, call, write the result (and
+    the arrays it changed)."""
+    wire = g.W
+    env = {v: f"{wire}.Tok.w" for v in e.vars()} | {"r:" + v: f"{wire}.Tok.r" for v in e.vars()}
+    xs = [f"a{i}" for i in range(len(e.params))]
+    reads = " ".join(f"let {x} = {_arg_reader(g, k, i, lab, p, env, lambdas, lambda_unit)} r in"
+                     for i, ((lab, p), x) in enumerate(zip(e.params, xs)))
+    args = " ".join(_labelled(lab, x) for (lab, _), x in zip(e.params, xs))
+    backs = "".join(f"; {wire}.w_array {g.w(g.resolve(p)[2][0], env)} b {x}" if _is_array(g, p) == "array"
+                    else f"; {wire}.w_bytes b {x}" for (_, p), x in zip(e.params, xs) if _is_array(g, p))
+    call = f"entry_{k} {args}" if e.params else f"entry_{k}"
+    write = f"{g.w(e.result, env)} b v"
+    same = _same_params(g, e)
+    if same:
+        which = " else ".join(f"if v == {xs[i]} then {i}" for i in same) + " else -1"
+        write = f"(match {which} with -1 -> {wire}.w_int b (-1); {write} | i -> {wire}.w_int b i)"
+    return f"(fun r b -> {reads} {wire}.r_end r; let v = {call} in {write}{backs})"
+
+
+def _functor_server(g: _Gen) -> str:
+    """U's side of a functor entry point: handle 0 applies the answer's functor to an element
+    module over the wire's tokens whose `compare` is the trusted program's handle, binds the
+    instance's values at the prompt's types (a mismatch is the answer's error, in entry.ml) and
+    answers with the instance's number; handle k + 1 serves the k-th value of instance number i,
+    its first argument."""
+    W = g.W
+    g.q = "M."  # the instance's types
+    compare = ("arrow", "", ("var", ELEMENT_VAR), ("arrow", "", ("var", ELEMENT_VAR), ("con", "int", ())))
+    env = {ELEMENT_VAR: f"{W}.Tok.w", "r:" + ELEMENT_VAR: f"{W}.Tok.r"}
+    tok = {ELEMENT_VAR: f"{W}.Tok.t"}
+    codecs = g.codecs()
+    out = [f"let grader_instances : (int, ({W}.reader -> Stdlib.Buffer.t -> unit) array) Stdlib.Hashtbl.t = "
+           "Stdlib.Hashtbl.create 4\n",
+           f"let grader_make (compare : {W}.Tok.t -> {W}.Tok.t -> int) : int =\n"
+           f"  let module M = Solution.{ENTRY_MODULE} (struct type t = {W}.Tok.t let compare = compare end) in\n",
+           f"  {codecs} in\n" if codecs else ""]
+    out += [f"  {entry_binding(g, k, f'entry_{k}', tok, quantify=False, target=f'M.{e.name}').rstrip()} in\n"
+            for k, e in enumerate(g.iface.entries)]
+    out.append("  let i = Stdlib.Hashtbl.length grader_instances in\n"
+               "  Stdlib.Hashtbl.replace grader_instances i [|" + "; ".join(_serve(g, k, e) for k, e in enumerate(g.iface.entries))
+               + "|];\n  i\n")
+    out.append(f"let () = ignore ({W}.register (fun r b -> let c = {g.r(compare, env)} r in {W}.r_end r; "
+               f"{W}.w_int b (grader_make c)))\n")
+    for k in range(len(g.iface.entries)):
+        out.append(f"let () = ignore ({W}.register (fun r b -> match Stdlib.Hashtbl.find_opt grader_instances ({W}.r_int r) "
+                   f"with Some s -> s.({k}) r b | None -> Stdlib.raise {W}.Bad))\n")
+    out.append(f"let () = {W}.serve ()\n")
     return "".join(out)
 
 
