@@ -3,9 +3,14 @@ demo's learner model.
 
     python -m bench.bench_repair --json OUT.json           # ~5 min on 2 cores
     python -m bench.bench_repair --seed 1 --turns 2 --json repair-1.json
+    python -m bench.bench_repair --model smollm2-135m-instruct --steps 8 --eval-samples 16 \
+        --json bench/results/repair_real_model.json       # a real model (`make model`): ~1 h on 2 cores
 
-1. The learner model (ocaml_grpo/training/tiny_models.py) gets the demo's SFT warm start (`python
-   train.py sft`, stopped at partial memorisation) on the demo's training problems.
+1. The learner model (ocaml_grpo/training/tiny_models.py), or --model, gets the demo's SFT warm
+   start (`python train.py sft`, stopped at partial memorisation) on the demo's training problems.
+   A real model gets REAL_RECIPE: a pretrained model's rate, 128-token answers stopped at the END
+   marker (GRPO_STOP_AT_END) and prompts without worked examples (on 2 cores the examples are most
+   of what sampling costs), everything else the same.
 2. repair: `python train.py` from that start with GRPO_REPAIR_TURNS=--turns for --steps steps.
 3. single: `python train.py` from the same start, single-turn, checkpointed every step, for up to
    three times as many steps; it is judged at the checkpoint where the completion tokens it
@@ -38,6 +43,7 @@ from ocaml_grpo.jsonl import read_jsonl
 from ocaml_grpo.problems import load_problems
 from ocaml_grpo.training import demo, models
 from ocaml_grpo.training.metrics import METRICS_FILE, StepRecord
+from ocaml_grpo.training.named_models import resolve_model
 from ocaml_grpo.training.repair import sample_episodes
 from ocaml_grpo.training.tiny_models import ensure_learner_model, learner_model_dir
 from rewards import RewardConfig, RewardScorer
@@ -49,6 +55,11 @@ STEPS = 24  # the repair run's
 GENERATIONS = 4
 EVAL_SAMPLES = 48  # per training problem and model
 MARK = ".bench_repair"
+# A pretrained model: full fine-tune at a pretrained model's rate (the learner's 3e-3 would wreck
+# it), longer answers (SmolLM2's tokenizer spends ~2x the learner's tokens on them), LoRA at r 32.
+REAL_RECIPE = replace(RECIPE, sft_learning_rate="1e-4", sft_max_steps="60", max_completion="128",
+                      learning_rate="2e-4", lora_r="32", lora_alpha="64")
+REAL_ENV = {"GRPO_PROMPT_EXAMPLES": "0", "GRPO_STOP_AT_END": "1"}
 
 
 def records(run: Path) -> list[StepRecord]:
@@ -60,14 +71,16 @@ def tokens_per_step(run: Path, completions_per_step: int) -> list[float]:
     return [(r.completion_length or 0.0) * completions_per_step for r in records(run)]
 
 
-def passes(model_dir: str, problems: list, turns: int, scorer: RewardScorer, seed: int) -> tuple[float, float]:
+def passes(model_dir: str, problems: list, turns: int, scorer: RewardScorer, seed: int, recipe: "demo.Recipe",
+           samples: int, real: bool) -> tuple[float, float]:
     """Shares of the completions solving every test at turn 1 and after the last turn."""
     with ThreadPoolExecutor(2) as pool:
-        episodes = sample_episodes(model_dir, None, problems, EVAL_SAMPLES, turns,
-                                   lambda p, a: feedback_for(scorer.grader, p, a), pool, int(RECIPE.max_completion),
-                                   float(RECIPE.temperature), len(problems), seed, top_k=0)
+        episodes = sample_episodes(model_dir, None, problems, samples, turns,
+                                   lambda p, a: feedback_for(scorer.grader, p, a), pool, int(recipe.max_completion),
+                                   float(recipe.temperature), len(problems), seed, top_k=0,
+                                   **({"examples": 0, "stop_at_end": True} if real else {}))
     flat = [(p, e) for p, eps in zip(problems, episodes) for e in eps]
-    max_c = int(RECIPE.max_completion)
+    max_c = int(recipe.max_completion)
     first = scorer.score_batch([p for p, _ in flat], [e.answers[0] for _, e in flat],
                                [e.answer_tokens[0] for _, e in flat], max_c)
     final = scorer.score_batch([p for p, _ in flat], [e.answers[-1] for _, e in flat],
@@ -85,10 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--turns", type=int, default=1, help="GRPO_REPAIR_TURNS of the repair run")
     ap.add_argument("--generations", type=int, default=GENERATIONS,
                     help="GRPO_NUM_GENERATIONS of both runs (the demo's 12 leave no group without variance)")
+    ap.add_argument("--model", default="", help="a named model, a .gguf file or a model folder (default: the demo's learner)")
+    ap.add_argument("--eval-samples", type=int, default=EVAL_SAMPLES, help="samples per training problem and model")
     args = ap.parse_args(argv)
-    recipe = replace(RECIPE, generations=str(args.generations))
+    real = bool(args.model)
+    recipe = replace(REAL_RECIPE if real else RECIPE, generations=str(args.generations))
+    extra_env = REAL_ENV if real else {}
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "2" if real else "1")  # a 135M model wants both cores
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from transformers.utils import logging as hf_logging
     quiet_library_warnings()
@@ -96,15 +113,16 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     echo = lambda l: l.startswith(("[SFT]", "repair turns", "done in", "warning"))  # noqa: E731
 
-    model = ensure_learner_model(learner_model_dir(cache_dir(os.environ)))
-    problems_file = demo.write_problems(RECIPE, out / "problems.jsonl")
+    model = (resolve_model(args.model, cache_dir(os.environ)) if real
+             else ensure_learner_model(learner_model_dir(cache_dir(os.environ))))
+    problems_file = demo.write_problems(recipe, out / "problems.jsonl")
     sft = out / "sft"
-    demo.run_stage("SFT warm start", [str(demo.TRAIN), "sft"], demo.sft_env(RECIPE, model, problems_file, sft), out,
-                   out / "sft.out", echo)
+    demo.run_stage("SFT warm start", [str(demo.TRAIN), "sft"],
+                   {**demo.sft_env(recipe, model, problems_file, sft), **extra_env}, out, out / "sft.out", echo)
 
     def grpo(name: str, steps: int, **extra) -> Path:
-        env = {**demo.grpo_env(recipe, sft, out / name), "GRPO_MAX_STEPS": str(steps), "GRPO_SEED": str(args.seed),
-               **{k: str(v) for k, v in extra.items()}}
+        env = {**demo.grpo_env(recipe, sft, out / name), **extra_env, "GRPO_MAX_STEPS": str(steps),
+               "GRPO_SEED": str(args.seed), **{k: str(v) for k, v in extra.items()}}
         demo.run_stage(f"GRPO {name}", [str(demo.TRAIN)], env, out, out / f"{name}.out", echo)
         return out / name
 
@@ -125,9 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     problems = load_problems(str(sft / "train_problems.jsonl"))
     scorer = RewardScorer(replace(RewardConfig(), min_lines=0))
     try:
-        before, _ = passes(str(sft / "final_model"), problems, 0, scorer, 0)
-        single_first, _ = passes(single_model, problems, 0, scorer, 0)
-        repair_first, repair_final = passes(demo.merge_adapter(repair), problems, args.turns, scorer, 0)
+        sampled = dict(recipe=recipe, samples=args.eval_samples, real=real)
+        before, _ = passes(str(sft / "final_model"), problems, 0, scorer, 0, **sampled)
+        single_first, _ = passes(single_model, problems, 0, scorer, 0, **sampled)
+        repair_first, repair_final = passes(demo.merge_adapter(repair), problems, args.turns, scorer, 0, **sampled)
     finally:
         scorer.close()
 
@@ -142,8 +161,10 @@ def main(argv: list[str] | None = None) -> int:
                    "frac_zero_std": zero_std(repair, args.steps), "pass_turn1_before": before,
                    "pass_turn1_after": repair_first, "pass_final_after": repair_final,
                    "mean_turns": sum(r.repair["turns"] or 1 for r in records(repair)) / len(records(repair))},
-        "problems": list(RECIPE.train_ids), "generations": args.generations, "eval_samples": EVAL_SAMPLES,
-        "seed": args.seed,
+        "problems": list(recipe.train_ids), "generations": args.generations, "eval_samples": args.eval_samples,
+        "seed": args.seed, "model": args.model or "the demo's learner",
+        "recipe": {k: getattr(recipe, k) for k in ("sft_learning_rate", "max_completion", "temperature", "learning_rate",
+                                                   "lora_r")} | extra_env,
         "seconds": round(time.time() - t0)}
     print("\n| run | GRPO steps | completion tokens | mean frac_zero_std | pass turn 1 before | after | final turn after |")
     print("|---|---:|---:|---:|---:|---:|---:|")
