@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     problems = load_problems(str(sft / "train_problems.jsonl"))
     scorer = RewardScorer(replace(RewardConfig(), min_lines=0))
     try:
-        sampled = dict(recipe=recipe, samples=args.eval_samples, real=real)
+        sampled = {"recipe": recipe, "samples": args.eval_samples, "real": real}
         before, _ = passes(str(sft / "final_model"), problems, 0, scorer, 0, **sampled)
         single_first, _ = passes(single_model, problems, 0, scorer, 0, **sampled)
         repair_first, repair_final = passes(demo.merge_adapter(repair), problems, args.turns, scorer, 0, **sampled)

@@ -433,10 +433,10 @@ def _functor_server(g: _Gen) -> str:
     env = {ELEMENT_VAR: f"{W}.Tok.w", "r:" + ELEMENT_VAR: f"{W}.Tok.r"}
     tok = {ELEMENT_VAR: f"{W}.Tok.t"}
     codecs = g.codecs()
-    out = [f"let grader_instances : (int, ({W}.reader -> Stdlib.Buffer.t -> unit) array) Stdlib.Hashtbl.t = "
-           "Stdlib.Hashtbl.create 4\n",
-           f"let grader_make (compare : {W}.Tok.t -> {W}.Tok.t -> int) : int =\n"
-           f"  let module M = Solution.{ENTRY_MODULE} (struct type t = {W}.Tok.t let compare = compare end) in\n",
+    out = [(f"let grader_instances : (int, ({W}.reader -> Stdlib.Buffer.t -> unit) array) Stdlib.Hashtbl.t = "
+            "Stdlib.Hashtbl.create 4\n"),
+           (f"let grader_make (compare : {W}.Tok.t -> {W}.Tok.t -> int) : int =\n"
+            f"  let module M = Solution.{ENTRY_MODULE} (struct type t = {W}.Tok.t let compare = compare end) in\n"),
            f"  {codecs} in\n" if codecs else ""]
     out += [f"  {entry_binding(g, k, f'entry_{k}', tok, quantify=False, target=f'M.{e.name}').rstrip()} in\n"
             for k, e in enumerate(g.iface.entries)]
