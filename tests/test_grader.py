@@ -644,3 +644,20 @@ def test_a_functor_entry_point_is_graded_through_its_signature(scorer):
     # no functor, and an unrelated type error beside it: nothing typed as asked
     flat = scorer.score_one(p, fenced('let size (s : int list) = List.length s\nlet x : int = "a"'))
     assert "entry" in flat.error_kinds and flat.type_check == flat.compile == 0.0
+
+
+def test_an_entry_point_must_be_as_polymorphic_as_the_prompt_declares(scorer):
+    """Every type variable crosses as the one token type, so the oracle first binds each entry point
+    at the prompt's type with its variables quantified apart: an identity for `'a * 'b -> 'b * 'a`
+    would otherwise pass the assertions whose two values share a representation (1 and true), and a
+    weakly typed entry point (a global `ref` of its values) would pass where OCaml cannot compile
+    the tests."""
+    prompt = "(** Swap the two components of a pair. *)\nlet swap (p : 'a * 'b) : 'b * 'a ="
+    tests = ("let () =\n  assert (swap (1, true) = (true, 1));\n  assert (swap ('a', 98) = (98, 'a'));\n"
+             "  assert (swap (0, false) = (false, 0));\n  assert (swap (\"x\", 2) = (2, \"x\"))\n;;")
+    p = Problem(id="swap", prompt=prompt, tests=tests)
+    assert scorer.score_one(p, fenced("let swap (a, b) = (b, a)")).reward == 1.0
+    for code in ("let swap (a, b) = (a, b)", "let stash = ref []\nlet swap (a, b) = stash := a :: !stash; (b, a)"):
+        b = scorer.score_one(p, fenced(code))
+        assert b.error_kinds == ["entry"] and b.tests_passed == 0 and b.type_check == b.compile == 0.0, code
+        assert "less general" in b.first_error

@@ -395,7 +395,15 @@ def oracle_server(iface: Interface, wire: str, lambdas: tuple["Lambda", ...] = (
         return _functor_server(g)
     out = [g.codecs(), g.exception_codec()]
     for k, e in enumerate(iface.entries):
-        out.append(entry_binding(g, k, f"entry_{k}", {v: f"{wire}.Tok.t" for v in e.vars()}, quantify=False))
+        tok = {v: f"{wire}.Tok.t" for v in e.vars()}
+        if tok:
+            # As polymorphic as the prompt declares, each type variable its own, before all of them
+            # become the one token type: else `fun (a, b) -> (a, b)` would pass for `'a * 'b -> 'b * 'a`,
+            # or an entry point of weak type (a global `ref` of its values) for a polymorphic one.
+            out.append(entry_binding(g, k, f"entry_{k}_poly", {}, quantify=True))
+            out.append(entry_binding(g, k, f"entry_{k}", tok, quantify=False, eta=False, target=f"entry_{k}_poly"))
+        else:
+            out.append(entry_binding(g, k, f"entry_{k}", tok, quantify=False))
         out.append(f"let () = ignore ({wire}.register {_serve(g, k, e, lambdas, lambda_unit)})\n")
     out.append(f"let () = {wire}.serve ()\n")
     return "".join(out)
