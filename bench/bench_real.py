@@ -4,6 +4,8 @@ sampled and graded the same way, on a fixed held-out split of the bundled proble
     make model && python -m bench.bench_real --json bench/results/real_model.json    # ~75 min on 2 quiet cores
     python -m bench.bench_real --grpo-steps 16 --grpo-lr 1e-3 --json real-2.json      # another GRPO recipe: ~40 min
                                                                                        # (base and SFT come from the cache)
+    python -m bench.bench_real --sft-steps 36 --grpo-steps 24 --grpo-temperature 0.5 \
+        --json bench/results/real_model_attempt6.json                                  # attempt 6: ~63 min
 
 1. Split, once (--seed): HELDOUT problems stratified by difficulty that neither SFT nor GRPO sees;
    the rest is the training split. Problems whose reference solution does not fit the completion
@@ -17,7 +19,8 @@ sampled and graded the same way, on a fixed held-out split of the bundled proble
    training-split evaluation.
 5. SFT + GRPO: `train.py` from the SFT adapter on the probed pool, with the probe's selection
    (GRPO_PROBLEM_STATS) and problem tracking (on by default).
-6. Every model is sampled k times per problem with the training prompt, GRPO's temperature, top-k
+6. Every model is sampled k times per problem with the training prompt, the same temperature
+   (--temperature; GRPO samples its groups at --grpo-temperature, by default the same), top-k
    off and the same completion budget, every answer stopped at the END marker (GRPO_STOP_AT_END=1 in
    every stage), and graded by the training grader. The held-out gain of
    SFT + GRPO over SFT only is the mean over problems of the per-problem difference of mean rewards,
