@@ -647,17 +647,36 @@ def test_a_functor_entry_point_is_graded_through_its_signature(scorer):
 
 
 def test_an_entry_point_must_be_as_polymorphic_as_the_prompt_declares(scorer):
-    """Every type variable crosses as the one token type, so the oracle first binds each entry point
-    at the prompt's type with its variables quantified apart: an identity for `'a * 'b -> 'b * 'a`
-    would otherwise pass the assertions whose two values share a representation (1 and true), and a
-    weakly typed entry point (a global `ref` of its values) would pass where OCaml cannot compile
-    the tests."""
+    """Each type variable of an entry point has an abstract token type of its own in the oracle: an
+    identity for `'a * 'b -> 'b * 'a` would otherwise pass the assertions whose two values share a
+    representation (1 and true). A weakly typed entry point is bound as when tests are appended, and
+    one that returns an earlier call's values (kept in a global `ref`) has them refused: they were not
+    sent in this call (read at this call's types, 1 would be true)."""
     prompt = "(** Swap the two components of a pair. *)\nlet swap (p : 'a * 'b) : 'b * 'a ="
     tests = ("let () =\n  assert (swap (1, true) = (true, 1));\n  assert (swap ('a', 98) = (98, 'a'));\n"
              "  assert (swap (0, false) = (false, 0));\n  assert (swap (\"x\", 2) = (2, \"x\"))\n;;")
     p = Problem(id="swap", prompt=prompt, tests=tests)
     assert scorer.score_one(p, fenced("let swap (a, b) = (b, a)")).reward == 1.0
-    for code in ("let swap (a, b) = (a, b)", "let stash = ref []\nlet swap (a, b) = stash := a :: !stash; (b, a)"):
-        b = scorer.score_one(p, fenced(code))
-        assert b.error_kinds == ["entry"] and b.tests_passed == 0 and b.type_check == b.compile == 0.0, code
-        assert "less general" in b.first_error
+    same = scorer.score_one(p, fenced("let swap (a, b) = (a, b)"))
+    assert same.error_kinds == ["entry"] and same.tests_passed == 0 and same.type_check == same.compile == 0.0
+    assert "Tok" not in same.first_error  # feedback speaks of the prompt's types only
+    stash = ("let prev = ref None\nlet swap (a, b) =\n  let r = match !prev with Some (pa, pb) -> (pb, pa) | None -> (b, a) in\n"
+             "  prev := Some (a, b);\n  r")
+    b = scorer.score_one(p, fenced(stash))
+    # refused: a broken wire fails the assertion and the programs start again after it, so only the
+    # calls right after a (re)start, the 1st and the 3rd, return this call's own values
+    assert (b.compiled, b.tests_passed) == (True, 2)
+
+
+def test_a_token_is_read_back_only_as_the_variable_it_was_sent_for(sandbox_scorer):
+    """The oracle names values of type variables by key; the trusted program accepts, for variable
+    i of a call, only keys of values it sent (or its closures returned) for i in that call. An
+    oracle that breaks OCaml's types (here `Obj.magic`, with the allowlist off, as a type-checker
+    bug would) returning the first component as the second gets nothing: read as `'b`, the string
+    list would have passed the first assertion."""
+    prompt = "(** The second component of a pair. *)\nlet second (p : 'a * 'b) : 'b ="
+    tests = ('let () =\n  assert (List.length (second (["p"; "q"; "r"], [1; 2; 3])) = 3);\n'
+             '  assert (List.length (second ([1], [2; 3])) = 2)\n;;')
+    p = Problem(id="second", prompt=prompt, tests=tests)
+    assert sandbox_scorer.score_one(p, fenced("let second (_, b) = b")).tests_passed == 2
+    assert sandbox_scorer.score_one(p, fenced("let second (a, _) = Obj.magic a")).tests_passed == 0

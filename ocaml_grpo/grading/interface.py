@@ -92,6 +92,7 @@ class Functor:
 
 
 ELEMENT_VAR = "grader_el"
+TOKEN_TYPES = 8  # the wire's Tok0..Tok7: an entry point's type variables, one abstract type each
 ORDERED_SIG = "sig type t val compare : t -> t -> int end"
 
 
@@ -573,6 +574,8 @@ def _check(iface: Interface) -> None:
             if mentions(p, SIGNALS - set(defs)):  # a prompt's own `signal` type is not React's
                 raise Unverifiable("a React signal as an argument (only results can be mirrored)")
         ok(e.result, None)
+        if len(e.vars()) > TOKEN_TYPES:
+            raise Unverifiable(f"entry point {e.name} has more than {TOKEN_TYPES} type variables")
         # an entry point's own arrows are curried parameters only
         if e.result[0] == "arrow" and any(v for v in e.vars()):
             raise Unverifiable("a polymorphic entry point that returns a function")

@@ -199,6 +199,10 @@ class _Gen:
             out.append(f"r_{d.name} : {quant}{rt}{W}.reader -> {tname} = fun {pr} r -> {rbody}")
         return "let rec " + "\nand ".join(out) + "\n"
 
+    def named_handles(self) -> bool:
+        """Whether the interface has handle types (values the oracle keeps across calls)."""
+        return any(d.kind == "handle" for d in self.iface.types)
+
     def handle_types(self) -> str:
         """T's types of the handles: the number of a value the oracle keeps."""
         return "".join(f"type {_params_text(d.params)}{d.name} = Handle__{d.name} of int\n"
@@ -314,7 +318,8 @@ def _stub(g: _Gen, k: int, e: Entry, signals: bool, instance: str = "") -> str:
         value = (f"(match {wire}.r_int r with -1 -> {value} | "
                  + " | ".join(f"{i} -> {xs[i]}" for i in same) + f" | _ -> Stdlib.raise {wire}.Bad)")
     read = f"(fun r -> let v = {value} in{backs} v)"
-    body = (f"let tb = {wire}.tokens {len(vs)} in " if vs else "") + f"let write b = {writes} in "
+    strict = "false" if g.iface.functor or g.named_handles() or signals else "true"
+    body = (f"let tb = {wire}.tokens {len(vs)} {strict} in " if vs else "") + f"let write b = {writes} in "
     body += (f"{wire}.seal tb write; " if vs else "") + f"{wire}.call {k} write {read}"
     if signals:  # after any call, every mirrored signal takes the oracle's value
         body = f"let v = {body} in {wire}.refresh (); v"
@@ -329,7 +334,7 @@ def _functor_stubs(g: _Gen) -> str:
     stubs of that instance (handle k + 1 = the k-th value), its abstract types its handles'."""
     f, W = g.iface.functor, g.W
     compare = ("arrow", "", ("var", ELEMENT_VAR), ("arrow", "", ("var", ELEMENT_VAR), ("con", "int", ())))
-    env = {"r:" + ELEMENT_VAR: f"({W}.r_var () 0)"}
+    env = {"r:" + ELEMENT_VAR: f"{W}.r_var_any"}
     head = f"functor ({f.param} : {ORDERED_SIG}) ->"
     return "".join([f"module {f.name} : {head} {f.result_sig} = {head} struct\n", g.handle_types(),
                     f.types_text + "\n", g.codecs(),
@@ -395,25 +400,21 @@ def oracle_server(iface: Interface, wire: str, lambdas: tuple["Lambda", ...] = (
         return _functor_server(g)
     out = [g.codecs(), g.exception_codec()]
     for k, e in enumerate(iface.entries):
-        tok = {v: f"{wire}.Tok.t" for v in e.vars()}
-        if tok:
-            # As polymorphic as the prompt declares, each type variable its own, before all of them
-            # become the one token type: else `fun (a, b) -> (a, b)` would pass for `'a * 'b -> 'b * 'a`,
-            # or an entry point of weak type (a global `ref` of its values) for a polymorphic one.
-            out.append(entry_binding(g, k, f"entry_{k}_poly", {}, quantify=True))
-            out.append(entry_binding(g, k, f"entry_{k}", tok, quantify=False, eta=False, target=f"entry_{k}_poly"))
-        else:
-            out.append(entry_binding(g, k, f"entry_{k}", tok, quantify=False))
-        out.append(f"let () = ignore ({wire}.register {_serve(g, k, e, lambdas, lambda_unit)})\n")
+        # Each type variable its own abstract token type (wire.ml, Tok<i>): else `fun (a, b) -> (a, b)`
+        # would be bound at `'a * 'b -> 'b * 'a`. A weak one is fine, as when tests are appended.
+        mods = {v: f"{wire}.Tok{i}" for i, v in enumerate(e.vars())}
+        out.append(entry_binding(g, k, f"entry_{k}", {v: f"{m}.t" for v, m in mods.items()}, quantify=False))
+        env = {v: f"{m}.w" for v, m in mods.items()} | {"r:" + v: f"{m}.r" for v, m in mods.items()}
+        out.append(f"let () = ignore ({wire}.register {_serve(g, k, e, env, lambdas, lambda_unit)})\n")
     out.append(f"let () = {wire}.serve ()\n")
     return "".join(out)
 
 
-def _serve(g: _Gen, k: int, e: Entry, lambdas: tuple["Lambda", ...] = (), lambda_unit: str = "") -> str:
+def _serve(g: _Gen, k: int, e: Entry, env: dict[str, str], lambdas: tuple["Lambda", ...] = (),
+           lambda_unit: str = "") -> str:
     """How the oracle serves calls of `entry_k`: read the arguments, call, write the result (and
-    the arrays it changed)."""
+    the arrays it changed); `env`: the type variables' writers and readers."""
     wire = g.W
-    env = {v: f"{wire}.Tok.w" for v in e.vars()} | {"r:" + v: f"{wire}.Tok.r" for v in e.vars()}
     xs = [f"a{i}" for i in range(len(e.params))]
     reads = " ".join(f"let {x} = {_arg_reader(g, k, i, lab, p, env, lambdas, lambda_unit)} r in"
                      for i, ((lab, p), x) in enumerate(zip(e.params, xs)))
@@ -449,7 +450,7 @@ def _functor_server(g: _Gen) -> str:
     out += [f"  {entry_binding(g, k, f'entry_{k}', tok, quantify=False, target=f'M.{e.name}').rstrip()} in\n"
             for k, e in enumerate(g.iface.entries)]
     out.append("  let i = Stdlib.Hashtbl.length grader_instances in\n"
-               "  Stdlib.Hashtbl.replace grader_instances i [|" + "; ".join(_serve(g, k, e) for k, e in enumerate(g.iface.entries))
+               "  Stdlib.Hashtbl.replace grader_instances i [|" + "; ".join(_serve(g, k, e, env) for k, e in enumerate(g.iface.entries))
                + "|];\n  i\n")
     out.append(f"let () = ignore ({W}.register (fun r b -> let c = {g.r(compare, env)} r in {W}.r_end r; "
                f"{W}.w_int b (grader_make c)))\n")

@@ -132,15 +132,30 @@ let kept k = if k < 0 || k >= !kept_count then raise Bad else Obj.obj !kept_valu
    when no integer is left between them the wire is broken (the assertion under way fails: a key
    is never out of order). Two values of different types never meet in one comparison in the
    oracle, and values `compare` finds equal share a key. *)
-module Tok : sig
+module type TOKEN = sig
   type t
   val w : Buffer.t -> t -> unit
   val r : reader -> t
-end = struct
+end
+
+module Tok : TOKEN = struct
   type t = int
   let w = w_int
   let r = r_int
 end
+
+(* The oracle binds an entry point's i-th type variable at [Tok<i>.t]: an abstract type apiece, so an
+   answer is bound as polymorphic as the prompt declares (no `fun (a, b) -> (a, b)` for
+   `'a * 'b -> 'b * 'a`). Here, in a unit of their own, they precede the answer: its weak type
+   variables can take them, as when tests are appended to it. *)
+module Tok0 : TOKEN = Tok
+module Tok1 : TOKEN = Tok
+module Tok2 : TOKEN = Tok
+module Tok3 : TOKEN = Tok
+module Tok4 : TOKEN = Tok
+module Tok5 : TOKEN = Tok
+module Tok6 : TOKEN = Tok
+module Tok7 : TOKEN = Tok
 
 let tok_vals : Obj.t array ref = ref [||]  (* sorted by compare, distinct *)
 let tok_keys : int array ref = ref [||]  (* increasing *)
@@ -184,30 +199,55 @@ let tok_key o =
   | true, j -> !tok_keys.(j)
   | false, _ -> tok_add [| o |]; !tok_keys.(snd (search !tok_vals o))
 
-(* A call's tokens: its arguments' values are collected first, so that they get their keys together. *)
-type tokens = { mutable pool : Obj.t list; mutable collecting : bool }
+(* A call's tokens: its arguments' values are collected first, so that they get their keys together.
+   The oracle names a key, never a type: a reply's value of the call's variable i is accepted only
+   if the trusted program sent it for variable i in this call, or one of its closures returned it
+   for i (else a key of another variable's value would be read at the wrong type: the int 1 read
+   as true). [strict] is false only for problems whose values come back in later calls, through a
+   handle the oracle keeps, a mirrored signal or a functor's instance: those look in the run's
+   whole table. *)
+type tokens = { pools : Obj.t list array; seen : (int, unit) Hashtbl.t array; mutable collecting : bool;
+                strict : bool }
 
-let tokens _ = { pool = []; collecting = true }
+let tokens n strict =
+  { pools = Array.make n []; seen = Array.init n (fun _ -> Hashtbl.create 16); collecting = true; strict }
 
-let w_var tb _ b v =
+let w_var tb i b v =
   let o = Obj.repr v in
-  if tb.collecting then tb.pool <- o :: tb.pool else w_int b (tok_key o)
+  if tb.collecting then tb.pools.(i) <- o :: tb.pools.(i)
+  else begin
+    let k = tok_key o in
+    Hashtbl.replace tb.seen.(i) k ();
+    w_int b k
+  end
 
 (* Run the arguments' writer once to collect every value of each variable, then key the new ones. *)
 let seal tb write =
   write (Buffer.create 16);
   let vals = !tok_vals in
-  tok_add (Array.of_list (List.filter (fun o -> not (fst (search vals o))) (List.sort_uniq compare tb.pool)));
+  let all = Array.fold_left (fun acc pool -> List.rev_append pool acc) [] tb.pools in
+  tok_add (Array.of_list (List.filter (fun o -> not (fst (search vals o))) (List.sort_uniq compare all)));
+  Array.iteri (fun i pool -> List.iter (fun o -> Hashtbl.replace tb.seen.(i) (tok_key o) ()) pool) tb.pools;
+  Array.fill tb.pools 0 (Array.length tb.pools) [];
   tb.collecting <- false
 
-let r_var _ _ r =
-  let k = r_int r and keys = !tok_keys in
+(* The value of key [k] in the run's table. *)
+let tok_value k =
+  let keys = !tok_keys in
   let rec go lo hi =
     if lo >= hi then raise Bad
     else
       let mid = (lo + hi) / 2 in
       if keys.(mid) = k then Obj.obj !tok_vals.(mid) else if k < keys.(mid) then go lo mid else go (mid + 1) hi in
   go 0 (Array.length keys)
+
+let r_var tb i r =
+  let k = r_int r in
+  if tb.strict && not (Hashtbl.mem tb.seen.(i) k) then raise Bad;
+  tok_value k
+
+(* A value of the run's table by its key, whatever call sent it (a functor instance's elements). *)
+let r_var_any r = tok_value (r_int r)
 
 (* ---------------------------------------------------------------- frames *)
 
