@@ -3,8 +3,8 @@ the prompt's own types and exceptions, and whether all of it has a wire format (
 
 What has none (an abstract type, a library type such as `Hashtbl.t`, a functor over anything but an
 ordered type, a mutable field) makes the problem unverifiable: `Interface.unverifiable` says why,
-and such a problem earns no test credit. The types are read from the prompt's text; everything generated from them is checked by the
-compiler at both ends (oracle.py).
+and such a problem earns no test credit. The types are read from the prompt's text; everything
+generated from them is checked by the compiler at both ends (oracle.py).
 """
 from __future__ import annotations
 

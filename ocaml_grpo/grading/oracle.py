@@ -156,13 +156,9 @@ class _Gen:
         return f"(fun {' '.join(xs)} -> {self.W}.call h (fun b -> {writes}) {self.r(res, env)})"
 
     # -- the prompt's variants and records: recursive writer/reader pairs
-    def named(self) -> list:
-        """The types with codecs of their own: the prompt's variants and records, handles."""
-        return [d for d in self.iface.types if d.kind in ("variant", "record", "handle")]
-
     def codecs(self) -> str:
         W, q = self.W, self.q
-        named = self.named()
+        named = [d for d in self.iface.types if d.kind in ("variant", "record", "handle")]
         if not named:
             return ""
         out = []
@@ -393,7 +389,7 @@ def entry_check(iface: Interface, eta: bool = True) -> str:
 
 def oracle_server(iface: Interface, wire: str, lambdas: tuple["Lambda", ...] = (), lambda_unit: str = "") -> str:
     """U's code after the answer's `Solution` module: each entry point bound at the prompt's type
-    (type variables as the wire's tokens), registered as handle k, then the serve loop.
+    (each type variable a token type of its own), registered as handle k, then the serve loop.
     `lambdas` (compiled in `lambda_unit`): the tests' closures it holds as well."""
     g = _Gen(iface, wire, "U")
     if iface.functor:
