@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ocaml_grpo.grading import source as src
 from ocaml_grpo.grading.interface import (ALIASES, BUILTINS, ELEMENT_VAR, MAP_KEYS, ORDERED_SIG, SIGNALS, Entry,
-                                          Interface, Type, map_key, mentions)
+                                          Functor, Interface, Type, map_key, mentions)
 
 # ---------------------------------------------------------------------------------------------
 # Code generation. `side` is "T" (prompt types in scope) or "U" (the answer's, as Solution.*).
@@ -324,17 +324,25 @@ def _stub(g: _Gen, k: int, e: Entry, signals: bool, instance: str = "") -> str:
     return f"let {e.name} : {ty} = {body}\n"
 
 
+# The element module's `compare`, as the wire carries it (a handle of the tests' own compare).
+ELEMENT_COMPARE: Type = ("arrow", "", ("var", ELEMENT_VAR), ("arrow", "", ("var", ELEMENT_VAR), ("con", "int", ())))
+
+
+def _functor_type(f: Functor) -> str:
+    """The functor's module type as the prompt declares it, over an ordered type."""
+    return f"functor ({f.param} : {ORDERED_SIG}) -> {f.result_sig}"
+
+
 def _functor_stubs(g: _Gen) -> str:
     """T's functor: applied, it asks the oracle for an instance of the answer's functor over an
     element module whose `compare` calls the tests' own (handle 0 makes one); its values are
     stubs of that instance (handle k + 1 = the k-th value), its abstract types its handles'."""
     f, W = g.iface.functor, g.W
-    compare = ("arrow", "", ("var", ELEMENT_VAR), ("arrow", "", ("var", ELEMENT_VAR), ("con", "int", ())))
     env = {"r:" + ELEMENT_VAR: f"{W}.r_var_any"}
     head = f"functor ({f.param} : {ORDERED_SIG}) ->"
-    return "".join([f"module {f.name} : {head} {f.result_sig} = {head} struct\n", g.handle_types(),
+    return "".join([f"module {f.name} : {_functor_type(f)} = {head} struct\n", g.handle_types(),
                     f.types_text + "\n", g.codecs(),
-                    f"let grader_instance : int = {W}.call 0 (fun b -> {g.w(compare, env)} b {f.param}.compare) {W}.r_int\n"]
+                    f"let grader_instance : int = {W}.call 0 (fun b -> {g.w(ELEMENT_COMPARE, env)} b {f.param}.compare) {W}.r_int\n"]
                    + [_stub(g, k + 1, e, False, "grader_instance") for k, e in enumerate(g.iface.entries)]
                    + ["end\n"])
 
@@ -381,8 +389,7 @@ def entry_check(iface: Interface, eta: bool = True) -> str:
     after the answer's module (grader._entry_mismatch): the check of the entry points on the path
     where the answer has type errors, and the words feedback quotes on every path."""
     if f := iface.functor:  # the answer's functor seen through the prompt's signature
-        head = f"functor ({f.param} : {ORDERED_SIG}) ->"
-        return f"module {f.name} : {head} {f.result_sig} = Solution.{ENTRY_MODULE}\n"
+        return f"module {f.name} : {_functor_type(f)} = Solution.{ENTRY_MODULE}\n"
     g = _Gen(iface, "", "U")
     return "".join(entry_binding(g, k, f"_entry_{k}", {}, quantify=True, eta=eta) for k in range(len(iface.entries)))
 
@@ -434,7 +441,6 @@ def _functor_server(g: _Gen) -> str:
     its first argument."""
     W = g.W
     g.q = "M."  # the instance's types
-    compare = ("arrow", "", ("var", ELEMENT_VAR), ("arrow", "", ("var", ELEMENT_VAR), ("con", "int", ())))
     env = {ELEMENT_VAR: f"{W}.Tok.w", "r:" + ELEMENT_VAR: f"{W}.Tok.r"}
     tok = {ELEMENT_VAR: f"{W}.Tok.t"}
     codecs = g.codecs()
@@ -448,7 +454,7 @@ def _functor_server(g: _Gen) -> str:
     out.append("  let i = Stdlib.Hashtbl.length grader_instances in\n"
                "  Stdlib.Hashtbl.replace grader_instances i [|" + "; ".join(_serve(g, k, e, env) for k, e in enumerate(g.iface.entries))
                + "|];\n  i\n")
-    out.append(f"let () = ignore ({W}.register (fun r b -> let c = {g.r(compare, env)} r in {W}.r_end r; "
+    out.append(f"let () = ignore ({W}.register (fun r b -> let c = {g.r(ELEMENT_COMPARE, env)} r in {W}.r_end r; "
                f"{W}.w_int b (grader_make c)))\n")
     for k in range(len(g.iface.entries)):
         out.append(f"let () = ignore ({W}.register (fun r b -> match Stdlib.Hashtbl.find_opt grader_instances ({W}.r_int r) "
