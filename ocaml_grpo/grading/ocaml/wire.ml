@@ -217,7 +217,7 @@ let w_var tb i b v =
   if tb.collecting then tb.pools.(i) <- o :: tb.pools.(i)
   else begin
     let k = tok_key o in
-    Hashtbl.replace tb.seen.(i) k ();
+    if tb.strict then Hashtbl.replace tb.seen.(i) k ();
     w_int b k
   end
 
@@ -227,7 +227,8 @@ let seal tb write =
   let vals = !tok_vals in
   let all = Array.fold_left (fun acc pool -> List.rev_append pool acc) [] tb.pools in
   tok_add (Array.of_list (List.filter (fun o -> not (fst (search vals o))) (List.sort_uniq compare all)));
-  Array.iteri (fun i pool -> List.iter (fun o -> Hashtbl.replace tb.seen.(i) (tok_key o) ()) pool) tb.pools;
+  if tb.strict then
+    Array.iteri (fun i pool -> List.iter (fun o -> Hashtbl.replace tb.seen.(i) (tok_key o) ()) pool) tb.pools;
   Array.fill tb.pools 0 (Array.length tb.pools) [];
   tb.collecting <- false
 
