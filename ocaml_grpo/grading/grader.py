@@ -199,6 +199,7 @@ class OcamlGrader:
 
     def close(self) -> None:
         self.compilers.close()
+        self.sandbox.close()  # its idle prepared sandboxes
         shutil.rmtree(self.tmp_root, ignore_errors=True)
         self._release_owner()  # once: later calls do nothing
 

@@ -7,8 +7,10 @@ read-only /usr and write only the job's directory; model code sees only the byte
 its libraries (no shell, no interpreter), with small in-memory /work and /tmp. rlimits bound CPU
 seconds, address space, file size, processes and open files, set by the sandbox's launcher
 (ocaml_grpo/grading/launch.c, built with `cc` on first use), which also drops to the job's uid; a
-wall-clock guard kills the whole tree, and each run reports the CPU time it used. The toolchain
-is the system's (apt), or the offline bundle's (OCAML_TOOLCHAIN_DIR: toolcache.Toolchain).
+wall-clock guard kills the whole tree, and each run reports the CPU time it used. As root, model
+code runs in prepared sandboxes (PreparedSandbox: one bubblewrap, started once, whose launcher
+starts each run in fresh namespaces; a bubblewrap costs ~8 ms of CPU, a run there ~2 ms). The
+toolchain is the system's (apt), or the offline bundle's (OCAML_TOOLCHAIN_DIR: toolcache.Toolchain).
 
 What is compiled and run, and how it is judged, is ocaml_grpo/grading/grader.py's business.
 Environment: SANDBOX_SETTINGS in ocaml_grpo/config/isolation.py (`python train.py --help` lists them).
@@ -20,6 +22,7 @@ import functools
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -41,6 +44,7 @@ SERVER_UID_BASE, SERVER_UID_SIZE = 60000, 256
 RUN_WORK_FILES = 4  # the model code's in-memory /work holds this many maximum-size files (/tmp: one)
 RUN_DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")  # Random.self_init reads urandom
 IDLE_POLL_S = 0.2
+START_TIMEOUT_S = 30  # a prepared sandbox's answer to a run's start (a fork and two mounts)
 
 
 @dataclass
@@ -126,6 +130,11 @@ class Sandbox:
         self._uids = UidPool() if self.as_root else None
         self._server_uids = UidPool(SERVER_UID_BASE, SERVER_UID_SIZE) if self.as_root else None
         self._capture_dir = memory_tmpdir()  # each call's stdout/stderr (None: the system temp dir)
+        self._work_bytes, self._tmp_bytes = RUN_WORK_FILES * self.limits.file_mb << 20, self.limits.file_mb << 20
+        # Model code runs in prepared sandboxes as root (a run's own uid is what keeps runs apart
+        # there); without root, each run is a bubblewrap of its own.
+        self._prepared: list[PreparedSandbox] = []  # idle ones; a run holds one to itself
+        self._prepared_lock = threading.Lock()
         self.toolchain = tc = Toolchain(self.config.toolchain)
         tc.which("ocamlc", "ocaml-nox")
         tc.which("ocamlfind", "ocaml-findlib")  # problems that `require` packages compile through it
@@ -149,20 +158,33 @@ class Sandbox:
         where = f", the bundled OCaml toolchain in {self.toolchain.root}" if self.toolchain.root else ""
         return f"bubblewrap sandbox, {who}, limits {self.limits}{where}"
 
-    def _command(self, argv: list[str], workdir: Path, cpu_s: int, uid: int | None, nice: int,
-                 program: Path | None, program_fd: int | None, ro_binds: tuple[tuple[str, str], ...] = ()) -> list[str]:
+    def _launch_args(self, argv: list[str], cpu_s: int, uid: int | None, nice: int) -> list[str]:
+        """The launcher's arguments: every limit, the job's uid and nice value, then the program."""
         lim = self.limits
-        cmd = [LAUNCHER_IN_BOX if self.isolated else self.launcher, str(cpu_s), str(lim.memory_mb << 20),
-               str(lim.file_mb << 20), str(lim.max_files), str(lim.max_procs), "-" if uid is None else str(uid),
-               str(nice), "--", *argv]
+        return [str(cpu_s), str(lim.memory_mb << 20), str(lim.file_mb << 20), str(lim.max_files), str(lim.max_procs),
+                "-" if uid is None else str(uid), str(nice), "--", *argv]
+
+    def _command(self, argv: list[str], workdir: Path, cpu_s: int, uid: int | None, nice: int,
+                 program: Path | None, program_fd: int | None, ro_binds: tuple[tuple[str, str], ...] = (),
+                 serve_fd: int | None = None) -> list[str]:
+        """The bubblewrap command for one run (with `serve_fd`: the prepared model-code sandbox,
+        which starts runs itself, each with its own program)."""
+        lim = self.limits
+        cmd = [LAUNCHER_IN_BOX if self.isolated else self.launcher, *self._launch_args(argv, cpu_s, uid, nice)]
+        if serve_fd is not None:
+            cmd = [LAUNCHER_IN_BOX, "--serve", str(serve_fd)]
         if not self.isolated:
             if program is not None and self.toolchain.root:
                 # A test program starts with #!/usr/bin/ocamlrun, the system's runtime: a bundled
                 # toolchain's is named instead (the sandbox binds it at that path).
                 return [*cmd[:-len(argv)], self._ocamlrun, *argv]
             return cmd
-        box = [self._bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
-               "--unshare-cgroup-try", "--as-pid-1", "--die-with-parent"]
+        box = [self._bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+        if serve_fd is None:
+            box += ["--as-pid-1", "--die-with-parent"]
+        # A prepared sandbox keeps bubblewrap's init, which reaps; it is started by whichever
+        # thread first needs one and outlives that thread (die-with-parent would follow the thread):
+        # it ends when its control socket does, at the latest with this process.
         if not self.as_root:
             box.append("--unshare-user")
         if program is None:
@@ -185,13 +207,14 @@ class Sandbox:
             box += ["--ro-bind", self._ocamlrun, "/usr/bin/ocamlrun"] + _tool_binds(((self.launcher, LAUNCHER_IN_BOX),))
             # The program is copied in (bwrap closes that descriptor): each run sees its own program
             # alone (the oracle never sees the trusted program, which holds the tests' constants).
-            box += ["--perms", "0777", "--size", str(RUN_WORK_FILES * lim.file_mb << 20), "--tmpfs", "/work",
-                    "--perms", "0755", "--file", str(program_fd), "/work/prog"]
+            box += ["--perms", "0777", "--size", str(self._work_bytes), "--tmpfs", "/work"]
+            if serve_fd is None:
+                box += ["--perms", "0755", "--file", str(program_fd), "/work/prog"]
             # Devices: only what a program's runtime may open (no terminals, no ptys, no shm).
             box += ["--perms", "0755", "--dir", "/dev"] + [a for d in RUN_DEVICES for a in ("--dev-bind", d, d)]
         if program is None:
             box += ["--dev", "/dev"]
-        box += ["--perms", "1777", "--size", str(lim.file_mb << 20), "--tmpfs", "/tmp"]
+        box += ["--perms", "1777", "--size", str(self._tmp_bytes), "--tmpfs", "/tmp"]
         env = self.toolchain.env
         if self.toolchain.root:
             # At its host path (after /tmp, which may hold it): compiles see all of the bundled
@@ -219,30 +242,105 @@ class Sandbox:
         cpu_s = int(cpu_s or self.limits.cpu_s)
         uid = self._uids.acquire() if self._uids else None
         try:
-            if uid is not None:
+            sealed = program is not None and self.isolated  # workdir itself is not in the sandbox
+            if uid is not None and not sealed:
                 _chown_tree(workdir, uid, uid)
-            env = {**self.toolchain.env, "HOME": str(workdir), "LC_ALL": "C", "OCAMLRUNPARAM": RUNPARAM}
-            program_fd = os.open(program, os.O_RDONLY) if program is not None and self.isolated else None
-            if program_fd is not None:
-                pass_fds = (*pass_fds, program_fd)
             capture = self._capture_dir
             with tempfile.TemporaryFile(dir=capture) as out, tempfile.TemporaryFile(dir=capture) as err:
-                try:
-                    proc = subprocess.Popen(
-                        self._command(argv, workdir, cpu_s, uid, nice, program, program_fd, ro_binds), cwd=workdir,
-                        env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=pass_fds,
-                        start_new_session=True)
-                finally:
-                    if program_fd is not None:
-                        os.close(program_fd)
-                    if on_start is not None:
-                        on_start(uid)
-                status, cpu_s, timed_out = _wait_with_usage(proc, wall_s, uid, idle_s, idle_also)
+                if sealed and self.as_root:
+                    status, used, timed_out = self._run_prepared(
+                        self._launch_args(argv, cpu_s, uid, nice), program, (out.fileno(), err.fileno(), pass_fds),
+                        wall_s, uid, idle_s, on_start, idle_also)
+                else:
+                    status, used, timed_out = self._run_boxed(
+                        argv, workdir, cpu_s, uid, nice, program, ro_binds, (out, err, pass_fds),
+                        wall_s, idle_s, on_start, idle_also)
                 return RunResult(status, _read_capped(out, self.limits.output_bytes),
-                                 _read_capped(err, self.limits.output_bytes), timed_out, cpu_s)
+                                 _read_capped(err, self.limits.output_bytes), timed_out, used)
         finally:
             if uid is not None:
                 self._uids.release(uid)
+
+    def _run_boxed(self, argv, workdir, cpu_s, uid, nice, program, ro_binds, io, wall_s, idle_s, on_start,
+                   idle_also) -> tuple[int, float, bool]:
+        """One run in a bubblewrap of its own: (exit status, CPU seconds, whether a guard fired)."""
+        out, err, pass_fds = io
+        env = {**self.toolchain.env, "HOME": str(workdir), "LC_ALL": "C", "OCAMLRUNPARAM": RUNPARAM}
+        program_fd = os.open(program, os.O_RDONLY) if program is not None and self.isolated else None
+        if program_fd is not None:
+            pass_fds = (*pass_fds, program_fd)
+        try:
+            proc = subprocess.Popen(
+                self._command(argv, workdir, cpu_s, uid, nice, program, program_fd, ro_binds), cwd=workdir,
+                env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=pass_fds,
+                start_new_session=True)
+        finally:
+            if program_fd is not None:
+                os.close(program_fd)
+            if on_start is not None:
+                on_start(uid)
+
+        def wait() -> tuple[int, float]:
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+            return proc.returncode, usage.ru_utime + usage.ru_stime
+
+        def stop() -> None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return _guarded_wait(wait, stop, wall_s, uid, idle_s, idle_also)
+
+    def _run_prepared(self, launch_args, program, io, wall_s, uid, idle_s, on_start,
+                      idle_also) -> tuple[int, float, bool]:
+        """One run started by a prepared sandbox held for it alone: (exit status, CPU seconds,
+        whether a guard fired)."""
+        out_fd, err_fd, pass_fds = io
+        fds = {1: out_fd, 2: err_fd, **{fd: fd for fd in pass_fds}}
+        box = self._take_prepared()
+        try:
+            try:
+                with open(program, "rb") as prog:
+                    try:
+                        run = box.start(launch_args, prog.fileno(), fds, self._work_bytes, self._tmp_bytes)
+                    except ToolchainError:
+                        if box.alive():
+                            raise
+                        box.close()  # it ended while idle (killed from outside): once more, in a new one
+                        box = PreparedSandbox(self)
+                        run = box.start(launch_args, prog.fileno(), fds, self._work_bytes, self._tmp_bytes)
+            finally:
+                if on_start is not None:
+                    on_start(uid)
+            with run:
+                return _guarded_wait(lambda: _run_status(run), lambda: _tell(run, b"kill"), wall_s, uid,
+                                     idle_s, idle_also)
+        finally:
+            self._give_back(box)
+
+    def _take_prepared(self) -> "PreparedSandbox":
+        with self._prepared_lock:
+            while self._prepared:
+                box = self._prepared.pop()
+                if box.alive():
+                    return box
+                box.close()
+        return PreparedSandbox(self)
+
+    def _give_back(self, box: "PreparedSandbox") -> None:
+        if not box.alive():
+            box.close()
+            return
+        with self._prepared_lock:
+            self._prepared.append(box)
+
+    def close(self) -> None:
+        """Stop the idle prepared sandboxes (the Sandbox stays usable: it starts new ones)."""
+        with self._prepared_lock:
+            idle, self._prepared = self._prepared, []
+        for box in idle:
+            box.close()
 
     def spawn(self, argv: list[str], workdir: Path, *, cpu_s: int, ro_binds: tuple[tuple[str, str], ...] = (),
               stderr_file=None) -> "Spawned":
@@ -274,6 +372,75 @@ class Sandbox:
         long-lived one goes on to serve other jobs and must not be able to change this one's."""
         if self._server_uids is not None:
             _chown_tree(path, os.getuid(), os.getgid())
+
+
+class PreparedSandbox:
+    """A model-code sandbox started once, which starts each run as a fresh child (launch.c's serve
+    mode): new mount, IPC and PID namespaces, empty /work (the program copied in) and /tmp, the
+    run's own uid and limits. One bubblewrap start (~8 ms of CPU) is paid per sandbox, not per run.
+    A run holds its sandbox to itself: runs never share one at the same time; what the runs of one
+    sandbox share, one after another, is its read-only files and its empty network namespace (a
+    run's processes, and with them its sockets, are gone before the next starts)."""
+
+    def __init__(self, sandbox: "Sandbox"):
+        self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            cmd = sandbox._command([], Path("/"), 0, None, 0, Path("prog"), None, serve_fd=theirs.fileno())
+            self.proc = subprocess.Popen(cmd, env={**sandbox.toolchain.env, "LC_ALL": "C"}, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                         pass_fds=(theirs.fileno(),), start_new_session=True)
+        finally:
+            theirs.close()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def start(self, launch_args: list[str], program_fd: int, fds: dict[int, int], work_bytes: int,
+              tmp_bytes: int) -> socket.socket:
+        """Start one run: the launcher's arguments, the program to copy in as /work/prog, and the
+        descriptors it gets (number inside -> ours). Returns the run's socket (see _run_status)."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            fields = [str(work_bytes), str(tmp_bytes), str(len(fds)), *map(str, fds), *launch_args]
+            request = b"".join(f.encode() + b"\0" for f in fields)
+            socket.send_fds(self.control, [request], [theirs.fileno(), program_fd, *fds.values()])
+            theirs.close()  # the sandbox holds it now: its end (or its manager's) closing is our end of file
+            mine.settimeout(START_TIMEOUT_S)
+            reply = mine.recv(4096)
+            mine.settimeout(None)
+        except OSError as e:
+            mine.close()
+            raise ToolchainError(f"the prepared sandbox could not take a run: {e}") from e
+        finally:
+            theirs.close()  # (again: closing twice is harmless)
+        if reply != b"started":
+            mine.close()
+            raise ToolchainError("the prepared sandbox could not start a run: "
+                                 + (reply.decode(errors="replace") or "it ended"))
+        return mine
+
+    def close(self) -> None:
+        self.control.close()  # its end of the control socket: it exits, and bubblewrap with it
+        try:
+            self.proc.wait(1)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def _run_status(run: socket.socket) -> tuple[int, float]:
+    """A prepared run's exit status and CPU seconds, once it ended ("exit WAIT_STATUS CPU_US")."""
+    reply = run.recv(256).decode(errors="replace").split()
+    if len(reply) != 3 or reply[0] != "exit":
+        raise ToolchainError(f"the prepared sandbox lost a run: {' '.join(reply) or 'it ended'}")
+    return os.waitstatus_to_exitcode(int(reply[1])), int(reply[2]) / 1e6
+
+
+def _tell(run: socket.socket, message: bytes) -> None:
+    try:
+        run.send(message)
+    except OSError:
+        pass  # its manager is gone: so is the run
 
 
 @dataclass
@@ -342,14 +509,21 @@ def blocked(uid: int | None) -> bool | None:
     return all(st not in "R" for st in states) if states else None
 
 
-def _wait_with_usage(proc: subprocess.Popen, wall_s: float, uid: int | None,
-                     idle_s: float | None = None, idle_also: Callable[[], bool] | None = None) -> tuple[int, float, bool]:
-    """Wait for proc up to wall_s (or until it has been blocked for idle_s), then kill everything
-    it started; reap it with wait4: (exit status, CPU seconds of it and every descendant it
-    reaped, whether a guard fired). The CPU figure is what a time-out is judged by, so a run
-    slowed by its neighbours is not a loop."""
+def _guarded_wait(wait: Callable[[], tuple[int, float]], stop: Callable[[], None], wall_s: float,
+                  uid: int | None, idle_s: float | None = None,
+                  idle_also: Callable[[], bool] | None = None) -> tuple[int, float, bool]:
+    """Wait for a run (`wait`: its exit status and the CPU seconds of it and every descendant it
+    reaped) up to wall_s, or until it has been blocked for idle_s, then kill everything it started
+    (`stop`): (exit status, CPU seconds, whether a guard fired). The CPU figure is what a time-out
+    is judged by, so a run slowed by its neighbours is not a loop."""
     box: dict = {}
-    waiter = threading.Thread(target=lambda: box.update(w=os.wait4(proc.pid, 0)), daemon=True)
+
+    def waiter_body() -> None:
+        try:
+            box["w"] = wait()
+        except BaseException as e:  # re-raised below, in the caller's thread
+            box["e"] = e
+    waiter = threading.Thread(target=waiter_body, daemon=True)
     waiter.start()
     if idle_s is None or uid is None:
         waiter.join(wall_s)
@@ -366,20 +540,18 @@ def _wait_with_usage(proc: subprocess.Popen, wall_s: float, uid: int | None,
                 break
     timed_out = waiter.is_alive()
     if timed_out:
-        # The job's processes first, while bwrap is alive to reap its child (killing bwrap first
-        # leaves the child a zombie of init); then the process group, for the rest. proc stays
-        # unreaped until the waiter returns, so its pid (the group id) cannot be reused meanwhile.
+        # The job's processes first, while whoever started them is alive to reap them (killing
+        # bwrap first leaves its child a zombie of init); then the rest. The run stays unreaped
+        # until the waiter returns, so its pid cannot be reused meanwhile.
         if uid is not None:
             _kill_uid(uid)
             waiter.join(1)
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        stop()
         waiter.join()
-    _, status, usage = box["w"]
-    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
-    return proc.returncode, usage.ru_utime + usage.ru_stime, timed_out
+    if "e" in box:
+        raise box["e"]
+    status, cpu_s = box["w"]
+    return status, cpu_s, timed_out
 
 
 def _chown_tree(path: Path, uid: int, gid: int) -> None:

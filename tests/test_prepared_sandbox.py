@@ -1,0 +1,145 @@
+"""The prepared model-code sandbox (issue #36, speed): one bubblewrap started once, each run a fresh
+child of it (launch.c's serve mode). What one run leaves must never reach the next; a run's
+descriptors, limits, uid and time-outs are those of a sandbox of its own; nothing outlives the
+grader. Real bubblewrap, real OCaml bytecode programs."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from ocaml_grpo.grading.sandbox import UID_POOL_BASE, UID_POOL_SIZE, Sandbox
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs are prepared sandboxes' children only as root")
+
+# Run 1 leaves files in /work and /tmp and a child sleeping in the background, then reports its uid;
+# run 2 reports what it finds of them.
+LEAVE = """let () =
+  List.iter (fun p -> let oc = open_out p in output_string oc "left"; close_out oc) ["/work/left"; "/tmp/left"];
+  (match Unix.fork () with 0 -> Unix.sleep 60 | _ -> ());
+  print_int (Unix.getuid ())"""
+FIND = """let () =
+  let seen = List.filter Sys.file_exists ["/work/left"; "/tmp/left"] in
+  print_string (String.concat "," seen ^ "|" ^ String.concat "," (Array.to_list (Sys.readdir "/work")))"""
+# Writes the descriptor named on its command line, then lists every descriptor it has open.
+WRITE_FD = """let () =
+  let fd : Unix.file_descr = Obj.magic (int_of_string Sys.argv.(1)) in
+  ignore (Unix.write_substring fd "through" 0 7);
+  prerr_string "err";
+  let is_open i = try ignore (Unix.fstat (Obj.magic i : Unix.file_descr)); true with Unix.Unix_error _ -> false in
+  print_string (String.concat "," (List.map string_of_int (List.filter is_open (List.init 1024 Fun.id))))"""
+LOOP = "let () = while true do () done"
+
+
+def bytecode(tmp_path: Path, name: str, code: str) -> Path:
+    (tmp_path / f"{name}.ml").write_text(code)
+    subprocess.run(["ocamlfind", "ocamlc", "-package", "unix", "-linkpkg", f"{name}.ml", "-o", name],
+                   cwd=tmp_path, check=True, capture_output=True)
+    return tmp_path / name
+
+
+def run(sb: Sandbox, prog: Path, *args: str, **kw):
+    return sb.run(["./prog", *args], prog.parent, wall_s=kw.pop("wall_s", 20), program=prog, **kw)
+
+
+def uid_alive(uid: int) -> bool:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{pid}").st_uid == uid and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]:
+                return True
+        except FileNotFoundError:
+            pass
+    return False
+
+
+def test_nothing_a_run_leaves_reaches_the_next_in_the_same_sandbox(tmp_path):
+    sb = Sandbox()
+    try:
+        leave, find = bytecode(tmp_path, "leave", LEAVE), bytecode(tmp_path, "find", FIND)
+        first = run(sb, leave)
+        assert first.returncode == 0, first.stderr
+        uid = int(first.stdout)
+        assert UID_POOL_BASE <= uid < UID_POOL_BASE + UID_POOL_SIZE
+        assert not uid_alive(uid)  # its background child died with it (PID 1 of its namespace)
+        [box] = sb._prepared
+        second = run(sb, find)
+        assert sb._prepared == [box]  # the same prepared sandbox started both
+        assert second.stdout == "|prog"  # neither file: only its own program, in a fresh /work
+    finally:
+        sb.close()
+
+
+def test_a_run_gets_exactly_its_descriptors_and_its_output(tmp_path):
+    sb = Sandbox()
+    try:
+        prog = bytecode(tmp_path, "write_fd", WRITE_FD)
+        # high numbers, in an order the sandbox must keep: a descriptor lands where the run is told it is
+        pipes = [os.pipe() for _ in range(2)]
+        given = [os.dup2(w, n) for (_, w), n in zip(pipes, (200, 150))]
+        try:
+            res = run(sb, prog, "150", pass_fds=tuple(given))
+            assert (res.returncode, res.stderr) == (0, "err"), res.stderr
+            assert res.stdout == "0,1,2,150,200"  # stdin, its output, what it was given: nothing of the sandbox's
+            for fd in given + [w for _, w in pipes]:
+                os.close(fd)
+            assert os.read(pipes[1][0], 100) == b"through" and os.read(pipes[0][0], 100) == b""  # its copies closed
+        finally:
+            for fd in [r for r, _ in pipes]:
+                os.close(fd)
+    finally:
+        sb.close()
+
+
+def test_guards_stop_a_run_and_the_sandbox_serves_the_next(tmp_path):
+    sb = Sandbox()
+    try:
+        loop, find = bytecode(tmp_path, "loop", LOOP), bytecode(tmp_path, "find", FIND)
+        t0 = time.monotonic()
+        by_cpu = run(sb, loop, cpu_s=1)
+        assert not by_cpu.timed_out and by_cpu.returncode == -signal.SIGKILL and 0.9 < by_cpu.cpu_s < 1.5
+        by_wall = run(sb, loop, wall_s=1, cpu_s=10)
+        assert by_wall.timed_out and 0.5 < by_wall.cpu_s < 1.5
+        assert time.monotonic() - t0 < 5
+        assert run(sb, find).stdout == "|prog" and len(sb._prepared) == 1
+    finally:
+        sb.close()
+
+
+def test_prepared_sandboxes_end_with_the_grader(tmp_path):
+    """A grader killed with SIGKILL leaves no sandbox behind: its control socket closes."""
+    prog = bytecode(tmp_path, "find", FIND)
+    script = textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from ocaml_grpo.grading.sandbox import Sandbox
+        sb = Sandbox()
+        p = Path({str(prog)!r})
+        assert sb.run(["./prog"], p.parent, wall_s=20, program=p).returncode == 0
+        print(sb._prepared[0].proc.pid, flush=True)
+        time.sleep(60)
+        """)
+    grader = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[1])
+    try:
+        bwrap = int(grader.stdout.readline())
+        tree = [bwrap] + [int(p) for p in subprocess.run(["pgrep", "-P", str(bwrap)], capture_output=True,
+                                                          text=True).stdout.split()]
+        assert all(Path(f"/proc/{p}").exists() for p in tree)
+    finally:
+        grader.kill()
+        grader.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(_running(p) for p in tree):
+        time.sleep(0.05)
+    assert not any(_running(p) for p in tree)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]
+    except FileNotFoundError:
+        return False
