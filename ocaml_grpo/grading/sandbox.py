@@ -169,7 +169,6 @@ class Sandbox:
                  serve_fd: int | None = None) -> list[str]:
         """The bubblewrap command for one run (with `serve_fd`: the prepared model-code sandbox,
         which starts runs itself, each with its own program)."""
-        lim = self.limits
         cmd = [LAUNCHER_IN_BOX if self.isolated else self.launcher, *self._launch_args(argv, cpu_s, uid, nice)]
         if serve_fd is not None:
             cmd = [LAUNCHER_IN_BOX, "--serve", str(serve_fd)]
