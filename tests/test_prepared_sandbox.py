@@ -2,6 +2,7 @@
 child of it (launch.c's serve mode). What one run leaves must never reach the next; a run's
 descriptors, limits, uid and time-outs are those of a sandbox of its own; nothing outlives the
 grader. Real bubblewrap, real OCaml bytecode programs."""
+import json
 import os
 import signal
 import subprocess
@@ -35,9 +36,9 @@ WRITE_FD = """let () =
 LOOP = "let () = while true do () done"
 
 
-def bytecode(tmp_path: Path, name: str, code: str) -> Path:
+def bytecode(tmp_path: Path, name: str, code: str, compiler: str = "ocamlc") -> Path:
     (tmp_path / f"{name}.ml").write_text(code)
-    subprocess.run(["ocamlfind", "ocamlc", "-package", "unix", "-linkpkg", f"{name}.ml", "-o", name],
+    subprocess.run(["ocamlfind", compiler, "-package", "unix", "-linkpkg", f"{name}.ml", "-o", name],
                    cwd=tmp_path, check=True, capture_output=True)
     return tmp_path / name
 
@@ -73,25 +74,34 @@ def test_nothing_a_run_leaves_reaches_the_next_in_the_same_sandbox(tmp_path):
         sb.close()
 
 
-def test_a_run_gets_exactly_its_descriptors_and_its_output(tmp_path):
-    sb = Sandbox()
-    try:
-        prog = bytecode(tmp_path, "write_fd", WRITE_FD)
-        # high numbers, in an order the sandbox must keep: a descriptor lands where the run is told it is
-        pipes = [os.pipe() for _ in range(2)]
-        given = [os.dup2(w, n) for (_, w), n in zip(pipes, (200, 150))]
-        try:
-            res = run(sb, prog, "150", pass_fds=tuple(given))
-            assert (res.returncode, res.stderr) == (0, "err"), res.stderr
-            assert res.stdout == "0,1,2,150,200"  # stdin, its output, what it was given: nothing of the sandbox's
-            for fd in given + [w for _, w in pipes]:
-                os.close(fd)
-            assert os.read(pipes[1][0], 100) == b"through" and os.read(pipes[0][0], 100) == b""  # its copies closed
-        finally:
-            for fd in [r for r, _ in pipes]:
-                os.close(fd)
-    finally:
-        sb.close()
+# In a process of its own, so that the descriptors it passes are the lowest numbers, the ones the
+# prepared sandbox's own descriptors also take: each must still land where the run is told it is.
+DESCRIPTORS = """
+import json, os, sys
+from pathlib import Path
+pipes = [os.pipe() for _ in range(2)]  # 3,4 and 5,6
+from ocaml_grpo.grading.sandbox import Sandbox
+sb = Sandbox()
+prog = Path(sys.argv[1])
+given = (pipes[1][1], pipes[0][1])
+res = sb.run(["./prog", str(pipes[1][1])], prog.parent, wall_s=20, program=prog, pass_fds=given)
+for fd in given:
+    os.close(fd)
+print(json.dumps([res.returncode, res.stdout, res.stderr, list(given),
+                  os.read(pipes[1][0], 100).decode(), os.read(pipes[0][0], 100).decode()]))
+"""
+
+
+@pytest.mark.parametrize("compiler", ["ocamlc", "ocamlopt"])  # bytecode is copied in, native executed in place
+def test_a_run_gets_exactly_its_descriptors_and_its_output(tmp_path, compiler):
+    prog = bytecode(tmp_path, "write_fd", WRITE_FD, compiler)
+    out = subprocess.run([sys.executable, "-c", DESCRIPTORS, str(prog)], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], timeout=60)
+    assert out.returncode == 0, out.stderr
+    status, stdout, stderr, given, through, other = json.loads(out.stdout)
+    assert (status, stderr, through, other) == (0, "err", "through", ""), stderr
+    # stdin, its output, what it was given: nothing of the sandbox's
+    assert stdout == ",".join(map(str, sorted([0, 1, 2, *given])))
 
 
 def test_guards_stop_a_run_and_the_sandbox_serves_the_next(tmp_path):

@@ -419,17 +419,18 @@ class OcamlGrader:
                 TIMED_OUT.message if res.timed_out else parse_compiler_error(_read_text(d / "build.out")).message)
         return Trusted(d / "prog", error, lambdas, unit if lambdas else "", d)
 
-    def _run_pair(self, udir: Path, tdir: Path, start: int, total: int, cpu_s: int):
+    def _run_pair(self, oracle: tuple[Path, Path], trusted: tuple[Path, Path], start: int, total: int, cpu_s: int):
         """One run of both programs, from assertion `start`: what the trusted program reported, and
-        each program's RunResult (the oracle's first)."""
+        each program's RunResult (the oracle's first). Each run is (directory, program)."""
         lim = self.sandbox.limits
+        (udir, uprog), (tdir, tprog) = oracle, trusted
         results_path = self.tmp_root / f"results-{secrets.token_hex(8)}"
         box: dict = {}
         with _Pipes(results_path) as p:
             def run_oracle() -> None:
                 box["res"] = self.sandbox.run(
                     ["./prog", str(p.req_r), str(p.rep_w)], udir, wall_s=lim.wall_s, cpu_s=cpu_s,
-                    pass_fds=(p.req_r, p.rep_w), nice=RUN_NICE, program=udir / "prog", idle_s=IDLE_LIMIT_S,
+                    pass_fds=(p.req_r, p.rep_w), nice=RUN_NICE, program=uprog, idle_s=IDLE_LIMIT_S,
                     on_start=p.started(p.req_r, p.rep_w), idle_also=p.trusted_blocked)
             thread = threading.Thread(target=run_oracle, daemon=True)
             thread.start()
@@ -437,7 +438,7 @@ class OcamlGrader:
                 tres = self.sandbox.run(
                     ["./prog", str(p.results), str(p.req_w), str(p.rep_r), str(start)], tdir, wall_s=lim.wall_s,
                     cpu_s=lim.cpu_s + TRUSTED_CPU_EXTRA_S, pass_fds=(p.results, p.req_w, p.rep_r), nice=RUN_NICE,
-                    program=tdir / "prog", on_start=p.started(p.results, p.req_w, p.rep_r, trusted=True))
+                    program=tprog, on_start=p.started(p.results, p.req_w, p.rep_r, trusted=True))
             finally:
                 # the trusted program's ends are closed (or it never started): the oracle sees the
                 # end of its input and exits, or its own guards stop it
@@ -587,17 +588,20 @@ class OcamlGrader:
         cpu_left = float(lim.cpu_s)
         passed: set[int] = set()
         start, finished, timed_out = 0, False, False
-        udir, tdir = workdir / "oracle", workdir / "trusted"
-        for d, prog in ((udir, oracle), (tdir, trusted)):
+        runs = []  # (directory, program) of the oracle and of the trusted program
+        for d, prog in ((workdir / "oracle", oracle), (workdir / "trusted", trusted)):
             d.mkdir()
-            shutil.copyfile(prog, d / "prog")  # each sandbox sees its own program, nothing else
-            os.chmod(d / "prog", 0o755)
+            if not self.sandbox.isolated:  # it runs there: ./prog; isolated, a sandbox sees its program alone
+                shutil.copyfile(prog, d / "prog")
+                os.chmod(d / "prog", 0o755)
+                prog = d / "prog"
+            runs.append((d, prog))
         with self._run_slots:
             while True:
                 if cpu_left <= CPU_TIMEOUT_SLACK_S:
                     timed_out = True
                     break
-                run, ures, tres = self._run_pair(udir, tdir, start, total, max(1, math.ceil(cpu_left)))
+                run, ures, tres = self._run_pair(*runs, start, total, max(1, math.ceil(cpu_left)))
                 passed |= run.passed
                 cpu_left -= ures.cpu_s
                 if run.finished and tres.returncode == 0 and not tres.timed_out:

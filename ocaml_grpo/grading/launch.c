@@ -15,11 +15,13 @@
    The prepared model-code sandbox (sandbox.py's PreparedSandbox): started once inside bubblewrap,
    as root, it starts each run as a fresh child, so that a run costs a fork and three namespaces
    instead of a whole bubblewrap. Each request on the control socket (SOCK_SEQPACKET) is one
-   message: NUL-separated fields WORK_BYTES TMP_BYTES K TARGET_1..TARGET_K, then the launcher's
+   message: NUL-separated fields WORK_BYTES TMP_BYTES HOW K TARGET_1..TARGET_K, then the launcher's
    arguments above; with descriptors [run socket, program, fd_1..fd_K]. For each, a manager
-   process: new mount, IPC and PID namespaces; fresh tmpfs /work (WORK_BYTES, the program copied in
-   as /work/prog) and /tmp (TMP_BYTES); then the run, PID 1 of its namespace (so everything it
-   starts dies with it), with fd_i at TARGET_i and no other descriptor, launched as above in /work.
+   process: new mount, IPC and PID namespaces; fresh tmpfs /work (WORK_BYTES) and /tmp (TMP_BYTES);
+   then the run, PID 1 of its namespace (so everything it starts dies with it), with fd_i at
+   TARGET_i and no other descriptor, launched as above in /work. HOW is "copy" (the program is
+   copied in as /work/prog, e.g. bytecode, whose #! needs a path) or "exec" (a native executable:
+   executed from its descriptor, never copied).
    On the run socket: "started" (or "error MESSAGE"), then "exit WAIT_STATUS CPU_MICROSECONDS" once
    it ended; a message or the end of the socket from the grader kills it first. */
 #define _GNU_SOURCE
@@ -42,6 +44,7 @@
 #include <unistd.h>
 
 extern char **environ;
+static int exec_fd = -1;  /* the prepared sandbox's run of a native program: executed from here */
 
 static void fail(const char *what) {
   fprintf(stderr, "launch: %s: %s\n", what, strerror(errno));
@@ -89,6 +92,10 @@ static int launch(int argc, char **argv) {
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) fail("no_new_privs");
   long long nice_value = number(argv[7], "nice");
   if (nice_value != 0 && setpriority(PRIO_PROCESS, 0, (int)nice_value) != 0) fail("setpriority");
+  if (exec_fd >= 0) {
+    syscall(SYS_execveat, exec_fd, "", argv + 9, environ, AT_EMPTY_PATH);
+    fail(argv[9]);
+  }
   execvp(argv[9], argv + 9);
   if (errno == EACCES && program >= 0) syscall(SYS_execveat, program, "", argv + 9, environ, AT_EMPTY_PATH);
   fail(argv[9]);
@@ -150,22 +157,26 @@ static void manage(char *request, size_t size, int *fds, int nfds) {
   static char *field[MAX_FIELDS + 1];
   int nfield = 0;
   for (size_t at = 0; at < size && nfield < MAX_FIELDS; at += strlen(request + at) + 1) field[nfield++] = request + at;
-  if (nfield < 3 || nfield == MAX_FIELDS) { errno = EINVAL; refuse(sock, "request"); }
+  if (nfield < 4 || nfield == MAX_FIELDS) { errno = EINVAL; refuse(sock, "request"); }
   long long work_bytes = number(field[0], "work size"), tmp_bytes = number(field[1], "tmp size");
-  int k = (int)number(field[2], "descriptor count");
-  if (k != nfds - 2 || nfield < 3 + k + 9) { errno = EINVAL; refuse(sock, "request"); }
+  int copy = strcmp(field[2], "copy") == 0;
+  if (!copy && strcmp(field[2], "exec") != 0) { errno = EINVAL; refuse(sock, "request"); }
+  int k = (int)number(field[3], "descriptor count");
+  if (k != nfds - 2 || nfield < 4 + k + 9) { errno = EINVAL; refuse(sock, "request"); }
   int targets[MAX_FDS];
-  for (int i = 0; i < k; i++) targets[i] = (int)number(field[3 + i], "descriptor");
-  char **args = field + 3 + k - 1;  /* the launcher's arguments, with a slot for argv[0] */
-  int nargs = nfield - (3 + k) + 1;
+  for (int i = 0; i < k; i++) targets[i] = (int)number(field[4 + i], "descriptor");
+  char **args = field + 4 + k - 1;  /* the launcher's arguments, with a slot for argv[0] */
+  int nargs = nfield - (4 + k) + 1;
   args[nargs] = NULL;
 
   if (unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID) != 0) refuse(sock, "unshare");
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) refuse(sock, "private mounts");
   fresh_tmpfs(sock, "/work", work_bytes, "0777");
   fresh_tmpfs(sock, "/tmp", tmp_bytes, "1777");
-  copy_program(sock, program);
-  close(program);
+  if (copy) {
+    copy_program(sock, program);
+    close(program);
+  }
 
   pid_t run = fork();
   if (run < 0) refuse(sock, "fork");
@@ -177,14 +188,17 @@ static void manage(char *request, size_t size, int *fds, int nfds) {
     int staged[MAX_FDS];
     for (int i = 0; i < k; i++)
       if ((staged[i] = fcntl(fds[2 + i], F_DUPFD_CLOEXEC, top + 1)) < 0) fail("descriptor");
+    if (!copy && (exec_fd = fcntl(program, F_DUPFD_CLOEXEC, top + 1)) < 0) fail("descriptor");
     for (int i = 0; i < k; i++)
       if (dup2(staged[i], targets[i]) < 0) fail("descriptor");
+    if (!copy) targets[k++] = exec_fd;  /* kept until the exec, which closes it */
     close_all_but(3, targets, k);
     if (chdir("/work") != 0) fail("/work");
     args[0] = "launch";
     _exit(launch(nargs, args));
   }
   for (int i = 2; i < nfds; i++) close(fds[i]);
+  if (!copy) close(program);
   say(sock, "started");
   int exited = (int)syscall(SYS_pidfd_open, run, 0);
   if (exited < 0) { kill(run, SIGKILL); refuse(sock, "pidfd_open"); }
