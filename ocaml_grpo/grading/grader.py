@@ -148,6 +148,8 @@ class Trusted:
     lambdas: tuple[Lambda, ...]
     lambda_unit: str  # the closures' unit ("" when none ships)
     lambda_dir: Path
+    assertions: int  # the tests' graded units (source.assertion_count), kept with the program so that
+    split: bool  # a grader that finds it on disk need not lex the tests; split: per assertion
 
 
 class OcamlGrader:
@@ -221,15 +223,15 @@ class OcamlGrader:
         try:
             grade = Grade()
             solution = src.strip_line_directives(solution)
-            plan = plan_of(tests)
-            grade.tests_total = src.assertion_count(plan)
             iface = interface_of(prompt, entry_points[0] if entry_points else "")
             (workdir / "solution.ml").write_text(solution)
             objects, trusted = None, None
             if iface.unverifiable:
                 grade.unverifiable = iface.unverifiable
+                grade.tests_total = src.assertion_count(plan_of(tests))
             else:
                 trusted = self._trusted_program(iface, tests, tuple(requires))
+                grade.tests_total = trusted.assertions
                 for d, unit in ((self._wire_dir, self.wire), (trusted.lambda_dir, trusted.lambda_unit)):
                     if unit:
                         for ext in (".cmi", ".cmo"):
@@ -252,8 +254,8 @@ class OcamlGrader:
                 grade.tests_compiled = True
                 passed, finished, grade.timed_out = self._execute(workdir, workdir / "prog", trusted.program,
                                                                   grade.tests_total)
-                grade.tests_passed = len(passed) if plan else int(finished)
-                grade.passed_ids = sorted(passed) if plan else [0] * finished  # unsplit tests: one assertion
+                grade.tests_passed = len(passed) if trusted.split else int(finished)
+                grade.passed_ids = sorted(passed) if trusted.split else [0] * finished  # unsplit tests: one assertion
             return grade
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -360,7 +362,7 @@ class OcamlGrader:
             return None
         kept = set(meta["lambdas"])
         lambdas = tuple(lam for lam in shippable(iface, tests) if lam.j in kept)
-        return Trusted(d / "prog", meta["error"], lambdas, meta["unit"], d)
+        return Trusted(d / "prog", meta["error"], lambdas, meta["unit"], d, meta["assertions"], meta["split"])
 
     def _store_trusted(self, key: str, iface: Interface, built: "Trusted") -> "Trusted":
         if self._trusted_cache is None:
@@ -373,7 +375,8 @@ class OcamlGrader:
                 if (built.lambda_dir / f).exists():
                     shutil.copy2(built.lambda_dir / f, tmp / f)
             (tmp / TRUSTED_META).write_text(json.dumps({"error": built.error, "unit": built.lambda_unit,
-                                                        "lambdas": [lam.j for lam in built.lambdas]}))
+                                                        "lambdas": [lam.j for lam in built.lambdas],
+                                                        "assertions": built.assertions, "split": built.split}))
             os.chmod(tmp, 0o755)
             try:
                 os.rename(tmp, self._trusted_cache / key)
@@ -417,7 +420,8 @@ class OcamlGrader:
         if res.timed_out or _read_text(d / "build.rc").strip() != "0":
             error = "the tests do not compile against the prompt's entry points: " + (
                 TIMED_OUT.message if res.timed_out else parse_compiler_error(_read_text(d / "build.out")).message)
-        return Trusted(d / "prog", error, lambdas, unit if lambdas else "", d)
+        plan = plan_of(tests)
+        return Trusted(d / "prog", error, lambdas, unit if lambdas else "", d, src.assertion_count(plan), plan is not None)
 
     def _run_pair(self, oracle: tuple[Path, Path], trusted: tuple[Path, Path], start: int, total: int, cpu_s: int):
         """One run of both programs, from assertion `start`: what the trusted program reported, and
