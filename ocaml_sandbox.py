@@ -12,6 +12,10 @@ namespace of its own (everything the program started dies with it); compiles see
 and write only their job directory; model code sees only the OCaml bytecode runtime, its libraries
 and the launcher (no shell, no other program), with small in-memory /work and /tmp; rlimits on CPU
 seconds, address space, file size and open files; a wall-clock guard that kills the whole tree.
+As root, model code runs in prepared sandboxes (one bubblewrap started once, each run a fresh
+child in new mount, IPC and PID namespaces with a new /work and /tmp and its own uid): the runs of
+one prepared sandbox follow one another and share its read-only files and its empty network
+namespace, never its processes or files (docs/grader.md, Isolation).
 
 What it does not cover, plainly:
 - The kernel is shared. Bubblewrap is namespaces and rlimits, not a virtual machine: a kernel
