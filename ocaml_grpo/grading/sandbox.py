@@ -36,6 +36,7 @@ from ocaml_grpo.grading.toolcache import Toolchain, ToolchainError, cached_binar
 
 LAUNCHER_SOURCE = Path(__file__).resolve().parent / "launch.c"
 LAUNCHER_IN_BOX = "/opt/ocaml-grpo/launch"  # where both sandboxes see the launcher
+STUBLIBS_IN_BOX = "/opt/ocaml-grpo/stublibs"  # where model code sees a bundled toolchain's C stubs
 # A 32 MB minor heap: list-heavy tests on large inputs run ~1.7x faster in bytecode.
 RUNPARAM = "s=4M"
 UID_POOL_BASE, UID_POOL_SIZE = 61000, 256  # unprivileged uids lent to jobs (above the usual user range)
@@ -216,12 +217,15 @@ class Sandbox:
         box += ["--perms", "1777", "--size", str(self._tmp_bytes), "--tmpfs", "/tmp"]
         env = self.toolchain.env
         if self.toolchain.root:
-            # At its host path (after /tmp, which may hold it): compiles see all of the bundled
-            # toolchain, model code only the C stubs its program loads (Base's, unix's).
-            tools = self.toolchain.root if program is None else self.toolchain.stublibs
-            box += _tool_binds(((tools, tools),))  # each directory above it 0755 (bwrap would make them 0700)
-            if program is not None:
-                env = {"PATH": "/usr/bin:/bin", "CAML_LD_LIBRARY_PATH": self.toolchain.stublibs}
+            # Compiles see all of the bundled toolchain, at its host path (after /tmp, which may
+            # hold it); model code only the C stubs its program loads (Base's, unix's), at a path
+            # of ours: a prepared sandbox's runs get a fresh /tmp, which would hide a bundle there.
+            # (_tool_binds: each directory above it 0755, which bwrap would make 0700.)
+            if program is None:
+                box += _tool_binds(((self.toolchain.root, self.toolchain.root),))
+            else:
+                box += _tool_binds(((self.toolchain.stublibs, STUBLIBS_IN_BOX),))
+                env = {"PATH": "/usr/bin:/bin", "CAML_LD_LIBRARY_PATH": STUBLIBS_IN_BOX}
         box += ["--chdir", "/work", "--clearenv", *[a for k, v in env.items() for a in ("--setenv", k, v)],
                 "--setenv", "HOME", "/work", "--setenv", "LC_ALL", "C", "--setenv", "OCAMLRUNPARAM", RUNPARAM, "--"]
         return box + cmd
