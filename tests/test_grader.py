@@ -447,6 +447,47 @@ def test_trusted_programs_are_kept_on_disk_for_the_next_grader(tmp_path):
     assert len(list((tmp_path / "cache" / "trusted").iterdir())) == 2
 
 
+def test_the_trusted_cache_keeps_to_its_size_and_never_drops_what_is_in_use(tmp_path):
+    """OCAML_TRUSTED_CACHE_MB: a grader starting up removes the least recently used entries beyond
+    it (and half-written ones), never one used within the hour; a grader marks what it uses."""
+    from dataclasses import replace as with_
+    from ocaml_grpo.config.isolation import SandboxConfig
+    from ocaml_grpo.grading.grader import sweep_trusted_cache
+
+    trusted = tmp_path / "cache" / "trusted"
+    now = time.time()
+    for name, mb, hours_ago in [("old", 2, 30), ("older", 2, 40), ("recent", 2, 3), ("in_use", 2, 0.1),
+                                (".half-written", 1, 2), (".being-written", 1, 0)]:
+        (trusted / name).mkdir(parents=True)
+        (trusted / name / "prog").write_bytes(b"x" * (mb << 20))
+        os.utime(trusted / name, (now - hours_ago * 3600,) * 2)
+    removed = sweep_trusted_cache(trusted, 6 << 20)  # 10 MB kept: the oldest go first, down to 6
+    assert sorted(p.name for p in removed) == [".half-written", "old", "older"]
+    assert sorted(p.name for p in trusted.iterdir()) == [".being-written", "in_use", "recent"]
+    assert sweep_trusted_cache(trusted, 0) == [trusted / "recent"]  # in use within the hour: kept, over the cap
+
+    # A grader sweeps at start-up with its setting, and marks the entry it grades with as used.
+    os.utime(trusted / "in_use", (now - 7200,) * 2)
+    config = with_(from_env(SandboxConfig, os.environ), cache=str(tmp_path / "cache"), trusted_cache_mb=1)
+    grader = OcamlGrader(Sandbox(config), cores=1)
+    sol, entries = assemble_solution("let add a b = a + b", ADD.prompt)
+    try:
+        assert not (trusted / "in_use").exists()  # 2 MB over a 1 MB cap, unused for two hours
+        assert grader.grade(sol, ADD.tests, [], entries, ADD.prompt).tests_passed == 7
+        [entry] = [p for p in trusted.iterdir() if not p.name.startswith(".")]
+        os.utime(entry, (now - 7200,) * 2)
+        grader._trusted_used.clear()  # (a minute later)
+        assert grader.grade(sol, ADD.tests, [], entries, ADD.prompt).tests_passed == 7
+        assert time.time() - entry.stat().st_mtime < 60
+    finally:
+        grader.close()
+    nothing = OcamlGrader(Sandbox(with_(config, trusted_cache_mb=0)), cores=1)  # 0: nothing kept on disk
+    try:
+        assert nothing._trusted_cache is None
+    finally:
+        nothing.close()
+
+
 def test_rescoring_a_runs_completions_uses_the_runs_reward_settings(tmp_path):
     """A run trained with MIN_NON_EMPTY_LINES=0: its own completions re-score as training scored
     them (not 0 under the default 8-line minimum), from the run folder or with --run; stderr says

@@ -70,6 +70,9 @@ class SandboxConfig:
     cache: str = setting("OCAML_CACHE_DIR", "auto", Auto(Text, lambda env: str(cache_dir(env)), "$XDG_CACHE_HOME/ocaml-grpo"),
                          "where the grader's OCaml tool (compile server and allowlist check) and the sandbox's launcher "
                          "are built and kept")
+    trusted_cache_mb: int = setting("OCAML_TRUSTED_CACHE_MB", "2048", Int(0),
+                                    "disk for the trusted test programs kept in OCAML_CACHE_DIR/trusted (~1-4 MB a "
+                                    "problem): beyond it, a grader starting up removes the least recently used; 0: none kept")
     toolchain: str = setting("OCAML_TOOLCHAIN_DIR", "", ToolchainDir,
                              "the OCaml toolchain, bubblewrap and prebuilt tools of the offline bundle (install-offline.sh "
                              "prints it); empty: the system's (apt)")

@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 import weakref
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -46,6 +47,7 @@ from ocaml_grpo.grading.toolcache import Toolchain, ToolchainError
 # solution can print with [%%ocaml.error "..."]).
 NONGENERALIZABLE = "contains type variables that cannot be generalized"
 RUN_NICE = 15  # model code yields the CPU to compiles and to the trainer
+TRUSTED_IN_USE_S = 3600  # a trusted program used this recently is never swept from the cache
 RESULTS_READ_CAP = 4 << 20  # bytes of result lines read back; the trusted program writes ~20 per assertion
 CPU_TIMEOUT_SLACK_S = 0.05  # a run that used its CPU budget less this much was stopped by the CPU limit
 IDLE_LIMIT_S = 2.0  # an oracle blocked this long (using no CPU, e.g. reading a device) is stopped
@@ -108,6 +110,34 @@ def _undefined_entry(name: str) -> str:
 
 GRADER_DIR_PREFIX = "ocaml-grader-"
 OWNER_LOCK = ".owner"  # in each grader directory, locked by the process that uses it
+
+
+def sweep_trusted_cache(cache: Path, max_bytes: int, in_use_s: float = TRUSTED_IN_USE_S) -> list[Path]:
+    """Remove the least recently used trusted programs until the cache holds at most max_bytes,
+    never one used in the last in_use_s (a grader marks its entries every minute while it runs),
+    and the half-written entries older than that (a grader that died while storing). Returns what
+    it removed."""
+    now, entries, removed = time.time(), [], []
+    try:
+        listing = list(os.scandir(cache))
+    except OSError:
+        return removed
+    for e in listing:
+        try:
+            st = e.stat(follow_symlinks=False)
+            size = sum(f.stat(follow_symlinks=False).st_size for f in os.scandir(e.path))
+        except OSError:
+            continue  # removed meanwhile
+        entries.append((st.st_mtime, size, Path(e.path)))
+    total = sum(size for _, size, _ in entries)
+    for mtime, size, path in sorted(entries, key=lambda x: x[0]):
+        if now - mtime < in_use_s:
+            break  # the rest are newer still
+        if path.name.startswith(".") or total > max_bytes:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+            total -= size
+    return removed
 
 
 def hold_owner_lock(directory: Path) -> int:
@@ -186,7 +216,11 @@ class OcamlGrader:
         if res.returncode != 0:
             raise ToolchainError(f"ocamlc is installed but cannot compile a trivial module: {res.stderr.strip()[:400]}")
         # Trusted programs, one per problem, built on first use (or found on disk): the program file or why it failed.
-        self._trusted_cache = Path(self.sandbox.config.cache) / "trusted" if self.sandbox.config.cache else None
+        config = self.sandbox.config
+        self._trusted_cache = Path(config.cache) / "trusted" if config.cache and config.trusted_cache_mb else None
+        if self._trusted_cache is not None:
+            sweep_trusted_cache(self._trusted_cache, config.trusted_cache_mb << 20)
+        self._trusted_used: dict[str, float] = {}  # key -> when its entry on disk was last marked used
         self._trusted_version = "\0".join([_native_compiler_version(self.sandbox.toolchain), self.sandbox.toolchain.root,
                                            grader_code_digest()])
         self._trusted: dict[str, Trusted] = {}
@@ -346,7 +380,19 @@ class OcamlGrader:
             if key not in self._trusted or not self._trusted[key].lambda_dir.is_dir():
                 self._trusted[key] = (self._cached_trusted(key, iface, tests)
                                       or self._store_trusted(key, iface, self._build_trusted(key, iface, tests, requires)))
+            self._mark_used(key)
             return self._trusted[key]
+
+    def _mark_used(self, key: str) -> None:
+        """Keep the entry's time of last use (its directory's mtime) within a minute: what the
+        sweep of another grader starting up goes by, so that it never removes one in use."""
+        now = time.time()
+        if self._trusted_cache is not None and now - self._trusted_used.get(key, 0) > 60:
+            self._trusted_used[key] = now
+            try:
+                os.utime(self._trusted_cache / key)
+            except OSError:
+                pass  # not stored (a failed write): nothing to keep
 
     # The trusted programs on disk (OCAML_CACHE_DIR/trusted/KEY/), as the audit keeps its results:
     # a second grader, a resumed run and the CLI do not build them again. KEY: the interface, the
