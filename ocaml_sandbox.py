@@ -6,6 +6,7 @@ file is its public door, for people who want to run OCaml the way the grader doe
     from ocaml_sandbox import Sandbox, SandboxConfig, from_env
     box = Sandbox(SandboxConfig())   # the defaults; from_env(SandboxConfig, os.environ) reads OCAML_*
     box.run(["./prog"], workdir, program=workdir / "prog")   # a RunResult
+    box.close()   # stops its idle prepared sandboxes (they also end with this process)
 
 What it covers (bubblewrap, on by default): no network; no /proc; a scrubbed environment; a PID
 namespace of its own (everything the program started dies with it); compiles see a read-only /usr
