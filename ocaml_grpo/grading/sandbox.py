@@ -405,7 +405,8 @@ class PreparedSandbox:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             # A native program is executed from its descriptor, never copied (the trusted
-            # programs are ~4 MB); bytecode is copied in, as its #! line needs a path.
+            # programs are ~4 MB); bytecode is copied in, as its #! line needs a path. (An
+            # `ocamlc -custom` program, which reads its own file, would need copying too: none is built.)
             how = "exec" if os.pread(program_fd, 4, 0) == b"\x7fELF" else "copy"
             fields = [str(work_bytes), str(tmp_bytes), how, str(len(fds)), *map(str, fds), *launch_args]
             request = b"".join(f.encode() + b"\0" for f in fields)
