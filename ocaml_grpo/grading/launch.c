@@ -181,8 +181,9 @@ static void manage(char *request, size_t size, int *fds, int nfds) {
   pid_t run = fork();
   if (run < 0) refuse(sock, "fork");
   if (run == 0) {
-    /* PID 1 of the new namespace. The descriptors go to their targets through numbers above all
-       of them (dup2 onto the same number would keep close-on-exec). */
+    /* PID 1 of the new namespace. The descriptors (and a native program's) are first staged
+       above every target, since a target may be the number one of them arrived at; then each goes
+       to its target (dup2 onto the same number would keep close-on-exec). */
     int top = 2;
     for (int i = 0; i < k; i++) if (targets[i] > top) top = targets[i];
     int staged[MAX_FDS];
