@@ -4,7 +4,7 @@ demo's learner model.
     python -m bench.bench_repair --json OUT.json           # ~5 min on 2 cores
     python -m bench.bench_repair --seed 1 --turns 2 --json repair-1.json
     python -m bench.bench_repair --model smollm2-135m-instruct --steps 4 --eval-samples 16 \
-        --json bench/results/repair_real_model.json       # a real model (`make model`): ~45 min on 2 cores
+        --json bench/results/repair_real_model.json       # a real model (`make model`): 31 min on 2 cores
 
 1. The learner model (ocaml_grpo/training/tiny_models.py), or --model, gets the demo's SFT warm
    start (`python train.py sft`, stopped at partial memorisation) on the demo's training problems.
