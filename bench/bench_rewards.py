@@ -204,14 +204,14 @@ def main() -> None:
     t_batch = time.perf_counter() - t0
     # What the batch got of the machine while it ran (the test runs are not our children: the
     # prepared sandboxes start them), from the kernel's count of busy time on every core.
-    runs_cpu = machine_busy_s() - c0
+    busy = machine_busy_s() - c0
     # Each loop is owed its whole CPU budget (a slow correct answer must not be cut short by its
     # neighbours), so the fair floor is the loops' CPU shared over the run slots.
     floor = -(-6 // slots) * limit
     print(f"GRPO batch of 24 with 6 infinite loops: {t_batch:.2f}s (bound: 6 loops x CPU limit {limit}s over "
           f"{slots} run slots = {floor}s, + 0.5s: {'met' if t_batch <= floor + 0.5 else 'MISSED'}); "
-          f"timed out: {sum(b.timed_out for b in res)}; the machine was busy {runs_cpu:.1f}s, "
-          f"{100 * runs_cpu / (t_batch * (os.cpu_count() or 1)):.0f}% of the {os.cpu_count()} cores over that time")
+          f"timed out: {sum(b.timed_out for b in res)}; the machine was busy {busy:.1f}s, "
+          f"{100 * busy / (t_batch * (os.cpu_count() or 1)):.0f}% of the {os.cpu_count()} cores over that time")
     scorer.close()
     cold_starts(no_loop_corpus(exercises), cfg, rows[0]["naive"])
 

@@ -638,14 +638,9 @@ class OcamlGrader:
         cpu_left = float(lim.cpu_s)
         passed: set[int] = set()
         start, finished, timed_out = 0, False, False
-        runs = []  # (directory, program) of the oracle and of the trusted program
-        for d, prog in ((workdir / "oracle", oracle), (workdir / "trusted", trusted)):
+        runs = ((workdir / "oracle", oracle), (workdir / "trusted", trusted))  # (directory, program)
+        for d, _ in runs:
             d.mkdir()
-            if not self.sandbox.isolated:  # it runs there: ./prog; isolated, a sandbox sees its program alone
-                shutil.copyfile(prog, d / "prog")
-                os.chmod(d / "prog", 0o755)
-                prog = d / "prog"
-            runs.append((d, prog))
         with self._run_slots:
             while True:
                 if cpu_left <= CPU_TIMEOUT_SLACK_S:

@@ -21,6 +21,7 @@ import fcntl
 import functools
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -170,9 +171,8 @@ class Sandbox:
                  serve_fd: int | None = None) -> list[str]:
         """The bubblewrap command for one run (with `serve_fd`: the prepared model-code sandbox,
         which starts runs itself, each with its own program)."""
-        cmd = [LAUNCHER_IN_BOX if self.isolated else self.launcher, *self._launch_args(argv, cpu_s, uid, nice)]
-        if serve_fd is not None:
-            cmd = [LAUNCHER_IN_BOX, "--serve", str(serve_fd)]
+        cmd = ([LAUNCHER_IN_BOX, "--serve", str(serve_fd)] if serve_fd is not None
+               else [LAUNCHER_IN_BOX if self.isolated else self.launcher, *self._launch_args(argv, cpu_s, uid, nice)])
         if not self.isolated:
             if program is not None and self.toolchain.root:
                 # A test program starts with #!/usr/bin/ocamlrun, the system's runtime: a bundled
@@ -269,6 +269,9 @@ class Sandbox:
         """One run in a bubblewrap of its own: (exit status, CPU seconds, whether a guard fired)."""
         out, err, pass_fds = io
         env = {**self.toolchain.env, "HOME": str(workdir), "LC_ALL": "C", "OCAMLRUNPARAM": RUNPARAM}
+        if program is not None and not self.isolated and program != workdir / "prog":
+            shutil.copyfile(program, workdir / "prog")  # unisolated, it runs where it is: ./prog
+            os.chmod(workdir / "prog", 0o755)
         program_fd = os.open(program, os.O_RDONLY) if program is not None and self.isolated else None
         if program_fd is not None:
             pass_fds = (*pass_fds, program_fd)
