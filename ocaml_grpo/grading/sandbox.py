@@ -9,7 +9,7 @@ seconds, address space, file size, processes and open files, set by the sandbox'
 (ocaml_grpo/grading/launch.c, built with `cc` on first use), which also drops to the job's uid; a
 wall-clock guard kills the whole tree, and each run reports the CPU time it used. As root, model
 code runs in prepared sandboxes (PreparedSandbox: one bubblewrap, started once, whose launcher
-starts each run in fresh namespaces; a bubblewrap costs ~8 ms of CPU, a run there ~2 ms). The
+starts each run in fresh namespaces: 3-4 ms of CPU a run against 7-9 ms; bench/sandbox_start.py). The
 toolchain is the system's (apt), or the offline bundle's (OCAML_TOOLCHAIN_DIR: toolcache.Toolchain).
 
 What is compiled and run, and how it is judged, is ocaml_grpo/grading/grader.py's business.
@@ -383,7 +383,7 @@ class Sandbox:
 class PreparedSandbox:
     """A model-code sandbox started once, which starts each run as a fresh child (launch.c's serve
     mode): new mount, IPC and PID namespaces, empty /work (the program copied in) and /tmp, the
-    run's own uid and limits. One bubblewrap start (~8 ms of CPU) is paid per sandbox, not per run.
+    run's own uid and limits. One bubblewrap start (~6 ms of CPU) is paid per sandbox, not per run.
     A run holds its sandbox to itself: runs never share one at the same time; what the runs of one
     sandbox share, one after another, is its read-only files and its empty network namespace (a
     run's processes, and with them its sockets, are gone before the next starts)."""
