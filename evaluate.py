@@ -35,10 +35,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from ocaml_grpo.training import probe
-from ocaml_grpo.training.tiny_models import ensure_plumbing_model, plumbing_model_dir
+from ocaml_grpo.models.tiny import ensure_plumbing_model, plumbing_model_dir
 from ocaml_grpo.training.sampling import RATES, generate_hf, generate_vllm, grade_completions
-from ocaml_grpo.training.models import go_offline_unless_needed, model_error
-from ocaml_grpo.training.named_models import resolve_model
+from ocaml_grpo.models.loading import go_offline_unless_needed, model_error
+from ocaml_grpo.models.named import resolve_model
 from ocaml_grpo.training.repair import sample_episodes
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo import prompting

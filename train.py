@@ -6,6 +6,7 @@ Modes:
     python train.py sft                    # SFT warm start on reference solutions (python train.py sft --help)
     python train.py demo                   # offline demo that learns: SFT warm start, GRPO, before/after table
     python train.py merge grpo_runs/final_adapter merged_model   # fold the LoRA adapter into a standalone model
+    python train.py model qwen2.5-coder-0.5b-instruct          # verify and convert a named model once (make model-qwen05)
 
     GRPO_PLUMBING=1 python train.py        # the plumbing run: tiny random Qwen2, bundled problems, CPU, ~1 min
     GRPO_RESUME=never python train.py      # start over even if the output dir has checkpoints
@@ -57,11 +58,12 @@ from ocaml_grpo.training.engines import compile_problem, enable_compiled_generat
 from ocaml_grpo.training.group_kinds import TRACKING_FILE, ProblemTracker
 from ocaml_grpo.training.learning_log import header_lines
 from ocaml_grpo.training.repair import RepairRollout
-from ocaml_grpo.training.models import adapter_base, checkpointing_kwargs, go_offline_unless_needed, load_model, load_tokenizer, \
+from ocaml_grpo.models.loading import adapter_base, checkpointing_kwargs, go_offline_unless_needed, load_model, load_tokenizer, \
     lora_config, merge_adapter, model_error, quiet_library_warnings
-from ocaml_grpo.training.named_models import resolve_model
+from ocaml_grpo.models import named as named_models
+from ocaml_grpo.models.named import resolve_model
 from ocaml_grpo.training.selection import apply_selection, write_choices
-from ocaml_grpo.training.tiny_models import ensure_plumbing_model, plumbing_model_dir
+from ocaml_grpo.models.tiny import ensure_plumbing_model, plumbing_model_dir
 
 # The interpreter's last garbage collections walk torch's, transformers' and datasets' object graphs
 # for ~1.7 s at exit. Nothing needs them: our logs are written with os.write, the libraries save
@@ -98,6 +100,8 @@ def main(argv: list[str]) -> int:
         return sft_command.main(argv[1:])
     if argv and argv[0] == "demo":  # SFT warm start + GRPO + before/after table: ocaml_grpo/training/demo.py
         return demo_command.main(argv[1:], rewards.RewardScorer)
+    if argv and argv[0] == "model":  # a named model, installed, verified and converted once: ocaml_grpo/models/named.py
+        return named_models.main(argv[1:], cache_dir(os.environ))
     if argv and argv[0] == "merge":
         # Fold a LoRA adapter into its base model so it loads without peft (e.g. for vLLM / llama.cpp export).
         if len(argv) != 3:
@@ -208,7 +212,7 @@ def main(argv: list[str]) -> int:
 
     if plumbing_model:
         ensure_plumbing_model(PLUMBING_MODEL_DIR)
-    # A named model or a .gguf file is converted once into the cache (named_models.py); the rest load as they are.
+    # A named model or a .gguf file is converted once into the cache (models/named.py); the rest load as they are.
     model_dir = resolve_model(train.base_model, cache_dir(os.environ))
     tokenizer = load_tokenizer(model_dir)
 

@@ -1,34 +1,32 @@
-"""What GRPO does to a real pretrained model on problems it never saw: base, SFT only and SFT + GRPO,
-sampled and graded the same way, on a fixed held-out split of the bundled problems.
+"""What GRPO does to a real pretrained model on problems it never saw: the base model, base + GRPO
+(the instruct model straight into GRPO), SFT only and SFT + GRPO, sampled and graded the same way
+on a fixed held-out split of the bundled problems and on MultiPL-E's HumanEval-OCaml rows.
 
-    make model && python -m bench.bench_real --json bench/results/real_model.json    # ~75 min on 2 quiet cores
-    python -m bench.bench_real --grpo-steps 16 --grpo-lr 1e-3 --json real-2.json      # another GRPO recipe: ~40 min
-                                                                                       # (base and SFT come from the cache)
-    python -m bench.bench_real --sft-steps 36 --grpo-steps 24 --grpo-temperature 0.5 \
-        --json bench/results/real_model_attempt6.json                                  # attempt 6: ~63 min
+    make model-qwen05 && python -m bench.bench_real --model qwen2.5-coder-0.5b-instruct \\
+        --json bench/results/real_qwen05.json                   # hours on 2 cores: run it in stages (below)
+    python -m bench.bench_real --model qwen2.5-coder-0.5b-instruct --arms base   # the base rows only
+    python -m bench.bench_real --model smollm2-135m-instruct --sft-steps 36 --grpo-steps 24 --grpo-temperature 0.5
 
-1. Split, once (--seed): HELDOUT problems stratified by difficulty that neither SFT nor GRPO sees;
-   the rest is the training split. Problems whose reference solution does not fit the completion
-   budget are left out of both (SFT could not train on them; the budget is the reference
-   solutions' 95th percentile of tokens, rounded up to 32).
-2. base: the model as installed, evaluated once; the result is cached by everything it depends on
-   (model file, problems, sampling, reward), so a rerun skips it.
-3. SFT only: `train.py sft` with LoRA on the training split's reference solutions.
-4. The probe a user runs before GRPO (`evaluate.py --probe`) on a sample of the training split
-   (--pool problems), sampled exactly as the evaluation samples: it is also the SFT model's
-   training-split evaluation.
-5. SFT + GRPO: `train.py` from the SFT adapter on the probed pool, with the probe's selection
-   (GRPO_PROBLEM_STATS) and problem tracking (on by default).
-6. Every model is sampled k times per problem with the training prompt, the same temperature
-   (--temperature; GRPO samples its groups at --grpo-temperature, by default the same), top-k
-   off and the same completion budget, every answer stopped at the END marker (GRPO_STOP_AT_END=1 in
-   every stage), and graded by the training grader. The held-out gain of
-   SFT + GRPO over SFT only is the mean over problems of the per-problem difference of mean rewards,
-   with a 95% bootstrap interval over problems (paired: both models on the same problems).
+1. Split, once (--seed): --heldout problems stratified by difficulty that neither SFT nor GRPO
+   sees; the rest is the training split, and --pool of them are what GRPO trains on. Problems
+   whose reference solution does not fit the completion budget are left out of both (the budget
+   is the reference solutions' 95th percentile of tokens, rounded up to 32).
+2. Arms (--arms): `base`, the model as installed; `base_grpo`, GRPO from it; `sft`, `train.py sft`
+   with LoRA on the training split's reference solutions; `sft_grpo`, GRPO from that adapter.
+   Each GRPO run starts with the probe a user runs (`evaluate.py --probe`) on the pool, and trains
+   on the problems it finds learnable (GRPO_PROBLEM_STATS), with problem tracking on.
+3. Every model is sampled --k times per problem with the training prompt, the same temperature
+   (GRPO's groups may use --grpo-temperature), top-k off, the same completion budget, every answer
+   stopped at the END marker, and graded by the training grader. `pass` is the share of answers
+   passing every test (the line gate plays no part in it); `reward` is the training reward with the
+   line gate. On MultiPL-E (evaluation only, never training; --multiple rows, a fixed sample) the
+   same. Gains are means over problems of the per-problem difference, with a 95% bootstrap
+   interval over problems (paired: both models on the same problems).
 
-All three use the prompt without worked examples (GRPO_PROMPT_EXAMPLES=0): the examples are ~430
-of a ~730-token prompt, and on 2 cores the prompt's tokens are most of what sampling and training
-cost; after SFT the model needs none of them.
+Every stage is cached under the cache directory by everything it depends on (model, problems,
+sampling, recipe): the probe and each evaluation (per model and problem set), SFT, and GRPO, whose
+run checkpoints every step and resumes where it stopped. A killed run, rerun with the same
+arguments, starts where it stopped; a rerun with another GRPO recipe costs only that recipe.
 """
 from __future__ import annotations
 
@@ -38,28 +36,26 @@ import json
 import math
 import os
 import random
-import shutil
 import sys
 import time
 from collections import defaultdict
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from bench import fresh_run_dir
-from ocaml_grpo.training.models import quiet_library_warnings
 from ocaml_grpo.config import RewardConfig
 from ocaml_grpo.config.isolation import SandboxConfig
 from ocaml_grpo.config.settings import cache_dir, from_env
 from ocaml_grpo.jsonl import read_jsonl
+from ocaml_grpo.models.loading import load_tokenizer, quiet_library_warnings
+from ocaml_grpo.models.named import model_key, resolve_model
 from ocaml_grpo.problems import BUNDLED, Problem, load_problems
 from ocaml_grpo.prompting import answer_text, chat_messages
 from ocaml_grpo.training import demo
-from ocaml_grpo.training.named_models import gguf_path, resolve_model
 from ocaml_grpo.training.sampling import generate_hf, grade_completions
 
-MARK = ".bench_real"
-EXAMPLES = 0  # GRPO_PROMPT_EXAMPLES of every stage (the module's docstring says why)
-RESULTS = ("train_pass", "heldout_pass", "train_reward", "heldout_reward", "heldout_compiled")
+ARMS = ("base", "base_grpo", "sft", "sft_grpo")
+START = {"base_grpo": "base", "sft_grpo": "sft"}  # where each GRPO arm starts
+MULTIPLE = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "multipl_e_ml.jsonl"
 
 
 def stratified_split(problems: list[Problem], n: int, seed: int) -> tuple[list[Problem], list[Problem]]:
@@ -77,58 +73,9 @@ def stratified_split(problems: list[Problem], n: int, seed: int) -> tuple[list[P
 
 
 def write(path: Path, problems: list[Problem]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(asdict(p), ensure_ascii=False) + "\n" for p in problems), encoding="utf-8")
     return path
-
-
-def prepare(a, tokenizer) -> tuple[list[Problem], list[Problem], list[Problem], list[Problem], dict]:
-    """(problems with a solution, training split, held-out split, GRPO pool, what the cached
-    stages depend on), and `a.budget` set from the reference solutions when it is 0."""
-    problems = [p for p in load_problems(BUNDLED) if p.solution.strip()]
-    # +1: the end of turn the model must emit too
-    lengths = {p.id: len(tokenizer(answer_text(p.solution), add_special_tokens=False)["input_ids"]) + 1 for p in problems}
-    ordered = sorted(lengths.values())
-    a.budget = a.budget or 32 * math.ceil(ordered[int(0.95 * len(ordered))] / 32)
-    train, held = stratified_split([p for p in problems if lengths[p.id] <= a.budget], a.heldout, a.seed)
-    pool = random.Random(a.seed).sample(train, min(a.pool, len(train)))
-    source = gguf_path(a.model)
-    # a GGUF file by its path and size; a model folder by its weights' modification times
-    model = ([str(source), source.stat().st_size] if source else
-             [a.model, *(w.stat().st_mtime_ns for w in sorted(Path(a.model).glob("*.safetensors")))])
-    inputs = {"model": model, "held": [p.id for p in held],
-              "pool": [p.id for p in pool], "k": a.k, "budget": a.budget, "temperature": a.temperature,
-              "seed": a.seed, "reward": asdict(RewardConfig()), "prompt": chat_messages("x", EXAMPLES),
-              "stop_at_end": True}
-    return problems, train, held, pool, inputs
-
-
-def stage_folder(inputs: dict, name: str, **more) -> Path:
-    """Where a stage's results are cached: named by a hash of everything they depend on."""
-    key = hashlib.sha256(json.dumps({**inputs, **more}, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return cache_dir(os.environ) / "bench_real" / f"{name}-{key}"
-
-
-def evaluate(model: str, adapter: str | None, problems: list[Problem], a, make_scorer,
-             completions: Path) -> tuple[dict, dict]:
-    """(metrics, per-problem mean training reward) of `model` (+ `adapter`), sampled as GRPO samples;
-    every graded completion goes to `completions` (evaluate.py's completions.jsonl rows)."""
-    texts, lens = generate_hf(model, adapter, [chat_messages(p.prompt, EXAMPLES) for p in problems], a.k, a.budget,
-                              a.temperature, a.batch_problems, a.seed, top_k=0, progress=False, stop_at_end=True)
-    # the reward's defaults, as in the training runs (base_env drops the caller's reward settings); the
-    # sandbox's from the environment, as train.py reads them (OCAML_TOOLCHAIN_DIR of the offline bundle)
-    config = replace(RewardConfig(), sandbox=from_env(SandboxConfig, os.environ))
-    scorer = make_scorer(replace(config, min_lines=0))
-    try:
-        core, rows = grade_completions(problems, texts, lens, 1, a.budget, scorer, config.min_lines)
-    finally:
-        scorer.close()
-    completions.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    per_problem: dict[str, list[float]] = defaultdict(list)
-    for r in rows:
-        per_problem[r["problem_id"]].append(r["train_reward"])
-    return ({"pass": core["pass@1"], "reward": core["mean_reward"], "compiled": core["rates"]["compiled"],
-             "end_marker": core["rates"]["has_end_marker"]},
-            {pid: sum(v) / len(v) for pid, v in per_problem.items()})
 
 
 def bootstrap_ci(diffs: list[float], seed: int, n: int = 10000) -> list[float]:
@@ -138,20 +85,61 @@ def bootstrap_ci(diffs: list[float], seed: int, n: int = 10000) -> list[float]:
     return [means[int(0.025 * n)], means[int(0.975 * n) - 1]]
 
 
+class Stages:
+    """The benchmark's cached stages: a folder per stage under the cache, named by a hash of what
+    it depends on; a stage is done when its folder holds `done`."""
+
+    def __init__(self, inputs: dict):
+        self.inputs = inputs
+
+    def folder(self, name: str, **more) -> Path:
+        key = hashlib.sha256(json.dumps({**self.inputs, **more}, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        folder = cache_dir(os.environ) / "bench_real" / f"{name}-{key}"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+
+def evaluate(model: str, adapter: str | None, problems: list[Problem], a, completions: Path) -> dict:
+    """Sample `model` (+ `adapter`) as GRPO samples and grade every answer: the metrics, and each
+    problem's solved share, compiled share and mean training reward. The answers go to `completions`."""
+    from rewards import RewardScorer
+    texts, lens = generate_hf(model, adapter, [chat_messages(p.prompt, a.examples) for p in problems], a.k, a.budget,
+                              a.temperature, a.batch_problems, a.seed, top_k=0, progress=False, stop_at_end=True)
+    # the reward's defaults, as in the training runs (base_env drops the caller's reward settings); the
+    # sandbox's from the environment, as train.py reads them (OCAML_TOOLCHAIN_DIR of the offline bundle)
+    config = replace(RewardConfig(), sandbox=from_env(SandboxConfig, os.environ))
+    scorer = RewardScorer(replace(config, min_lines=0))
+    try:
+        core, rows = grade_completions(problems, texts, lens, 1, a.budget, scorer, config.min_lines)
+    finally:
+        scorer.close()
+    completions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    per: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        for key, value in (("pass", r["solved"]), ("compiled", r["compiled"]), ("reward", r["train_reward"])):
+            per[key][r["problem_id"]].append(float(value))
+    return {"pass": core["pass@1"], "reward": core["mean_reward"], "compiled": core["rates"]["compiled"],
+            "end_marker": core["rates"]["has_end_marker"], "code_lines": sum(r["code_lines"] for r in rows) / len(rows),
+            "per_problem": {key: {pid: sum(v) / len(v) for pid, v in d.items()} for key, d in per.items()}}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--model", default="smollm2-135m-instruct", help="a named model, a .gguf file or a model folder")
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct", help="a named model, a .gguf file or a model folder")
     ap.add_argument("--json", default=None, help="write the results here")
-    ap.add_argument("--out", default="grpo_runs/bench-real", help="working directory (a rerun starts it over)")
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"which models to build and evaluate, of {','.join(ARMS)}")
     ap.add_argument("--seed", type=int, default=0, help="the split's, the sampling's and the runs' seed")
     ap.add_argument("--heldout", type=int, default=24, help="held-out problems (stratified by difficulty)")
     ap.add_argument("--pool", type=int, default=16, help="training problems probed, trained on by GRPO and evaluated")
-    ap.add_argument("--k", type=int, default=4, help="samples per problem and model (pass@1 = solved share), and GRPO's group size")
+    ap.add_argument("--multiple", type=int, default=48, help="MultiPL-E rows evaluated (a fixed sample; 0: none)")
+    ap.add_argument("--k", type=int, default=4, help="samples per problem and model, and GRPO's group size")
     ap.add_argument("--temperature", type=float, default=0.8, help="every evaluation's (and the probe's) temperature")
     ap.add_argument("--grpo-temperature", type=float, default=None,
-                    help="GRPO_TEMPERATURE of the GRPO run (default: --temperature); evaluations keep --temperature")
+                    help="GRPO_TEMPERATURE of the GRPO runs (default: --temperature); evaluations keep --temperature")
+    ap.add_argument("--grpo-generations", type=int, default=0, help="GRPO's group size (0: --k)")
     ap.add_argument("--budget", type=int, default=0, help="completion tokens (0: from the reference solutions)")
+    ap.add_argument("--examples", type=int, default=0, help="worked examples in every prompt (GRPO_PROMPT_EXAMPLES)")
     ap.add_argument("--batch-problems", type=int, default=4, help="problems per generate() call in evaluations")
     ap.add_argument("--sft-steps", default="12", help="SFT optimizer steps of 8 examples (SFT_MAX_STEPS)")
     ap.add_argument("--sft-lr", default="5e-4")
@@ -159,8 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grpo-prompts", type=int, default=2,
                     help="prompts per GRPO step: one per backward pass (GRPO_GRAD_ACCUM_STEPS), to fit 24 GB")
     ap.add_argument("--grpo-lr", default="2e-4")
+    ap.add_argument("--curriculum", action="store_true", help="REWARD_CURRICULUM=1 in the GRPO runs")
     ap.add_argument("--min-std", default="0.01", help="GRPO_LEARNABLE_MIN_STD for the probe's selection")
     a = ap.parse_args(argv)
+    arms = [arm for arm in a.arms.split(",") if arm]
+    if unknown := set(arms) - set(ARMS):
+        ap.error(f"--arms: unknown {sorted(unknown)}; choose from {','.join(ARMS)}")
     t_start = time.time()
     os.environ.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", TRL_EXPERIMENTAL_SILENCE="1")
     os.environ.setdefault("OMP_NUM_THREADS", str(min(4, os.cpu_count() or 1)))  # this benchmark has the machine
@@ -168,136 +160,170 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    from rewards import RewardScorer
-    from ocaml_grpo.training.models import load_tokenizer
 
-    out = fresh_run_dir(a.out, MARK)
-    model = resolve_model(a.model, cache_dir(os.environ))  # converted once (named_models.py)
-    problems, train, held, pool, inputs = prepare(a, load_tokenizer(model))
+    # ---------------------------------------------------------------- the split, and what every stage depends on
+    model = resolve_model(a.model, cache_dir(os.environ))  # verified, converted once (models/named.py)
+    tokenizer = load_tokenizer(model)
+    problems = [p for p in load_problems(BUNDLED) if p.solution.strip()]
+    # +1: the end of turn the model must emit too
+    lengths = {p.id: len(tokenizer(answer_text(p.solution), add_special_tokens=False)["input_ids"]) + 1 for p in problems}
+    ordered = sorted(lengths.values())
+    a.budget = a.budget or 32 * math.ceil(ordered[int(0.95 * len(ordered))] / 32)
+    train, held = stratified_split([p for p in problems if lengths[p.id] <= a.budget], a.heldout, a.seed)
+    pool = random.Random(a.seed).sample(train, min(a.pool, len(train)))
+    multiple: list[Problem] = []
+    if a.multiple:
+        if not MULTIPLE.is_file():
+            sys.exit(f"bench_real: --multiple {a.multiple} needs {MULTIPLE} (the external sets); --multiple 0 skips it")
+        rows = load_problems(str(MULTIPLE))
+        multiple = sorted(random.Random(a.seed).sample(rows, min(a.multiple, len(rows))), key=lambda p: p.id)
     if len(held) < a.heldout or not pool:
         sys.exit(f"bench_real: {len(held)} held-out and {len(pool)} pool problems fit the budget of {a.budget} tokens: "
                  "raise --budget (0: from the reference solutions)")
-    write(out / "train_problems.jsonl", train)
-    pool_file = write(out / "pool_problems.jsonl", pool)
-    print(f"bench_real: {a.model}; {len(train)} training problems ({len(pool)} in the GRPO pool), {len(held)} held out; "
-          f"{len(problems) - len(train) - len(held)} longer than the budget of {a.budget} tokens left out; k={a.k}, "
-          f"temperature {a.temperature}", flush=True)
+    stages = Stages({"model": model_key(a.model), "held": [p.id for p in held], "pool": [p.id for p in pool], "k": a.k,
+                     "budget": a.budget, "temperature": a.temperature, "seed": a.seed, "reward": asdict(RewardConfig()),
+                     "prompt": chat_messages("x", a.examples), "stop_at_end": True})
+    work = stages.folder("split")
+    train_file, pool_file = write(work / "train_problems.jsonl", train), write(work / "pool_problems.jsonl", pool)
+    print(f"bench_real: {a.model}; {len(train)} training problems ({len(pool)} in the GRPO pool), {len(held)} held out, "
+          f"{len(multiple)} MultiPL-E rows; {len(problems) - len(train) - len(held)} longer than the budget of {a.budget} "
+          f"tokens left out; k={a.k}, temperature {a.temperature}, {a.examples} worked examples", flush=True)
 
-    results: dict = {}
-    per_problem: dict = {}
-
-    def record(name: str, split: str, metrics: dict, rewards: dict | None = None) -> None:
-        r = results.setdefault(name, {})
-        r[f"{split}_pass"], r[f"{split}_reward"] = metrics["pass"], metrics["reward"]
-        if split == "heldout":
-            r["heldout_compiled"], r["heldout_end_marker"] = metrics["compiled"], metrics["end_marker"]
-            per_problem[name] = rewards
-        print(f"   {name} on {split}: pass@1 {metrics['pass']:.3f}  mean reward {metrics['reward']:.3f}"
-              + (f"  compiled {metrics['compiled']:.1%}" if "compiled" in metrics else ""), flush=True)
-
-    # ---------------------------------------------------------------- base, cached
-    # Each stage before GRPO is cached under the cache directory by everything it depends on, so a
-    # rerun that changes only the GRPO recipe starts at GRPO.
-    def stage_dir(name: str, **more) -> tuple[Path, bool]:
-        """(the stage's folder in the cache, whether it holds a finished run)."""
-        folder = stage_folder(inputs, name, **more)
-        if (folder / "done").is_file():
-            print(f"\n== {name}: cached ({folder})", flush=True)
-            return folder, True
-        shutil.rmtree(folder, ignore_errors=True)  # an unfinished earlier try
-        folder.mkdir(parents=True)
-        return folder, False
-
-    t0 = time.time()
-    folder, done = stage_dir("base")
-    if not done:
-        print("\n== base: sampling", flush=True)
-        base = {split: dict(zip(("metrics", "rewards"), evaluate(model, None, ps, a, RewardScorer,
-                                                                      folder / f"{split}_completions.jsonl")))
-                for split, ps in (("heldout", held), ("train", pool))}
-        (folder / "base.json").write_text(json.dumps(base) + "\n")
-        (folder / "done").touch()
-    base = json.loads((folder / "base.json").read_text())
-    for split in ("train", "heldout"):
-        record("base", split, base[split]["metrics"], base[split]["rewards"])
-    minutes = {"base": (time.time() - t0) / 60}
-
-    # ---------------------------------------------------------------- SFT only, its probe and evaluation, cached
-    env = {**demo.base_env(), "OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"], "GRPO_PROMPT_EXAMPLES": str(EXAMPLES),
+    env = {**demo.base_env(), "OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"], "GRPO_PROMPT_EXAMPLES": str(a.examples),
            "BASE_MODEL_ID": a.model, "GRPO_SEED": str(a.seed), "GRPO_MAX_COMPLETION": str(a.budget),
-           "GRPO_MAX_PROMPT": "1024", "GRPO_TEMPERATURE": str(a.temperature), "GRPO_STOP_AT_END": "1"}
-    t0 = time.time()
-    folder, done = stage_dir("sft", steps=a.sft_steps, lr=a.sft_lr)
-    sft, stats_file = folder / "sft", folder / "probe.jsonl"
-    adapter = str(sft / "final_adapter")
-    env.update(GRPO_INIT_ADAPTER=adapter, TRAINING_DATASET=str(pool_file), GRPO_NUM_GENERATIONS=str(a.k))
-    if not done:
-        demo.run_stage("SFT (LoRA) on the training split", [str(demo.TRAIN), "sft"],
-                       {**env, "GRPO_INIT_ADAPTER": "", "TRAINING_DATASET": str(out / "train_problems.jsonl"),
-                        "SFT_OUTPUT_DIR": str(sft), "SFT_LORA": "1", "SFT_HOLDOUT": "0", "SFT_MAX_STEPS": a.sft_steps,
-                        "SFT_BATCH_SIZE": "4", "SFT_GRAD_ACCUM_STEPS": "2", "SFT_LEARNING_RATE": a.sft_lr},
-                       out, out / "sft.out", echo=lambda l: l.startswith(("[SFT", "sft data", "sft done")))
-        minutes["sft"] = (time.time() - t0) / 60
-        t0 = time.time()
-        # The probe a user runs before GRPO, sampled as the evaluation samples: SFT's pool evaluation too.
-        demo.run_stage("probe (evaluate.py --probe) on the GRPO pool", ["evaluate.py", "--probe", str(stats_file),
-                       "--k", str(a.k), "--batch-size", str(a.batch_problems), "--seed", str(a.seed)],
-                       env, demo.ROOT, out / "probe.out", echo=lambda l: l.startswith(("probe", "wrote")))
-        print("\n== SFT only: sampling the held-out problems", flush=True)
-        (folder / "heldout.json").write_text(json.dumps(evaluate(model, adapter, held, a, RewardScorer,
-                                                                        folder / "heldout_completions.jsonl")) + "\n")
-        (folder / "done").touch()
-        minutes["sft_eval"] = (time.time() - t0) / 60
-    stats = read_jsonl(stats_file)[0]
-    record("sft", "train", {"pass": sum(s["solved"] for s in stats) / len(stats),
-                            "reward": sum(s["reward_mean"] for s in stats) / len(stats)})
-    record("sft", "heldout", *json.loads((folder / "heldout.json").read_text()))
+           "GRPO_MAX_PROMPT": "2048", "GRPO_TEMPERATURE": str(a.temperature), "GRPO_STOP_AT_END": "1",
+           "TRAINING_DATASET": str(pool_file), "GRPO_NUM_GENERATIONS": str(a.k)}
+    minutes: dict[str, float] = {}
+    adapters: dict[str, str | None] = {"base": None}
+    recipes: dict[str, dict] = {"base": {}}
+    results: dict[str, dict] = {}
 
-    # ---------------------------------------------------------------- SFT + GRPO
-    grpo = out / "grpo"
-    grpo_temperature = a.temperature if a.grpo_temperature is None else a.grpo_temperature
-    t0 = time.time()
-    demo.run_stage("GRPO from the SFT adapter", [str(demo.TRAIN)],
-                   {**env, "GRPO_OUTPUT_DIR": str(grpo), "GRPO_RESUME": "never", "GRPO_PROBLEM_STATS": str(stats_file),
-                    "GRPO_BATCH_SIZE": "1", "GRPO_GRAD_ACCUM_STEPS": str(a.grpo_prompts), "GRPO_MAX_STEPS": str(a.grpo_steps),
-                    "GRPO_LEARNING_RATE": a.grpo_lr, "GRPO_LR_SCHEDULER": "constant", "GRPO_SAVE_STEPS": "1000",
-                    "GRPO_AUTO_STOP": "0", "GRPO_LOGGING_STEPS": "1", "GRPO_TEMPERATURE": str(grpo_temperature),
-                    # a 135M model's rewards are crumbs (structure, type checks): any spread teaches
-                    "GRPO_LEARNABLE_MIN_STD": a.min_std},
-                   out, out / "grpo.out", echo=lambda l: l.startswith(("reward grader:", "done in", "warning", "selection")),
-                   tail=grpo / "learning.log")
-    minutes["grpo"] = (time.time() - t0) / 60
-    t0 = time.time()
-    print("\n== SFT + GRPO: sampling the pool and the held-out problems", flush=True)
-    record("sft_grpo", "train", evaluate(model, str(grpo / "final_adapter"), pool, a, RewardScorer,
-                                         out / "sft_grpo_train_completions.jsonl")[0])
-    record("sft_grpo", "heldout", *evaluate(model, str(grpo / "final_adapter"), held, a, RewardScorer,
-                                            out / "sft_grpo_heldout_completions.jsonl"))
-    minutes["grpo_eval"] = (time.time() - t0) / 60
+    def timed(name: str, t0: float) -> None:
+        minutes[name] = round(minutes.get(name, 0) + (time.time() - t0) / 60, 1)
 
-    # ---------------------------------------------------------------- the gain, and the record
-    ids = [p.id for p in held]
-    diffs = [per_problem["sft_grpo"][i] - per_problem["sft"][i] for i in ids]
-    report = {**{name: {key: results[name][key] for key in (*RESULTS, "heldout_end_marker")} for name in ("base", "sft", "sft_grpo")},
-              "heldout_problems": len(held), "heldout_ids": ids, "pool_ids": [p.id for p in pool],
-              "heldout_gain": sum(diffs) / len(diffs), "heldout_gain_ci95": bootstrap_ci(diffs, a.seed),
-              "heldout_compiled_gain": results["sft_grpo"]["heldout_compiled"] - results["sft"]["heldout_compiled"],
-              "k": a.k, "budget": a.budget, "temperature": a.temperature, "model": a.model,
-              "recipe": {"sft": {"lora": True, "steps": a.sft_steps, "batch": 8, "lr": a.sft_lr, "train_problems": len(train)},
-                         "grpo": {"steps": a.grpo_steps, "prompts": a.grpo_prompts, "generations": a.k, "lr": a.grpo_lr,
-                                  "temperature": grpo_temperature,
-                                  "pool": len(pool), "learnable_min_std": a.min_std}, "prompt_examples": EXAMPLES},
-              "minutes": round((time.time() - t_start) / 60, 1), "stage_minutes": {k: round(v, 1) for k, v in minutes.items()},
-              "seed": a.seed}
-    print("\n| model | train pass@1 | train reward | held-out pass@1 | held-out reward | held-out compiled |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name in ("base", "sft", "sft_grpo"):
-        r = report[name]
-        print(f"| {name} | {r['train_pass']:.3f} | {r['train_reward']:.3f} | {r['heldout_pass']:.3f} | "
-              f"{r['heldout_reward']:.3f} | {r['heldout_compiled']:.1%} |")
-    lo, hi = report["heldout_gain_ci95"]
-    print(f"\nheld-out gain of SFT + GRPO over SFT only: {report['heldout_gain']:+.4f} mean reward, 95% CI [{lo:+.4f}, {hi:+.4f}] "
-          f"over {len(held)} problems; compiled {report['heldout_compiled_gain']:+.1%}; {report['minutes']} min")
+    def probe(arm: str) -> Path:
+        """The probe a user runs before GRPO, on the pool, from `arm`'s model (resumable: evaluate.py)."""
+        folder = stages.folder(f"probe-{arm}", recipe=recipes[arm])
+        stats = folder / "probe.jsonl"
+        if not (folder / "done").is_file():
+            t0 = time.time()
+            demo.run_stage(f"probe (evaluate.py --probe) of {arm} on the GRPO pool",
+                           ["evaluate.py", "--probe", str(stats), "--k", str(a.k), "--batch-size", str(a.batch_problems),
+                            "--seed", str(a.seed)], {**env, "GRPO_INIT_ADAPTER": adapters[arm] or ""}, demo.ROOT,
+                           folder / "probe.out", echo=lambda l: l.startswith(("probe", "wrote")))
+            (folder / "done").touch()
+            timed(f"probe_{arm}", t0)
+        return stats
+
+    def evaluation(arm: str, split: str, chosen: list[Problem]) -> dict:
+        folder = stages.folder(f"eval-{arm}-{split}", recipe=recipes[arm], ids=[p.id for p in chosen])
+        if not (folder / "done").is_file():
+            print(f"\n== {arm}: sampling {len(chosen)} {split} problems x {a.k}", flush=True)
+            t0 = time.time()
+            (folder / "metrics.json").write_text(json.dumps(evaluate(model, adapters[arm], chosen, a,
+                                                                     folder / "completions.jsonl")) + "\n")
+            (folder / "done").touch()
+            timed(f"eval_{arm}", t0)
+        m = json.loads((folder / "metrics.json").read_text())
+        print(f"   {arm} on {split}: pass@1 {m['pass']:.3f}  compiled {m['compiled']:.1%}  mean reward {m['reward']:.3f}  "
+              f"END marker {m['end_marker']:.0%}  ({folder})", flush=True)
+        return m
+
+    for arm in [x for x in ARMS if x in arms or x in (START.get(y) for y in arms)]:
+        # ------------------------------------------------------------ build the arm's model
+        if arm == "sft":
+            recipes[arm] = {"sft_steps": a.sft_steps, "sft_lr": a.sft_lr, "lora": True, "batch": 8}
+            folder = stages.folder("sft", recipe=recipes[arm])
+            adapters[arm] = str(folder / "sft" / "final_adapter")
+            if not (folder / "done").is_file():
+                t0 = time.time()
+                demo.run_stage("SFT (LoRA) on the training split", [str(demo.TRAIN), "sft"],
+                               {**env, "TRAINING_DATASET": str(train_file), "SFT_OUTPUT_DIR": str(folder / "sft"),
+                                "SFT_LORA": "1", "SFT_HOLDOUT": "0", "SFT_MAX_STEPS": a.sft_steps, "SFT_BATCH_SIZE": "4",
+                                "SFT_GRAD_ACCUM_STEPS": "2", "SFT_LEARNING_RATE": a.sft_lr},
+                               folder, folder / "sft.out", echo=lambda l: l.startswith(("[SFT", "sft data", "sft done")))
+                (folder / "done").touch()
+                timed("sft", t0)
+        elif arm in START:
+            start = START[arm]
+            stats = probe(start)
+            grpo_t = a.temperature if a.grpo_temperature is None else a.grpo_temperature
+            recipes[arm] = {"from": recipes[start], "steps": a.grpo_steps, "prompts": a.grpo_prompts, "lr": a.grpo_lr,
+                            "temperature": grpo_t, "generations": a.grpo_generations or a.k,
+                            "learnable_min_std": a.min_std, "curriculum": a.curriculum}
+            folder = stages.folder(f"grpo-{arm}", recipe=recipes[arm])
+            adapters[arm] = str(folder / "run" / "final_adapter")
+            if not (folder / "done").is_file():
+                t0 = time.time()
+                # GRPO_RESUME=auto and a checkpoint every step: a killed run resumes where it stopped
+                demo.run_stage(f"GRPO from {start}", [str(demo.TRAIN)],
+                               {**env, "GRPO_INIT_ADAPTER": adapters[start] or "", "GRPO_OUTPUT_DIR": str(folder / "run"),
+                                "GRPO_RESUME": "auto", "GRPO_PROBLEM_STATS": str(stats), "GRPO_BATCH_SIZE": "1",
+                                "GRPO_NUM_GENERATIONS": str(a.grpo_generations or a.k),
+                                "GRPO_GRAD_ACCUM_STEPS": str(a.grpo_prompts), "GRPO_MAX_STEPS": str(a.grpo_steps),
+                                "GRPO_LEARNING_RATE": a.grpo_lr, "GRPO_LR_SCHEDULER": "constant", "GRPO_SAVE_STEPS": "1",
+                                "GRPO_SAVE_TOTAL_LIMIT": "2", "GRPO_AUTO_STOP": "0", "GRPO_LOGGING_STEPS": "1",
+                                "GRPO_TEMPERATURE": str(grpo_t), "REWARD_CURRICULUM": "1" if a.curriculum else "0",
+                                # a weak model's rewards are crumbs (structure, type checks): any spread teaches
+                                "GRPO_LEARNABLE_MIN_STD": a.min_std},
+                               folder, folder / "grpo.out",
+                               echo=lambda l: l.startswith(("reward grader:", "done in", "warning", "selection")),
+                               tail=folder / "run" / "learning.log")
+                (folder / "done").touch()
+                timed(f"grpo_{arm}", t0)
+        if arm not in arms:
+            continue
+        # ------------------------------------------------------------ evaluate it
+        r: dict = {}
+        held_m = evaluation(arm, "heldout", held)
+        r.update({f"heldout_{k}": held_m[k] for k in ("pass", "compiled", "reward", "end_marker", "code_lines")})
+        r["per_problem"] = {"heldout": held_m["per_problem"]}
+        if multiple:
+            mult_m = evaluation(arm, "multiple", multiple)
+            r.update({f"multiple_{k}": mult_m[k] for k in ("pass", "compiled", "reward")})
+            r["per_problem"]["multiple"] = mult_m["per_problem"]
+        if arm in ("base", "sft"):  # the probe is the pool's evaluation
+            stats = read_jsonl(probe(arm))
+            r["train_pass"] = sum(s["solved"] for s in stats) / len(stats)
+            r["train_reward"] = sum(s["reward_mean"] for s in stats) / len(stats)
+        else:
+            pool_m = evaluation(arm, "pool", pool)
+            r["train_pass"], r["train_reward"] = pool_m["pass"], pool_m["reward"]
+        results[arm] = r
+
+    # ---------------------------------------------------------------- gains and the record
+    gains = {}
+    for new, old in (("base_grpo", "base"), ("sft", "base"), ("sft_grpo", "base"), ("sft_grpo", "sft")):
+        if new not in results or old not in results:
+            continue
+        g = {}
+        for split, metric in (("heldout", "pass"), ("heldout", "compiled"), ("heldout", "reward"), ("multiple", "pass")):
+            if split not in results[new]["per_problem"]:
+                continue
+            n, o = results[new]["per_problem"][split][metric], results[old]["per_problem"][split][metric]
+            diffs = [n[i] - o[i] for i in sorted(o)]
+            g[f"{split}_{metric}_gain"] = sum(diffs) / len(diffs)
+            g[f"{split}_{metric}_gain_ci95"] = bootstrap_ci(diffs, a.seed)
+        gains[f"{new}-{old}"] = g
+    report = {name: {k: v for k, v in r.items() if k != "per_problem"} for name, r in results.items()}
+    report.update({"heldout_ids": [p.id for p in held], "pool_ids": [p.id for p in pool],
+                   "multiple_ids": [p.id for p in multiple], "gains": gains,
+                   # the seed's path (an instruct model straight into GRPO) against the base model
+                   **{k: v for k, v in gains.get("base_grpo-base", {}).items() if k.endswith("_ci95")},
+                   "k": a.k, "budget": a.budget, "temperature": a.temperature, "model": a.model, "examples": a.examples,
+                   "recipe": {arm: recipes[arm] for arm in results if recipes.get(arm)},
+                   "minutes": round((time.time() - t_start) / 60, 1), "stage_minutes": minutes, "seed": a.seed,
+                   "omp_threads": os.environ["OMP_NUM_THREADS"]})
+    print("\n| model | held-out pass@1 | held-out compiled | held-out reward | END marker | MultiPL-E pass@1 | pool pass@1 |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, r in report.items():
+        if name in ARMS:
+            print(f"| {name} | {r['heldout_pass']:.3f} | {r['heldout_compiled']:.1%} | {r['heldout_reward']:.3f} | "
+                  f"{r['heldout_end_marker']:.0%} | {r.get('multiple_pass', float('nan')):.3f} | {r['train_pass']:.3f} |")
+    for name, g in gains.items():
+        print(f"{name}: " + "; ".join(f"{k.removesuffix('_gain')} {g[k]:+.4f} [{g[k + '_ci95'][0]:+.4f}, "
+                                      f"{g[k + '_ci95'][1]:+.4f}]" for k in g if k.endswith("_gain")))
+    print(f"{report['minutes']} min")
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(report, indent=2) + "\n")

@@ -6,7 +6,7 @@ demo's learner model.
     python -m bench.bench_repair --model smollm2-135m-instruct --steps 4 --eval-samples 16 \
         --json bench/results/repair_real_model.json       # a real model (`make model`): 31 min on 2 cores
 
-1. The learner model (ocaml_grpo/training/tiny_models.py), or --model, gets the demo's SFT warm
+1. The learner model (ocaml_grpo/models/tiny.py), or --model, gets the demo's SFT warm
    start (`python train.py sft`, stopped at partial memorisation) on the demo's training problems.
    A real model gets REAL_RECIPE: a pretrained model's rate, 128-token answers stopped at the END
    marker (GRPO_STOP_AT_END) and prompts without worked examples (on 2 cores the examples are most
@@ -36,16 +36,17 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench import fresh_run_dir
-from ocaml_grpo.training.models import quiet_library_warnings
+from ocaml_grpo.models.loading import quiet_library_warnings
 from ocaml_grpo.config.settings import cache_dir
 from ocaml_grpo.grading.feedback import feedback_for
 from ocaml_grpo.jsonl import read_jsonl
 from ocaml_grpo.problems import load_problems
-from ocaml_grpo.training import demo, models
+from ocaml_grpo.training import demo
+from ocaml_grpo.models import loading as models
 from ocaml_grpo.training.metrics import METRICS_FILE, StepRecord
-from ocaml_grpo.training.named_models import resolve_model
+from ocaml_grpo.models.named import resolve_model
 from ocaml_grpo.training.repair import sample_episodes
-from ocaml_grpo.training.tiny_models import ensure_learner_model, learner_model_dir
+from ocaml_grpo.models.tiny import ensure_learner_model, learner_model_dir
 from rewards import RewardConfig, RewardScorer
 
 RECIPE = demo.RECIPE

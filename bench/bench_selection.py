@@ -3,7 +3,7 @@
     python -m bench.bench_selection --json OUT.json              # ~3 min on 2 cores
     python -m bench.bench_selection --seed 1 --out grpo_runs/sel-1 --json sel-1.json
 
-1. The learner model (ocaml_grpo/training/tiny_models.py) gets a two-stage SFT (`python train.py sft`, full
+1. The learner model (ocaml_grpo/models/tiny.py) gets a two-stage SFT (`python train.py sft`, full
    fine-tune) so the problem set holds a mix: stage 1 on MASTERED until it is memorised, stage 2
    on MASTERED + PARTIAL stopped at partial memorisation; NEVER_SEEN is never trained on.
 2. uniform: `python train.py` on all the problems, TRL's uniform order (GRPO_TRACK_PROBLEMS=0);
@@ -32,9 +32,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench import fresh_run_dir
-from ocaml_grpo.training.models import quiet_library_warnings
+from ocaml_grpo.models.loading import quiet_library_warnings
 from ocaml_grpo.training import demo
-from ocaml_grpo.training.tiny_models import ensure_learner_model, learner_model_dir
+from ocaml_grpo.models.tiny import ensure_learner_model, learner_model_dir
 from ocaml_grpo.config.settings import cache_dir
 from ocaml_grpo.training.group_kinds import group_stat, learnable
 from ocaml_grpo.training.learning_log import parse_learning_log, series

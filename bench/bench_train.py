@@ -47,11 +47,11 @@ from pathlib import Path
 import torch
 
 from bench.bench_rewards import variants
-from ocaml_grpo.training.models import quiet_library_warnings
-from ocaml_grpo.training.tiny_models import ensure_plumbing_model, plumbing_model_dir
-from ocaml_grpo.training.models import checkpointing_kwargs
-from ocaml_grpo.training import named_models
-from ocaml_grpo.training.named_models import NAMED, named_model_error
+from ocaml_grpo.models.loading import quiet_library_warnings
+from ocaml_grpo.models.tiny import ensure_plumbing_model, plumbing_model_dir
+from ocaml_grpo.models.loading import checkpointing_kwargs
+from ocaml_grpo.models import named as named_models
+from ocaml_grpo.models.named import NAMED, named_model_error
 from ocaml_grpo.config.settings import cache_dir, from_env
 from ocaml_grpo.training.engines import ENGINES, compiled_graphs, enable_compiled_generation, engine_kwargs
 from ocaml_grpo.problems import Problem, load_problems

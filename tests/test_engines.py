@@ -9,7 +9,7 @@ import torch
 from ocaml_grpo.config.settings import cache_dir
 from ocaml_grpo.training.engines import (compiled_graphs, drop_orphaned_input_hooks, enable_compiled_generation,
                                          end_turn_at_stop, engine_kwargs)
-from ocaml_grpo.training.tiny_models import ensure_plumbing_model, plumbing_model_dir
+from ocaml_grpo.models.tiny import ensure_plumbing_model, plumbing_model_dir
 
 
 def test_compiled_engine_settings_give_one_cache_size():
@@ -120,7 +120,7 @@ def test_the_per_step_library_warnings_are_silenced_where_raised(cache_home, mon
     import warnings
     from transformers import AutoModelForCausalLM
 
-    from ocaml_grpo.training.models import quiet_library_warnings
+    from ocaml_grpo.models.loading import quiet_library_warnings
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
     model = AutoModelForCausalLM.from_pretrained(ensure_plumbing_model(plumbing_model_dir(cache_dir(os.environ))))

@@ -56,7 +56,7 @@ def isolated(env: dict, cache_home: Path) -> dict:
 @pytest.fixture(scope="module")
 def sft_out(tmp_path_factory, cache_home) -> Path:
     """The demo's SFT warm start, once for this file."""
-    from ocaml_grpo.training.tiny_models import LEARNER_VERSION, build_learner_model, is_built
+    from ocaml_grpo.models.tiny import LEARNER_VERSION, build_learner_model, is_built
     model = cache_home / "ocaml-grpo" / "demo-learner"
     if not is_built(model, LEARNER_VERSION):
         build_learner_model(model)

@@ -12,9 +12,9 @@ from conftest import check_log_wellformed, fenced, log_lines, read_jsonl, run_en
 from ocaml_grpo.problems import load_problems
 from ocaml_grpo.prompting import chat_messages
 from ocaml_grpo.reward.parts import discounted
-from ocaml_grpo.training.models import load_model, load_tokenizer
+from ocaml_grpo.models.loading import load_model, load_tokenizer
 from ocaml_grpo.training.repair import ENDED_TURNS, FeedbackBlock, RepairRollout, first_answer_advantages
-from ocaml_grpo.training.tiny_models import ensure_plumbing_model
+from ocaml_grpo.models.tiny import ensure_plumbing_model
 from ocaml_grpo.training.trainer import OcamlGRPOTrainer
 from rewards import make_reward_function
 

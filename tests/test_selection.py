@@ -51,7 +51,7 @@ def test_probe_statistics_on_hand_made_completions(scorer):
 def test_probe_command_appends_resumes_and_refuses_other_settings(tmp_path, cache_home):
     """`evaluate.py --probe` with the tiny model: one line per problem after each batch, a rerun
     samples only what is missing, a file probed at another temperature is refused by name."""
-    from ocaml_grpo.training.tiny_models import build_plumbing_model, is_built
+    from ocaml_grpo.models.tiny import build_plumbing_model, is_built
     model = cache_home / "ocaml-grpo" / "plumbing-qwen2-tiny"
     if not is_built(model):
         build_plumbing_model(model)

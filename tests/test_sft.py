@@ -104,7 +104,7 @@ def test_grpo_init_adapter_must_be_an_adapter(tmp_path, cache_home):
 @pytest.mark.slow
 def test_lora_sft_then_grpo_continues_the_adapter(tmp_path, cache_home):
     # train.py builds the plumbing model only under GRPO_PLUMBING=1; SFT takes a BASE_MODEL_ID, so build it here.
-    from ocaml_grpo.training.tiny_models import build_plumbing_model
+    from ocaml_grpo.models.tiny import build_plumbing_model
     model = cache_home / "ocaml-grpo" / "plumbing-qwen2-tiny"
     if not (model / "config.json").exists():
         build_plumbing_model(model)

@@ -199,7 +199,7 @@ def test_activation_checkpointing_takes_the_name_this_transformers_knows():
     # The lent H100's image (transformers 5.17) rejected GRPOConfig(activation_checkpointing=...):
     # its TrainingArguments took only the older name.
     from trl import GRPOConfig
-    from ocaml_grpo.training.models import checkpointing_kwargs
+    from ocaml_grpo.models.loading import checkpointing_kwargs
 
     class OlderTrainingArguments:
         def __init__(self, output_dir=None, gradient_checkpointing=False):

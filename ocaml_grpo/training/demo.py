@@ -4,7 +4,7 @@ with the real grader, visibly raises the reward.
     python train.py demo [OUT_DIR]      # default grpo_runs/demo-learn; a rerun starts over
     python train.py demo OUT_DIR --set grpo_steps=30 --set temperature=0.6   # try another recipe
 
-1. the learner model (ocaml_grpo/training/tiny_models.py, 441k parameters) is built once and cached;
+1. the learner model (ocaml_grpo/models/tiny.py, 441k parameters) is built once and cached;
 2. `python train.py sft` full-fine-tunes it on the reference solutions of a few easy bundled
    problems (RECIPE.train_ids), holding RECIPE.heldout_ids out, and stops at partial memorisation
    (SFT_STOP_LOSS): some samples right, some wrong, so GRPO's groups have reward variance;
@@ -28,9 +28,9 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ocaml_grpo.training.models import quiet_library_warnings
-from ocaml_grpo.training import models
-from ocaml_grpo.training.tiny_models import ensure_learner_model, learner_model_dir
+from ocaml_grpo.models.loading import quiet_library_warnings
+from ocaml_grpo.models import loading as models
+from ocaml_grpo.models.tiny import ensure_learner_model, learner_model_dir
 from ocaml_grpo.training.sampling import generate_hf, grade_completions
 from ocaml_grpo.training.learning_log import parse_learning_log, series
 from ocaml_grpo.problems import BUNDLED, load_problems, read_rows

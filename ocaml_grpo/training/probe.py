@@ -38,7 +38,7 @@ from ocaml_grpo.prompting import chat_messages
 from ocaml_grpo.training.selection import ProblemStats, read_stats, sampling_differences, sampling_settings
 from ocaml_grpo.config import SETTINGS, RewardConfig, resolve
 from ocaml_grpo.config.settings import cache_dir, settings_of
-from ocaml_grpo.training.named_models import resolve_model
+from ocaml_grpo.models.named import resolve_model
 
 # What the probe reads from the environment (the rest of train.py's settings do not change a sample).
 USED = [s for s in SETTINGS if s.name in ("BASE_MODEL_ID", "GRPO_INIT_ADAPTER", "TRAINING_DATASET", "GRPO_TEMPERATURE",
@@ -135,7 +135,7 @@ def main(argv: list[str], generate_hf, generate_vllm, make_scorer) -> int:
               f"about {rate * (len(todo) - written) / 60:.1f} min left)", flush=True)
 
     prompts = [chat_messages(p.prompt, cfg.train.prompt_examples) for p in todo]
-    # a named model or a .gguf file: its converted folder (named_models.py)
+    # a named model or a .gguf file: its converted folder (models/named.py)
     model, adapter = resolve_model(cfg.train.base_model, cache_dir(os.environ)), cfg.train.init_adapter or None
     try:
         if repair:

@@ -9,7 +9,7 @@ from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
 
-from ocaml_grpo.training.models import load_model, load_tokenizer
+from ocaml_grpo.models.loading import load_model, load_tokenizer
 from ocaml_grpo.problems import Problem
 from ocaml_grpo.prompting import END_MARKER
 

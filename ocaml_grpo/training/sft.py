@@ -31,14 +31,14 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 
-from ocaml_grpo.training.models import quiet_library_warnings
+from ocaml_grpo.models.loading import quiet_library_warnings
 from ocaml_grpo.jsonl import append
-from ocaml_grpo.training.models import go_offline_unless_needed, load_model, load_tokenizer, lora_config, model_error
+from ocaml_grpo.models.loading import go_offline_unless_needed, load_model, load_tokenizer, lora_config, model_error
 from ocaml_grpo.problems import DatasetError, load_problems
 from ocaml_grpo.prompting import answer_text, chat_messages, prompt_token_count
 from ocaml_grpo.config import RETIRED, SFT_SETTINGS, VARIABLES, Config, recorded, resolve
 from ocaml_grpo.config.settings import cache_dir, describe, unknown_variables
-from ocaml_grpo.training.named_models import resolve_model
+from ocaml_grpo.models.named import resolve_model
 
 
 def split_problems(problems: list, holdout, seed: int) -> tuple[list, list]:
@@ -113,7 +113,7 @@ def run(cfg: Config, train: list, held: list, skipped_no_solution: int) -> int:
     width = max(map(len, values))
     print("sft config:\n" + "\n".join(f"  {k.ljust(width)} = {v}" for k, v in values.items()))
     (out / "config.json").write_text(json.dumps(values, indent=2) + "\n")
-    # A named model or a .gguf file is converted once into the cache (named_models.py).
+    # A named model or a .gguf file is converted once into the cache (models/named.py).
     model_dir = resolve_model(cfg.train.base_model, cache_dir(os.environ))
     tokenizer = load_tokenizer(model_dir)
 

@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 from ocaml_grpo.config.grpo import LoRA
 from ocaml_grpo.problems import is_hub_id
-from ocaml_grpo.training.named_models import NAMED, named_model_error
+from ocaml_grpo.models.named import NAMED, hub_stand_in, named_model_error
 
 # A hub id: `name` or `owner/name`. Anything else that is not an existing directory is a path
 # that does not exist.
@@ -49,7 +49,7 @@ def hub_reachable(environ: Mapping[str, str], timeout: float = 3.0) -> bool:
 
 def is_hub_model(model_id: str) -> bool:
     """Whether from_pretrained would look `model_id` up on the hub: not a local path nor a named
-    model (named_models.py), shaped like a hub id."""
+    model (models/named.py), shaped like a hub id."""
     return (model_id not in NAMED and not Path(model_id).expanduser().exists() and not model_id.startswith(("/", ".", "~"))
             and bool(HUB_ID_RE.fullmatch(model_id)))
 
@@ -71,7 +71,7 @@ def go_offline_unless_needed(model_ids: list[str], dataset: str, environ: Mutabl
 
 def model_error(name: str, model_id: str, environ: Mapping[str, str]) -> str | None:
     """Why `model_id` (the value of the variable `name`) cannot be loaded, found without loading
-    it: a local directory must hold a saved model, a name (named_models.py) its installed package,
+    it: a local directory must hold a saved model, a name (models/named.py) its installed package,
     and a hub id needs the hub or its cached copy."""
     if model_id in NAMED or model_id.endswith(".gguf"):
         return named_model_error(name, model_id)
@@ -85,10 +85,11 @@ def model_error(name: str, model_id: str, environ: Mapping[str, str]) -> str | N
         return f"{name}={model_id}: no such directory"
     cached = any((hub_cache(environ) / f"models--{model_id.replace('/', '--')}" / "snapshots").glob("*/config.json"))
     if hub_offline(environ) and not cached:
+        stand_in = hub_stand_in(model_id)
         return (f"{name}={model_id} is neither a local directory nor a hub model in the local cache "
                 f"({hub_cache(environ)}), and the hub is offline (HF_HUB_OFFLINE=1): download it once where the "
                 f"hub can be reached (`hf download {model_id}`), or point {name} at a local model "
-                "directory")
+                "directory" + (f"; {stand_in}" if stand_in else ""))
     return None
 
 
