@@ -4,7 +4,7 @@ a before/after check.
 
     python evaluate.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --n 10 --k 1
     python evaluate.py --model Qwen/Qwen2.5-Coder-1.5B-Instruct --adapter grpo_runs/final_adapter --n 50 --k 4
-    python evaluate.py --model smollm2-135m-instruct --n 10 --k 4   # the real pretrained model, offline (make model)
+    python evaluate.py --model qwen2.5-coder-0.5b-instruct --n 10 --k 4   # a real model offline (make model-qwen05)
     python evaluate.py --model plumbing --dataset bundled --n 20   # offline: a tiny random model, the bundled problems
     python evaluate.py --model M --dataset problems.jsonl      # your own problems (a local .jsonl, .json, .csv, .parquet)
     python evaluate.py --model PATH --vllm       # generate with vLLM when it is installed

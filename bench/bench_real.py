@@ -86,15 +86,16 @@ def bootstrap_ci(diffs: list[float], seed: int, n: int = 10000) -> list[float]:
 
 
 class Stages:
-    """The benchmark's cached stages: a folder per stage under the cache, named by a hash of what
-    it depends on; a stage is done when its folder holds `done`."""
+    """The benchmark's cached stages: a folder per stage under `root`, named by a hash of what it
+    depends on (nothing of the machine's: a stage's results can travel with the repository); a
+    stage is done when its folder holds `done`."""
 
-    def __init__(self, inputs: dict):
-        self.inputs = inputs
+    def __init__(self, root: Path, inputs: dict):
+        self.root, self.inputs = root, inputs
 
     def folder(self, name: str, **more) -> Path:
         key = hashlib.sha256(json.dumps({**self.inputs, **more}, sort_keys=True, default=str).encode()).hexdigest()[:16]
-        folder = cache_dir(os.environ) / "bench_real" / f"{name}-{key}"
+        folder = self.root / f"{name}-{key}"
         folder.mkdir(parents=True, exist_ok=True)
         return folder
 
@@ -128,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct", help="a named model, a .gguf file or a model folder")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--stages", default=None, help="where the stages are cached (default: the cache directory's "
+                                                   "bench_real/); evaluations and probes are small enough to commit")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"which models to build and evaluate, of {','.join(ARMS)}")
     ap.add_argument("--seed", type=int, default=0, help="the split's, the sampling's and the runs' seed")
     ap.add_argument("--heldout", type=int, default=24, help="held-out problems (stratified by difficulty)")
@@ -149,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grpo-lr", default="2e-4")
     ap.add_argument("--curriculum", action="store_true", help="REWARD_CURRICULUM=1 in the GRPO runs")
     ap.add_argument("--min-std", default="0.01", help="GRPO_LEARNABLE_MIN_STD for the probe's selection")
+    ap.add_argument("--no-selection", action="store_true", help="GRPO trains on the whole pool, not the probe's selection")
     a = ap.parse_args(argv)
     arms = [arm for arm in a.arms.split(",") if arm]
     if unknown := set(arms) - set(ARMS):
@@ -180,8 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     if len(held) < a.heldout or not pool:
         sys.exit(f"bench_real: {len(held)} held-out and {len(pool)} pool problems fit the budget of {a.budget} tokens: "
                  "raise --budget (0: from the reference solutions)")
-    stages = Stages({"model": model_key(a.model), "held": [p.id for p in held], "pool": [p.id for p in pool], "k": a.k,
-                     "budget": a.budget, "temperature": a.temperature, "seed": a.seed, "reward": asdict(RewardConfig()),
+    reward = RewardConfig()
+    stages = Stages(Path(a.stages) if a.stages else cache_dir(os.environ) / "bench_real",
+                    {"model": model_key(a.model), "held": [p.id for p in held], "pool": [p.id for p in pool], "k": a.k,
+                     "budget": a.budget, "temperature": a.temperature, "seed": a.seed,
+                     "reward": [reward.min_lines, reward.runaway_multiplier, asdict(reward.weights),
+                                asdict(reward.sandbox.limits)],
                      "prompt": chat_messages("x", a.examples), "stop_at_end": True})
     work = stages.folder("split")
     train_file, pool_file = write(work / "train_problems.jsonl", train), write(work / "pool_problems.jsonl", pool)
@@ -250,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             grpo_t = a.temperature if a.grpo_temperature is None else a.grpo_temperature
             recipes[arm] = {"from": recipes[start], "steps": a.grpo_steps, "prompts": a.grpo_prompts, "lr": a.grpo_lr,
                             "temperature": grpo_t, "generations": a.grpo_generations or a.k,
-                            "learnable_min_std": a.min_std, "curriculum": a.curriculum}
+                            "learnable_min_std": None if a.no_selection else a.min_std, "curriculum": a.curriculum}
             folder = stages.folder(f"grpo-{arm}", recipe=recipes[arm])
             adapters[arm] = str(folder / "run" / "final_adapter")
             if not (folder / "done").is_file():
@@ -258,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
                 # GRPO_RESUME=auto and a checkpoint every step: a killed run resumes where it stopped
                 demo.run_stage(f"GRPO from {start}", [str(demo.TRAIN)],
                                {**env, "GRPO_INIT_ADAPTER": adapters[start] or "", "GRPO_OUTPUT_DIR": str(folder / "run"),
-                                "GRPO_RESUME": "auto", "GRPO_PROBLEM_STATS": str(stats), "GRPO_BATCH_SIZE": "1",
+                                "GRPO_RESUME": "auto", "GRPO_PROBLEM_STATS": "" if a.no_selection else str(stats),
+                                "GRPO_BATCH_SIZE": "1",
                                 "GRPO_NUM_GENERATIONS": str(a.grpo_generations or a.k),
                                 "GRPO_GRAD_ACCUM_STEPS": str(a.grpo_prompts), "GRPO_MAX_STEPS": str(a.grpo_steps),
                                 "GRPO_LEARNING_RATE": a.grpo_lr, "GRPO_LR_SCHEDULER": "constant", "GRPO_SAVE_STEPS": "1",
@@ -283,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             r.update({f"multiple_{k}": mult_m[k] for k in ("pass", "compiled", "reward")})
             r["per_problem"]["multiple"] = mult_m["per_problem"]
         if arm in ("base", "sft"):  # the probe is the pool's evaluation
-            stats = read_jsonl(probe(arm))
+            stats = read_jsonl(probe(arm))[0]
             r["train_pass"] = sum(s["solved"] for s in stats) / len(stats)
             r["train_reward"] = sum(s["reward_mean"] for s in stats) / len(stats)
         else:

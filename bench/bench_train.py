@@ -242,7 +242,7 @@ def main() -> None:
     ap.add_argument("--compile-backend", default="inductor", choices=["inductor", "cudagraphs"],
                     help="the compiled engine's torch.compile backend (cudagraphs: CUDA graphs without Triton)")
     ap.add_argument("--model", default="qwen1.5b-shape" if on_gpu else "tiny",
-                    help="tiny | qwen1.5b-shape | smollm2-135m-instruct | a .gguf file | a local model folder (default: qwen1.5b-shape on CUDA, tiny on CPU)")
+                    help="tiny | qwen1.5b-shape | a named model (smollm2-135m-instruct, qwen2.5-coder-0.5b-instruct, ...) | a .gguf file | a local model folder (default: qwen1.5b-shape on CUDA, tiny on CPU)")
     ap.add_argument("--prompts", type=int, default=base["prompts"], help="prompts per step")
     ap.add_argument("--generations", type=int, default=base["generations"], help="completions per prompt")
     ap.add_argument("--completion", type=int, default=base["completion"], help="max completion tokens")

