@@ -181,9 +181,13 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit(f"bench_real: --multiple {a.multiple} needs {MULTIPLE} (the external sets); --multiple 0 skips it")
         rows = load_problems(str(MULTIPLE))
         multiple = sorted(random.Random(a.seed).sample(rows, min(a.multiple, len(rows))), key=lambda p: p.id)
-    if len(held) < a.heldout or not pool:
+    if len(held) < a.heldout or (not pool and a.pool):
         sys.exit(f"bench_real: {len(held)} held-out and {len(pool)} pool problems fit the budget of {a.budget} tokens: "
                  "raise --budget (0: from the reference solutions)")
+    if not pool and set(arms) & set(START):
+        sys.exit("bench_real: --pool 0 leaves GRPO nothing to train on: evaluate base or sft alone (--arms base,sft)")
+    if a.k < 2 and pool:
+        sys.exit("bench_real: the probe of the pool needs --k 2 or more (--pool 0 evaluates the held-out problems alone)")
     reward = RewardConfig()
     stages = Stages(Path(a.stages) if a.stages else cache_dir(os.environ) / "bench_real",
                     {"model": model_key(a.model), "held": [p.id for p in held], "pool": [p.id for p in pool], "k": a.k,
@@ -291,7 +295,9 @@ def main(argv: list[str] | None = None) -> int:
             mult_m = evaluation(arm, "multiple", multiple)
             r.update({f"multiple_{k}": mult_m[k] for k in ("pass", "compiled", "reward")})
             r["per_problem"]["multiple"] = mult_m["per_problem"]
-        if arm in ("base", "sft"):  # the probe is the pool's evaluation
+        if not pool:
+            pass
+        elif arm in ("base", "sft"):  # the probe is the pool's evaluation
             stats = read_jsonl(probe(arm))[0]
             r["train_pass"] = sum(s["solved"] for s in stats) / len(stats)
             r["train_reward"] = sum(s["reward_mean"] for s in stats) / len(stats)
@@ -328,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in report.items():
         if name in ARMS:
             print(f"| {name} | {r['heldout_pass']:.3f} | {r['heldout_compiled']:.1%} | {r['heldout_reward']:.3f} | "
-                  f"{r['heldout_end_marker']:.0%} | {r.get('multiple_pass', float('nan')):.3f} | {r['train_pass']:.3f} |")
+                  f"{r['heldout_end_marker']:.0%} | {r.get('multiple_pass', float('nan')):.3f} | "
+                  f"{r.get('train_pass', float('nan')):.3f} |")
     for name, g in gains.items():
         print(f"{name}: " + "; ".join(f"{k.removesuffix('_gain')} {g[k]:+.4f} [{g[k + '_ci95'][0]:+.4f}, "
                                       f"{g[k + '_ci95'][1]:+.4f}]" for k in g if k.endswith("_gain")))
