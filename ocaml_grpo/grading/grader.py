@@ -85,6 +85,11 @@ class Grade:
 
 
 ENTRY_MISMATCH = "an entry point does not have the prompt's type: "
+# The grader's own work on an answer (lexing, phrases, error counting) is linear in its size; this
+# bounds it (~1 s of Python at the limit). A completion of 8k tokens is ~40 KB: a longer one is not
+# typed, like a check stopped by the compile limit (no type-check, compile or test credit).
+MAX_SOLUTION_CHARS = 512 << 10
+TOO_LARGE = CompileError("other", 0, f"the answer is over {MAX_SOLUTION_CHARS} characters: it was not compiled")
 TRUSTED_META = "trusted.json"  # in a cached trusted program's directory: its build error, closures, unit
 
 
@@ -252,6 +257,9 @@ class OcamlGrader:
         """Type check and compile one assembled solution, then run the tests against it. `prompt`
         declares the entry points' types (oracle.interface_of); without a usable one the tests
         cannot be run outside the answer's process, and earn nothing (Grade.unverifiable)."""
+        if len(solution) > MAX_SOLUTION_CHARS:  # the grader's own work stays bounded (see the constant)
+            return Grade(compile_errors=[TOO_LARGE], compile_timed_out=True,
+                         tests_total=src.assertion_count(plan_of(tests)))
         workdir = self._new_job_dir()
         budget = CompileBudget(self.sandbox.limits.compile_s)
         try:
@@ -563,8 +571,9 @@ class OcamlGrader:
         for j in forgiven[:max(0, self.MAX_CHECKS - checks)]:
             if budget.exhausted:
                 break
-            before = [i for i in range(j) if i in good or i in skipped]
-            stand_in = [phrases[i] if i in good else replace(phrases[i], text=_declared_at_any_type(phrases[i]))
+            good_set, skipped_set = set(good), set(skipped)
+            before = [i for i in range(j) if i in good_set or i in skipped_set]
+            stand_in = [phrases[i] if i in good_set else replace(phrases[i], text=_declared_at_any_type(phrases[i]))
                         for i in before]
             checked = _joined(stand_in + [phrases[j]], list(range(len(before) + 1)))
             own = self._check(steps, checked.text)
@@ -702,9 +711,21 @@ def _read_text(path: Path) -> str:
 
 
 def _char_offsets(text: str, byte_offsets: list[int]) -> list[int]:
-    """The compiler counts bytes; Python strings count characters."""
+    """The compiler counts bytes; Python strings count characters. An offset inside a character
+    counts the characters before it. One pass over the text, whatever the number of offsets."""
     data = text.encode()
-    return [len(data[:b].decode("utf-8", "ignore")) for b in byte_offsets]
+    order = sorted(range(len(byte_offsets)), key=lambda k: byte_offsets[k])
+    out = [0] * len(byte_offsets)
+    at, chars = 0, 0  # `chars` characters lie in data[:at]
+    for k in order:
+        b = min(max(byte_offsets[k], 0), len(data))
+        while b > at and b < len(data) and data[b] & 0xC0 == 0x80:  # inside a character: back to its start
+            b -= 1
+        if b > at:
+            chars += len(data[at:b].decode("utf-8", "ignore"))
+            at = b
+        out[k] = chars
+    return out
 
 
 @dataclass

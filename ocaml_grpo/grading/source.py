@@ -261,12 +261,15 @@ def _phrases_at(src: str, starts: list[int], toks: list[Token]) -> list[Phrase]:
     starts[0] = 0
     tokens_between = _token_slicer(toks)
     phrases = []
+    line, counted = 1, 0  # the line of offset `counted`: newlines are counted once, start to end
     for idx, start in enumerate(starts):
         end = starts[idx + 1] if idx + 1 < len(starts) else len(src)
+        line += src.count("\n", counted, start)
+        counted = start
         text = src[start:end]
         if text.strip():
             bindings = _bindings_in(tokens_between(start, end))
-            phrases.append(Phrase(text=text, line=src.count("\n", 0, start) + 1, names=tuple(n for _, n in bindings),
+            phrases.append(Phrase(text=text, line=line, names=tuple(n for _, n in bindings),
                                   start=start, values=tuple(_values(bindings))))
     return phrases
 
