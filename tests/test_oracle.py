@@ -203,6 +203,11 @@ def test_an_abstract_type_the_interface_lists_crosses_as_a_handle(scorer):
 # any path (it used to earn more with an unrelated type error: 0.15 -> 0.175).
 PAD = "\nlet _ = ()\nlet _ = ()\nlet _ = ()"
 UNRELATED_ERROR = '\nlet _oops (x : int) : int = x + "a"'
+# Round 6 (#47): a denied value, a broken module and a broken type, each with a dependent phrase
+# whose own error must still count.
+DENIED = "\nlet _peek = Obj.repr 1"
+BROKEN_MODULE = '\nmodule Oops = struct let x : int = "a" end\nlet _oops2 (y : int) : int = Oops.x + "b"'
+BROKEN_TYPE = '\ntype oops = Oops of intt\nlet _oops2 (x : oops) : int = x + 1'
 
 
 def test_errors_and_padding_never_raise_the_reward_and_the_entry_is_checked_first(scorer):
@@ -217,7 +222,12 @@ def test_errors_and_padding_never_raise_the_reward_and_the_entry_is_checked_firs
                           "right+error": p.solution + UNRELATED_ERROR,
                           "right+pad+error": p.solution + PAD + UNRELATED_ERROR,
                           "no_entry": renamed, "no_entry+error": renamed + UNRELATED_ERROR,
-                          "no_entry+pad+error": renamed + PAD + UNRELATED_ERROR}
+                          "no_entry+pad+error": renamed + PAD + UNRELATED_ERROR,
+                          "right+denied": p.solution + DENIED, "no_entry+denied": renamed + DENIED,
+                          "right+broken_module": p.solution + BROKEN_MODULE,
+                          "right+broken_type": p.solution + BROKEN_TYPE,
+                          "no_entry+broken_module": renamed + BROKEN_MODULE,
+                          "no_entry+broken_type": renamed + BROKEN_TYPE}
     names = list(next(iter(variants.values())))
     scored = scorer.score_batch([p for p in problems for _ in names],
                                 [fenced(variants[p.id][n]) for p in problems for n in names])
@@ -225,10 +235,15 @@ def test_errors_and_padding_never_raise_the_reward_and_the_entry_is_checked_firs
         r = {n: b for n, b in zip(names, scored[k * len(names):(k + 1) * len(names)])}
         assert r["right"].reward == r["right+pad"].reward == 1.0, p.id  # padding earns nothing
         assert r["right+error"].reward < 1.0 and r["right+pad+error"].reward == r["right+error"].reward, p.id
-        for n in ("no_entry", "no_entry+error", "no_entry+pad+error"):
+        for n in ("no_entry", "no_entry+error", "no_entry+pad+error", "no_entry+denied", "no_entry+broken_module",
+                  "no_entry+broken_type"):
             assert r[n].type_check == r[n].compile == r[n].tests == 0.0, (p.id, n, r[n].error_kinds)
             assert "entry" in r[n].error_kinds, (p.id, n)
-        assert r["no_entry+error"].reward <= r["no_entry"].reward, p.id  # an added error never pays
+        for n in ("no_entry+error", "no_entry+denied", "no_entry+broken_module", "no_entry+broken_type"):
+            assert r[n].reward <= r["no_entry"].reward, (p.id, n)  # an added error never pays
+        assert r["right+denied"].tests == 0.0 and r["right+denied"].reward < 1.0, p.id
+        for n in ("right+broken_module", "right+broken_type"):  # two errors each: below one error
+            assert r[n].type_errors == 2 and r[n].reward < r["right+error"].reward, (p.id, n, r[n].error_kinds)
 
 
 @pytest.mark.parametrize("code", [

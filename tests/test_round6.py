@@ -1,11 +1,13 @@
 """Grader round 6 (#47): a value of a type variable behaves like itself, no credit path around the
 allowlist, no restart that gives the answer a fresh start, and the grader's own work stays linear.
 Real compiler, real sandbox; each expectation is what plain OCaml gives with the tests appended."""
+import subprocess
 import time
 
 import pytest
 
 from conftest import ADD, fenced
+from ocaml_grpo.problems import Problem
 from ocaml_grpo.grading import source as src
 from ocaml_grpo.grading.grader import MAX_SOLUTION_CHARS, _char_offsets
 
@@ -52,3 +54,115 @@ def test_an_answer_over_the_size_limit_is_not_compiled_and_earns_nothing(scorer)
     under = "let add a b = a + b\nlet bad : int = \"x\"\n" + "".join(f"let pad{i} = {i}\n" for i in range(20_000))
     b = score(scorer, under)
     assert b.error_kinds == ["type"] and b.type_check == pytest.approx(0.10), b.first_error
+
+
+def plain_ocaml_accepts(tmp_path, code: str, tests: str) -> bool:
+    """The truth: the tests appended to the answer, in plain `ocaml`."""
+    (tmp_path / "plain.ml").write_text(code + "\n;;\n" + tests + "\n")
+    return subprocess.run(["ocaml", str(tmp_path / "plain.ml")], capture_output=True).returncode == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The entry binding compiles exactly when the appended tests would.
+
+SAME_PROMPT = "(** The list, unchanged. *)\nlet same (l : 'a list) : 'a list ="
+TWO_TYPES = Problem(id="same2", prompt=SAME_PROMPT,
+                    tests='let () =\n  assert (same [1; 2] = [1; 2]);\n  assert (same ["a"] = ["a"])\n;;')
+ONE_TYPE = Problem(id="same1", prompt=SAME_PROMPT,
+                   tests="let () =\n  assert (same [1; 2] = [1; 2]);\n  assert (same [3] = [3])\n;;")
+FIRST_CLASS = Problem(id="add_fold", prompt=ADD.prompt,
+                      tests="let () =\n  assert (add 1 2 = 3);\n  assert (List.fold_left add 0 [1; 2; 3] = 6)\n;;")
+
+
+@pytest.mark.parametrize("code,problem", [
+    ("let same = List.map (fun x -> x)", TWO_TYPES),  # weak: one instantiation only
+    ("let same = List.map (fun x -> x)", ONE_TYPE),
+    ("let same l = List.map (fun x -> x) l", TWO_TYPES),
+    ("let add ~a ~b = a + b", FIRST_CLASS),  # labels: `List.fold_left add` does not type
+    ("let add ~a ~b = a + b", ADD),  # total applications omit them
+    ("let add ?(scale = 1) a b = scale * (a + b)", FIRST_CLASS),
+    ("let add a b = a + b", FIRST_CLASS),
+])
+def test_an_entry_point_binds_exactly_when_the_appended_tests_compile(scorer, tmp_path, code, problem):
+    truth = plain_ocaml_accepts(tmp_path, code, problem.tests)
+    b = score(scorer, code, problem)
+    if truth:
+        assert b.reward == 1.0, (b.error_kinds, b.first_error)
+    else:
+        assert b.error_kinds == ["entry"] and b.type_check == b.compile == b.tests == 0.0, b
+        assert not any(name in b.first_error for name in ("grader_entry", "_entry_", "Solution", "Tok"))
+
+
+# ---------------------------------------------------------------------------------------------
+# No partial credit around the allowlist: the entry points are checked on the denied path too,
+# and every phrase's own errors count, whatever it depends on.
+
+@pytest.mark.parametrize("code", [
+    "let addx a b = a + b\nlet _ = Obj.repr 1",  # no entry point, a denied value
+    "let add a b = float_of_int (a + b)\nlet _ = Obj.repr 1",  # the wrong type, a denied value
+    "type t = A [@@deriving show]\nlet addx a b = a + b",  # no entry point, a denied attribute
+])
+def test_a_denied_value_does_not_skip_the_entry_check(scorer, code):
+    b = score(scorer, code)
+    assert b.forbidden and b.error_kinds == ["entry"], b
+    assert b.type_check == b.compile == b.tests == 0.0 and b.reward == pytest.approx(0.05)
+
+
+def test_a_denied_value_beside_a_right_entry_keeps_its_compile_credit_only(scorer):
+    b = score(scorer, "let add a b = a + b\nlet _ = Obj.repr 1")
+    assert b.forbidden == "Stdlib.Obj.repr" and b.compiled and b.tests == 0.0 and b.reward == pytest.approx(0.35)
+
+
+OWN_ERROR = '\nlet _oops2 (x : int) : int = x + "a"'
+
+
+@pytest.mark.parametrize("broken,dependent", [
+    ('module Oops = struct let x : int = "a" end', 'let _oops2 (y : int) : int = Oops.x + "b"'),
+    ('type oops = Oops of intt', 'let _oops2 (x : oops) : int = x + 1'),
+    ('type oops = { v : intt }', 'let _oops2 (x : oops) : string = if x = x then 1 else 2'),
+    ('let helper (x : int) : int = x + "a"', 'let _oops2 y = helper y + "b"'),
+])
+def test_a_phrase_that_depends_on_a_broken_one_has_its_own_error_counted(scorer, broken, dependent):
+    """A phrase left out for a name a broken phrase declared (a value, a module, a type, a
+    constructor or a label) is checked again with that phrase's stand-in: its own error counts, so
+    adding a broken dependency never lowers the count (it used to raise the reward 0.10 -> 0.15)."""
+    both = score(scorer, f"{broken}\n{dependent}\nlet add a b = a + b")
+    assert both.type_errors == 2, (both.error_kinds, both.first_error)
+    alone = score(scorer, f"let add a b = a + b{OWN_ERROR}")
+    assert both.reward < alone.reward
+
+
+@pytest.mark.parametrize("broken,dependent", [
+    ('module Oops = struct let x : int = "a" type t = C end', "let _ok y = Oops.x + y\nlet _c = Oops.C"),
+    ('type oops = Oops of intt', "let _ok (x : oops) : int = match x with Oops n -> n"),
+    ('type oops = { v : intt }', "let _ok (x : oops) = x.v"),
+])
+def test_an_honest_phrase_that_depends_on_a_broken_one_is_not_charged(scorer, broken, dependent):
+    b = score(scorer, f"{broken}\n{dependent}\nlet add a b = a + b")
+    assert b.type_errors == 1, (b.error_kinds, b.first_error)
+
+
+# ---------------------------------------------------------------------------------------------
+# An honest helper is not a wrong entry point; feedback names only what the answer or prompt wrote.
+
+AREA = Problem(id="area", prompt="type shape = Circle of float | Rect of float * float\n\n(** Area. *)\n"
+                                 "let area (s : shape) : float =",
+               tests="let () =\n  assert (area (Circle 1.) = 1.);\n  assert (area (Rect (2., 3.)) = 6.)\n;;")
+AREA_WEAK = ("type shape = Circle of float | Rect of (float * float)\nlet cache = ref []\n"
+             "let area s = match s with Circle r -> r | Rect (w, h) -> w *. h")
+
+
+def test_an_unused_weak_helper_beside_a_type_error_is_not_a_wrong_entry_point(scorer):
+    b = score(scorer, AREA_WEAK + '\nlet bad : int = "x"', AREA)
+    assert b.error_kinds == ["type"] and b.type_check == pytest.approx(0.10), b.first_error
+    assert score(scorer, AREA_WEAK, AREA).reward == 1.0
+
+
+def test_feedback_never_names_what_the_grader_appended(scorer):
+    from ocaml_grpo.grading.completions import assemble_solution
+    for code in [AREA_WEAK + '\nlet bad : int = "x"', AREA_WEAK.replace("let area s", "let area (s : int)"),
+                 AREA_WEAK.replace("let area s", "let area_x s") + '\nlet bad : int = "x"']:
+        solution, entries = assemble_solution(code, AREA.prompt)
+        grade = scorer.grader.grade(solution, AREA.tests, [], entries, AREA.prompt)
+        for e in grade.compile_errors:
+            assert not any(n in e.message for n in ("grader_entry", "entry_0", "Solution", "Wire_", "Tok")), e.message

@@ -85,6 +85,9 @@ class Grade:
 
 
 ENTRY_MISMATCH = "an entry point does not have the prompt's type: "
+NOT_AS_ASKED = "it cannot be called with the prompt's argument and result types"
+# The names the grader appends around an answer; a compiler message that holds one is never shown.
+GRADER_NAMES = (ENTRY_ALIAS, ENTRY_MODULE, "_entry_", "Solution", "Wire_", "wire_")
 # The grader's own work on an answer (lexing, phrases, error counting) is linear in its size; this
 # bounds it (~1 s of Python at the limit). A completion of 8k tokens is ~40 KB: a longer one is not
 # typed, like a check stopped by the compile limit (no type-check, compile or test credit).
@@ -267,7 +270,7 @@ class OcamlGrader:
             solution = src.strip_line_directives(solution)
             iface = interface_of(prompt, entry_points[0] if entry_points else "")
             (workdir / "solution.ml").write_text(solution)
-            objects, trusted = None, None
+            objects, trusted, lenient = None, None, None
             if iface.unverifiable:
                 grade.unverifiable = iface.unverifiable
                 grade.tests_total = src.assertion_count(plan_of(tests))
@@ -278,14 +281,16 @@ class OcamlGrader:
                     if unit:
                         for ext in (".cmi", ".cmo"):
                             shutil.copyfile(d / (unit + ext), workdir / (unit + ext))
-                (workdir / "oracle.ml").write_text(render_oracle(solution, iface, self.wire.capitalize(),
-                                                                 trusted.lambdas, trusted.lambda_unit.capitalize()))
+                oracle = functools.partial(render_oracle, solution, iface, self.wire.capitalize(), trusted.lambdas,
+                                           trusted.lambda_unit.capitalize())
+                (workdir / "oracle.ml").write_text(oracle(strict=True))
+                lenient = (oracle(), tests)
                 # An empty interface: nothing of the answer is exported, so its unused weak types are fine
                 (workdir / "oracle.mli").write_text("")
                 objects = [f"{self.wire}.cmo"] + ([f"{trusted.lambda_unit}.cmo"] if trusted.lambda_unit else [])
                 objects += ["oracle.mli", "oracle.ml"]
             with self.compilers.steps(workdir, budget, tuple(requires)) as steps:
-                linked = self._compile(steps, solution, grade, budget, objects, iface)
+                linked = self._compile(steps, solution, grade, budget, objects, iface, lenient)
             # A check cut short proves nothing, and error counting stopped with it (rewards.py then
             # gives no type-check or compile credit); waiting for a compile slot is not cut short.
             grade.compile_timed_out = budget.timed_out and not linked
@@ -303,8 +308,10 @@ class OcamlGrader:
             shutil.rmtree(workdir, ignore_errors=True)
 
     def _compile(self, steps: Steps, solution: str, grade: Grade, budget: CompileBudget,
-                 objects: list[str] | None, iface: Interface) -> bool:
-        """Steps 1 and 2 (see the module docstring); True when the oracle was built."""
+                 objects: list[str] | None, iface: Interface, lenient: tuple[str, str] | None = None) -> bool:
+        """Steps 1 and 2 (see the module docstring); True when the oracle was built. The oracle's
+        entry points are first bound strictly (harness.render_oracle); `lenient`: the oracle's text
+        without that binding and the tests, for an answer that fails it."""
         phrases = src.split_phrases(solution)
         grade.phrases_total = max(1, len(phrases))
         if self.check_library and objects:
@@ -330,9 +337,8 @@ class OcamlGrader:
                     grade.compile_errors.append(CompileError("entry", 0, ENTRY_MISMATCH + mismatch))
             return False
         grade.compiled, grade.phrases_ok = True, grade.phrases_total
-        if tc.denied:
+        if tc.denied:  # no test credit; the entry points are still checked (below): no path skips them
             grade.forbidden = tc.denied[0]
-            return False
         if not objects:
             return False
         link = link or steps.link("prog", objects)
@@ -342,39 +348,66 @@ class OcamlGrader:
                 # The entry point is missing or not of the prompt's type: the answer's own error.
                 if err.kind == "unbound":
                     msg = _undefined_entry(err.unbound)
+                elif lenient and self._tests_type_appended(steps, solution, lenient[1]):
+                    # A weak entry point, or one with labels the prompt lacks: fine exactly when the
+                    # tests appended to the answer type-check (one instantiation, total calls).
+                    (steps.workdir / "oracle.ml").write_text(lenient[0])
+                    return self._compile(steps, solution, grade, budget, objects, iface, None)
+                elif lenient:
+                    msg = ENTRY_MISMATCH + (self._entry_mismatch(steps, solution, iface, direct=True) or NOT_AS_ASKED)
                 else:
-                    msg = ENTRY_MISMATCH + (self._entry_mismatch(steps, solution, iface)
-                                            or "it cannot be called with the prompt's argument and result types")
+                    msg = ENTRY_MISMATCH + (self._entry_mismatch(steps, solution, iface) or NOT_AS_ASKED)
                 grade.compile_errors.append(CompileError("entry", 0, msg))  # it compiles, but not as asked
                 return False
             # shown to people only: no credit depends on it
             grade.test_error = err.message
             return False
-        return True
+        return not grade.forbidden
 
-    def _entry_mismatch(self, steps: Steps, solution: str, iface: Interface) -> str | None:
+    def _entry_mismatch(self, steps: Steps, solution: str, iface: Interface, direct: bool = False) -> str | None:
         """None when `solution` defines every entry point at the prompt's type; else what the
         compiler says, in the prompt's own terms: each entry point is bound at the prompt's type,
         its type variables quantified as the prompt wrote them (`'a. 'a -> 'a list -> 'a`), as
         the oracle binds them at its wire's tokens (whose private names must not reach feedback).
-        A check cut short by the compile budget is a mismatch: it proved nothing."""
-        (steps.workdir / "signature.ml").write_text(render_entry_check(solution, iface))
-        reply = steps.compile("signature.ml", "")
-        if reply.timed_out:
-            return "the check ran out of time"
-        if reply.returncode == 0:
-            return None
-        err = error_of(reply)
-        if err.kind == "unbound" and reply.loc and reply.loc[2] == ENTRY_FILE:
-            return _undefined_entry(err.unbound)
+        A check cut short by the compile budget is a mismatch: it proved nothing. `direct`: the
+        entry points are known not to bind directly (the tests appended did not type): only the
+        words are wanted."""
+        err = None
+        if not direct:
+            # `-i`: the whole unit, as the oracle's (its interface is empty): an unused weak helper is fine
+            (steps.workdir / "signature.ml").write_text(render_entry_check(solution, iface))
+            reply = steps.compile("signature.ml", "i")
+            if reply.timed_out:
+                return "the check ran out of time"
+            if reply.returncode == 0:
+                return None
+            err = error_of(reply)
+            if err.kind == "unbound" and reply.loc and reply.loc[2] == ENTRY_FILE:
+                return _undefined_entry(err.unbound)
         # The words: the entry points bound directly say "has type X but ... Y" (through a total
         # application the compiler speaks of an argument); that check decides nothing.
         (steps.workdir / "signature.ml").write_text(render_entry_check(solution, iface, eta=False))
-        direct = steps.compile("signature.ml", "")
-        if direct.returncode != 0 and not direct.timed_out:
-            err = error_of(direct)
-        message = err.message.replace("Solution.", "").replace(ENTRY_ALIAS, "entry_")
-        return message.replace(ENTRY_MODULE, iface.functor.name) if iface.functor else message
+        reply = steps.compile("signature.ml", "i")
+        if reply.returncode != 0 and not reply.timed_out:
+            err = error_of(reply)
+        if err is None:
+            return None
+        message = err.message.replace("Solution.", "")
+        if iface.functor:
+            message = message.replace(ENTRY_MODULE, iface.functor.name)
+        # Feedback names only what the answer or the prompt wrote: a message that names what the
+        # grader appended (its aliases, its bindings, the module around the answer) is not shown.
+        if any(name in message for name in GRADER_NAMES):
+            return NOT_AS_ASKED
+        return message
+
+    @staticmethod
+    def _tests_type_appended(steps: Steps, solution: str, tests: str) -> bool:
+        """Whether the tests appended to the answer type-check, as in plain OCaml (typed, never
+        run): what decides an entry point that binds only leniently (weak, or labelled)."""
+        (steps.workdir / "appended.ml").write_text(solution + "\n;;\n" + tests + "\n")
+        reply = steps.compile("appended.ml", "i")
+        return reply.returncode == 0 and not reply.timed_out
 
     def _trusted_program(self, iface: Interface, tests: str, requires: tuple[str, ...]) -> "Trusted":
         """The problem's trusted program (and the tests' closures the oracle holds too), built once
@@ -533,7 +566,7 @@ class OcamlGrader:
             bad = self._unparsed(steps, phrases)
             for j, e in bad.items():
                 grade.compile_errors.append(e)
-                skipped_names.update(phrases[j].names)
+                skipped_names.update(phrases[j].names, src.stand_in(phrases[j].text)[1])
                 skipped.append(j)
             pending = [i for i in pending if i not in bad]
             checked = _joined(phrases, pending)
@@ -555,7 +588,7 @@ class OcamlGrader:
                 grade.compile_errors.append(err)
             else:
                 forgiven.append(j)
-            skipped_names.update(phrases[j].names)
+            skipped_names.update(phrases[j].names, src.stand_in(phrases[j].text)[1])
             skipped.append(j)
             if err.kind != "syntax":  # typing is in order: everything before j is fine
                 good += [i for i in pending if i < j]
@@ -573,7 +606,7 @@ class OcamlGrader:
                 break
             good_set, skipped_set = set(good), set(skipped)
             before = [i for i in range(j) if i in good_set or i in skipped_set]
-            stand_in = [phrases[i] if i in good_set else replace(phrases[i], text=_declared_at_any_type(phrases[i]))
+            stand_in = [phrases[i] if i in good_set else replace(phrases[i], text=src.stand_in(phrases[i].text)[0])
                         for i in before]
             checked = _joined(stand_in + [phrases[j]], list(range(len(before) + 1)))
             own = self._check(steps, checked.text)
@@ -733,13 +766,6 @@ class Joined:
     """Phrases written back to back as one file, and where each one lies in it."""
     text: str
     spans: list[tuple[int, int, int]]  # (phrase index, first offset, end offset)
-
-
-def _declared_at_any_type(phrase: src.Phrase) -> str:
-    """The values `phrase` defines, declared at every type (for checking the phrases after it
-    without it); its types and modules are not: their uses stay unbound."""
-    return "".join(f'external {v if v[0].isalpha() or v[0] == "_" else f"( {v} )"} : \'a = "%identity"\n'
-                   for v in phrase.values)
 
 
 def _joined(phrases: list[src.Phrase], keep: list[int]) -> Joined:
