@@ -364,8 +364,8 @@ def test_explicit_no_isolation_mode_still_grades_and_says_so(monkeypatch):
     try:
         b = s.score_one(ADD, fenced("let add a b = a + b"))
         assert b.reward == 1.0 and b.isolated is False
-        restarted = s.score_one(ADD, fenced("let add a b = if a = 2 then exit 0 else a + b"))
-        assert restarted.tests_passed == 6  # the run after the exiting assertion went on
+        exited = s.score_one(ADD, fenced("let add a b = if a = 2 then exit 0 else a + b"))
+        assert exited.tests_passed == 4  # the assertions before the exiting one (no restart)
         assert "isolation OFF" in s.grader.sandbox.describe()
     finally:
         s.close()

@@ -70,9 +70,9 @@ def test_the_oracle_never_holds_an_expected_value():
     assert "101" not in u and "assert" not in u and "15" not in u
 
 
-def test_an_oracle_that_dies_in_one_call_fails_that_assertion_only(sandbox_scorer):
+def test_an_oracle_that_dies_in_one_call_fails_that_assertion_and_the_rest(sandbox_scorer):
     b = score(sandbox_scorer, "let add a b = if a = 2 then exit 0 else a + b")  # `exit`: allowlist off
-    assert (b.tests_passed, b.tests_total) == (6, 7)  # `add 2 2` alone
+    assert (b.tests_passed, b.tests_total) == (4, 7)  # from `add 2 2` on, as in plain OCaml (round 6)
 
 
 def test_an_answer_whose_top_level_dies_fails_everything_without_restarts(sandbox_scorer):
@@ -175,9 +175,8 @@ let add a b =
 
 
 def test_a_hostile_wire_costs_the_answer_its_own_assertions_and_nothing_else(sandbox_scorer):
-    # Each bent frame (then the oracle exits) breaks the wire in its own assertion: it fails, both
-    # programs start again after it, and the rest are graded as usual. A well-formed reply with the
-    # right value is the answer's own computation: `add (-1) 1` passes with it.
+    # A well-formed reply with the right value is the answer's own computation: `add (-1) 1`
+    # passes with it; the oracle then exits, and every assertion after it fails (no restart).
     b = score(sandbox_scorer, HOSTILE_WIRE)
     assert (b.tests_passed, b.tests_total) == (3, 7), b
 

@@ -56,6 +56,25 @@ def test_an_answer_over_the_size_limit_is_not_compiled_and_earns_nothing(scorer)
     assert b.error_kinds == ["type"] and b.type_check == pytest.approx(0.10), b.first_error
 
 
+def plain_ocaml_passes(tmp_path, code: str, tests: str) -> int:
+    """The truth for partial credit: how many assertions pass with the tests appended to the
+    answer in plain `ocaml` (each assertion on its own, an exception failing only it; the
+    process dying ends the count)."""
+    plan = src.parse_assert_tests(tests)
+    body = []
+    for item in plan.items:
+        if isinstance(item, str):
+            body.append(item)
+            continue
+        lines = ["let () ="] + [f"  {b}" for b in item.bindings]
+        lines += [f"  grader_check (fun () -> {stmt});" if is_assert else f"  {stmt};" for is_assert, stmt in item.statements]
+        body.append("\n".join(lines + ["  ()", ";;"]))
+    harness = ("let grader_check f = match f () with () -> print_string \"P\\n\"; flush stdout | exception _ -> ()\n;;\n")
+    (tmp_path / "plain.ml").write_text(code + "\n;;\n" + harness + "\n".join(body) + "\n")
+    out = subprocess.run(["ocaml", str(tmp_path / "plain.ml")], capture_output=True, text=True, timeout=120).stdout
+    return out.count("P\n")
+
+
 def plain_ocaml_accepts(tmp_path, code: str, tests: str) -> bool:
     """The truth: the tests appended to the answer, in plain `ocaml`."""
     (tmp_path / "plain.ml").write_text(code + "\n;;\n" + tests + "\n")
@@ -166,3 +185,30 @@ def test_feedback_never_names_what_the_grader_appended(scorer):
         grade = scorer.grader.grade(solution, AREA.tests, [], entries, AREA.prompt)
         for e in grade.compile_errors:
             assert not any(n in e.message for n in ("grader_entry", "entry_0", "Solution", "Wire_", "Tok")), e.message
+
+
+# ---------------------------------------------------------------------------------------------
+# No restart gives the answer a fresh start.
+
+REPEAT = Problem(id="repeat", prompt="(** s, n times. *)\nlet repeat (s : string) (n : int) : string =",
+                 tests="let () =\n" + ";\n".join(f'  assert (repeat "ab" {n} = "{"ab" * n}")' for n in range(1, 7)) + "\n;;")
+# Right only on its second call; its first reply is over the wire's 32 MB.
+STATEFUL_HUGE = ("let calls = ref 0\nlet repeat s n =\n  incr calls;\n"
+                 "  if !calls = 1 then String.make (40 lsl 20) 'x'\n"
+                 "  else if !calls = 2 then String.concat \"\" (List.init n (fun _ -> s))\n  else s")
+
+
+def test_a_reply_over_the_wire_limit_fails_its_assertion_and_keeps_the_answers_state(scorer, tmp_path):
+    truth = plain_ocaml_passes(tmp_path, STATEFUL_HUGE, REPEAT.tests)
+    assert truth == 1  # the second assertion only
+    b = score(scorer, STATEFUL_HUGE, REPEAT)
+    assert (b.tests_passed, b.tests_total) == (truth, 6), b.first_error
+
+
+def test_an_oracle_that_dies_fails_the_rest_without_a_fresh_answer(sandbox_scorer, tmp_path):
+    """`exit` (the allowlist is off here, as a type-checker bug would allow): plain OCaml stops
+    there, and so does the grading; a fresh oracle would have started the counter again."""
+    code = "let calls = ref 0\nlet add a b = incr calls; if !calls = 3 then exit 0 else if !calls <= 2 then a + b else 0"
+    truth = plain_ocaml_passes(tmp_path, code, ADD.tests)
+    b = score(sandbox_scorer, code)
+    assert b.tests_passed == truth == 2  # restarted after each exit, it passed 5

@@ -10,8 +10,8 @@
 3. run the oracle beside the trusted program (built once per problem: the prompt's definitions,
    a stub per entry point that asks the oracle, the tests). The trusted program decides every
    assertion and reports on a descriptor the oracle never holds; the oracle never holds an
-   expected value. A run restarts after the assertion during which the oracle died; runs are
-   bounded by the cores and judged by the CPU time the oracle used.
+   expected value. One run per answer (an oracle that dies fails the rest: no restart resets
+   the answer's state); runs are bounded by the cores and judged by the CPU time the oracle used.
 Compile steps return values (`Reply`) from either path of ocaml_grpo/grading/compilers.py.
 """
 from __future__ import annotations
@@ -668,39 +668,26 @@ class OcamlGrader:
             shutil.rmtree(workdir, ignore_errors=True)
 
     def _execute(self, workdir: Path, oracle: Path, trusted: Path, total: int) -> tuple[set[int], bool, bool]:
-        """Run the oracle beside the trusted program until the tests finish, starting both again
-        after an assertion during which the oracle died (exit, fatal error) or broke the wire,
-        while the oracle's CPU budget lasts.
+        """Run the oracle beside the trusted program once, through all the tests. An oracle that
+        dies (exit, fatal error) or whose frames fall out of step fails the assertion under way
+        and every one after it, as the answer's process dying does in plain OCaml: no fresh
+        oracle runs the rest, so the answer's state is never reset partway through the tests. A
+        reply the trusted program refuses but could read to its end (malformed, over 32 MB) fails
+        its own assertion and the run goes on with the same oracle (wire.ml, `Refused`).
 
         A run holds one of `cores` run slots, so the oracle has a core to itself; its verdict is
-        judged by the CPU the oracle used (the limit is shared by all restarts), with a wall-clock
-        guard of OCAML_WALL_LIMIT_S per run. The two talk over two pipes; the trusted program's
-        results go to a file the oracle cannot reach (another sandbox, another uid)."""
+        judged by the CPU the oracle used, with a wall-clock guard of OCAML_WALL_LIMIT_S. The two
+        talk over two pipes; the trusted program's results go to a file the oracle cannot reach
+        (another sandbox, another uid)."""
         lim = self.sandbox.limits
-        cpu_left = float(lim.cpu_s)
-        passed: set[int] = set()
-        start, finished, timed_out = 0, False, False
         runs = ((workdir / "oracle", oracle), (workdir / "trusted", trusted))  # (directory, program)
         for d, _ in runs:
             d.mkdir()
         with self._run_slots:
-            while True:
-                if cpu_left <= CPU_TIMEOUT_SLACK_S:
-                    timed_out = True
-                    break
-                run, ures, tres = self._run_pair(*runs, start, total, max(1, math.ceil(cpu_left)))
-                passed |= run.passed
-                cpu_left -= ures.cpu_s
-                if run.finished and tres.returncode == 0 and not tres.timed_out:
-                    finished = True
-                    break
-                if ures.timed_out or cpu_left <= CPU_TIMEOUT_SLACK_S:
-                    timed_out = True
-                    break
-                if run.oracle_never_ready or run.oracle_lost_in is None or run.oracle_lost_in + 1 >= total:
-                    break
-                start = run.oracle_lost_in + 1
-        return passed, finished, timed_out
+            run, ures, tres = self._run_pair(*runs, 0, total, max(1, math.ceil(lim.cpu_s)))
+        finished = run.finished and tres.returncode == 0 and not tres.timed_out
+        timed_out = not finished and (ures.timed_out or lim.cpu_s - ures.cpu_s <= CPU_TIMEOUT_SLACK_S)
+        return run.passed, finished, timed_out
 
 
 class _Pipes:

@@ -253,8 +253,17 @@ let r_var_any r = tok_value (r_int r)
 (* ---------------------------------------------------------------- frames *)
 
 let max_frame = 32 lsl 20
+let trusted = ref false  (* this side is the trusted program *)
 let req_in = ref stdin
 let rep_out = ref stdout
+
+(* In the trusted program: a reply it refuses (malformed, of a key it did not send, over
+   [max_frame]) whose frame it read to its end, so the wire is still in step. The call raises
+   [Refused] and the assertion under way fails, whatever the tests do with the exception; the
+   oracle keeps its state for the assertions after it (no restart gives the answer a fresh start). *)
+exception Refused
+let refused = ref false
+let refuse () = refused := true; raise Refused
 
 (* What a side does when the wire breaks (the peer died, or wrote a malformed frame): T reports
    the assertion it was in and stops; the oracle exits. Set by each side's start. *)
@@ -287,6 +296,16 @@ let read_frame () =
        if String.length h < 2 || h.[0] <> ' ' then raise Bad;
        match int_of_string_opt (String.sub h 1 (String.length h - 1)) with
        | Some n when n >= 0 && n <= max_frame -> Some (kind, really_input_string ic n)
+       | Some n when n > max_frame && !trusted ->
+         (* too long to hold: read past it, then refuse it *)
+         let chunk = Bytes.create 65536 in
+         let left = ref n in
+         while !left > 0 do
+           let k = min !left 65536 in
+           really_input ic chunk 0 k;
+           left := !left - k
+         done;
+         Some ('!', "")
        | _ -> raise Bad
      with Bad | End_of_file | Sys_error _ -> fail ())
 
@@ -379,33 +398,37 @@ let decode_exn ~trusted s =
   r_end r;
   e
 
-let trusted = ref false
 
 (* Serve one call of the peer's: run the invoker, reply R or X. On the trusted side an exception
    while reading the oracle's arguments is a broken wire; the tests' own exception goes back as
    a number (it is re-raised if the oracle lets it through). *)
 let serve_one payload =
   let r = reader payload in
-  let h = try r_int r with Bad -> fail () in
-  if h < 0 || h >= !count then fail ();
+  let h = try r_int r with Bad -> -1 in
   let b = Buffer.create 64 in
-  match !table.(h) r b with
-  | () -> send 'R' (Buffer.contents b)
-  | exception Bad when !trusted -> fail ()
-  | exception e ->
-    let e = if !trusted then Foreign (keep_raised e) else e in
-    send 'X' (encode_exn e)
+  if h < 0 || h >= !count then (if !trusted then (refused := true; send 'X' "?") else fail ())
+  else
+    match !table.(h) r b with
+    | () -> send 'R' (Buffer.contents b)
+    | exception Bad when !trusted -> refused := true; send 'X' "?"  (* its arguments: malformed *)
+    | exception e ->
+      let e = if !trusted then Foreign (keep_raised e) else e in
+      send 'X' (encode_exn e)
 
+(* A reply the oracle sent: its whole frame was read, so a malformed one leaves the wire in step
+   (only the trusted side waits on replies it did not compute). *)
 let rec wait read =
   match read_frame () with
   | None -> fail ()
   | Some ('R', p) ->
     (match let r = reader p in let v = read r in r_end r; v with
      | v -> v
-     | exception _ -> fail ())
-  | Some ('X', p) -> raise (match decode_exn ~trusted:!trusted p with e -> e | exception _ -> fail ())
+     | exception (Refused as e) -> raise e
+     | exception _ -> if !trusted then refuse () else fail ())
+  | Some ('X', p) ->
+    raise (match decode_exn ~trusted:!trusted p with e -> e | exception _ -> if !trusted then refuse () else fail ())
   | Some ('C', p) -> serve_one p; wait read
-  | Some _ -> fail ()
+  | Some _ -> if !trusted then refuse () else fail ()
 
 (* The oracle says it is initialised before its first call: one that dies before (the answer's
    top level failed) fails every assertion, with no fresh oracle to retry on. *)
@@ -456,17 +479,18 @@ let start_trusted () =
   rep_out := fd_out (int_of_string Sys.argv.(2));
   req_in := fd_in (int_of_string Sys.argv.(3));
   start := int_of_string Sys.argv.(4);
-  (* the oracle is gone or lied about the wire: the assertion under way is marked, nothing after
-     it runs on this oracle (the grader starts a fresh one after it) *)
+  (* the oracle is gone, or its frames are out of step: the assertion under way is marked and
+     nothing after it runs (as when the answer's process dies in plain OCaml; no fresh oracle) *)
   broken := fun () -> (if !is_ready then emit "K" !current else emit "I" 0); exit 0
 
 let check i f =
   if i >= !start then begin
     current := i;
+    refused := false;
     emit "S" i;
     (match f () with
-     | () -> emit "P" i
-     | exception _ -> emit "F" i);
+     | () when not !refused -> emit "P" i
+     | () | exception _ -> emit "F" i);
     current := -1
   end
 
