@@ -212,3 +212,75 @@ def test_an_oracle_that_dies_fails_the_rest_without_a_fresh_answer(sandbox_score
     truth = plain_ocaml_passes(tmp_path, code, ADD.tests)
     b = score(sandbox_scorer, code)
     assert b.tests_passed == truth == 2  # restarted after each exit, it passed 5
+
+
+# ---------------------------------------------------------------------------------------------
+# A value of a type variable behaves like itself: the grader and plain OCaml agree, for honest
+# and dishonest answers alike, over immediates, boxed values, floats (nan, -0., flat float
+# arrays), refs, closures and long runs of calls.
+
+KINDS = {  # a list of values of one type, as the tests write it
+    "ints": "[3; 1; 3; 2]",
+    "strings": '["b"; "a"; "b"; String.make 1 \'a\']',
+    "tuples": '[(2, "x"); (1, "y"); (2, "x")]',
+    "options": "[Some 1; None; Some 1; None]",
+    "floats": "[1.5; nan; -0.; 0.; nan; 1.5]",
+    "refs": "(let r = ref 1 in [r; ref 1; r; ref 2])",
+    "nested": "(let s = [1] in [(s, 1.); (s, 1.); ([1], 1.)])",
+}
+DEDUP_PROMPT = "(** The distinct elements, first occurrences kept. *)\nlet dedup (l : 'a list) : 'a list ="
+
+
+def dedup_tests(kinds: list[str]) -> str:
+    return "let () =\n" + ";\n".join(
+        [f"  assert (List.length (dedup {v}) = {k})" for v in kinds for k in (2, 3)]
+        + [f"  assert (let l = {v} in List.for_all (fun x -> List.memq x l) (dedup l))" for v in kinds]) + "\n;;"
+
+
+DEDUP = Problem(id="dedup6", prompt=DEDUP_PROMPT, tests=dedup_tests(list(KINDS.values())))
+# Closures: `compare` raises on them and `==` tells them apart, as in OCaml. Their hash is a code
+# address (in plain `ocaml` it changes from run to run), so no hashing answer is compared on them.
+CLOSURES = Problem(id="dedup6_fn", prompt=DEDUP_PROMPT,
+                   tests=dedup_tests(["[succ; pred; succ]", "(let f x = x + 1 in [f; f; (fun x -> x)])"]))
+DEDUPS = {
+    "structural": "let dedup l = List.rev (List.fold_left (fun acc x -> if List.mem x acc then acc else x :: acc) [] l)",
+    "physical": "let dedup l = List.rev (List.fold_left (fun acc x -> if List.memq x acc then acc else x :: acc) [] l)",
+    "compare": "let dedup l = List.sort_uniq compare l",
+    "hashed": ("let dedup l = let h = Hashtbl.create 8 in\n"
+               "  List.filter (fun x -> if Hashtbl.mem h x then false else (Hashtbl.replace h x (); true)) l"),
+    # behaves differently when the elements' hash gives the grader away
+    "detector": ("let dedup l = match l with x :: _ when Hashtbl.hash x = Hashtbl.hash 0 || Hashtbl.hash x < 0 -> l\n"
+                 "  | _ -> List.rev (List.fold_left (fun acc x -> if List.memq x acc then acc else x :: acc) [] l)"),
+    "via_array": "let dedup l = let a = Array.of_list l in Array.to_list (Array.sub a 0 (min 2 (Array.length a)))",
+}
+SAME = Problem(id="same6", prompt="(** Whether x and y are the same. *)\nlet same (x : 'a) (y : 'a) : bool =",
+               tests="let () =\n" + ";\n".join([
+                   "  assert (let r = ref 1 in same r r)", "  assert (same (ref 1) (ref 1))",
+                   '  assert (let s = "ab" in same s s)', '  assert (same "ab" (String.make 2 \'a\'))',
+                   "  assert (same nan nan)", "  assert (same 0. (-0.))", "  assert (same 1 1)",
+                   "  assert (same succ succ)", "  assert (let x = Some 2 in same x x)",
+                   '  assert (let n = int_of_string "2" in same (Some n) (Some n))',
+                   "  assert (let f x = x + 1 in same f f)", "  assert (same (fun x -> x) (fun x -> x))"]) + "\n;;")
+# literal constants: ocamlopt shares equal structured constants, bytecode does not; the tests
+# here never rely on it
+SAMES = {"physical": "let same x y = x == y", "structural": "let same x y = x = y",
+         "compare": "let same x y = compare x y = 0", "hash": "let same x y = Hashtbl.hash x = Hashtbl.hash y"}
+PICK = Problem(id="pick6", prompt="(** The i-th element. *)\nlet pick (a : 'a array) (i : int) : 'a =",
+               tests="let () =\n" + ";\n".join(
+                   ["  assert (let r = ref 0 in (pick [| ref 5; r |] 1) := 3; !r = 3)",
+                    "  assert (pick [| 1.5; 2.5 |] 1 = 2.5)", "  assert (1. /. pick [| -0.; 0. |] 0 = neg_infinity)",
+                    "  assert (let s = \"x\" in pick [| s; String.make 1 'x' |] 0 == s)", "  assert (pick [| nan |] 0 <> nan)"]
+                   + [f"  assert (pick [| {i}.5; {i + 1}.5 |] 1 = {i + 1}.5)" for i in range(0, 200, 2)]
+                   + [f'  assert (pick [| "{"z" * (i // 10)}{i}" |] 0 = "{"z" * (i // 10)}{i}")' for i in range(100)]) + "\n;;")
+PICKS = {"right": "let pick a i = a.(i)", "copy": "let pick a i = (Array.copy a).(i)",
+         "last": "let pick a i = a.(Array.length a - 1)", "max": "let pick a _ = Array.fold_left max a.(0) a"}
+
+
+@pytest.mark.parametrize("problem,answers", [
+    (DEDUP, DEDUPS), (CLOSURES, {k: DEDUPS[k] for k in ("structural", "physical", "compare", "via_array")}),
+    (SAME, {k: v for k, v in SAMES.items() if k != "hash"}), (PICK, PICKS)], ids=["dedup", "closures", "same", "pick"])
+def test_values_of_a_type_variable_behave_as_in_plain_ocaml(scorer, tmp_path, problem, answers):
+    graded = scorer.score_batch([problem] * len(answers), [fenced(code) for code in answers.values()])
+    for (name, code), b in zip(answers.items(), graded):
+        truth = plain_ocaml_passes(tmp_path, code, problem.tests)
+        assert b.compiled and b.tests_passed == truth, (name, b.tests_passed, truth, b.first_error)

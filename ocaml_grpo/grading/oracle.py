@@ -9,9 +9,9 @@ programs of a grading:
 Values are written by their type (entry_interface.py says which types have a form): Stdlib's basic
 types, lists, arrays, options, results, tuples, the prompt's own variants, records and polymorphic
 variants, functions (as handles both ways: higher-order entry points, functions returned), and type
-variables (as keys in the values' order, one table for the run: a polymorphic answer can only
-compare them). A functor entry point over an ordered type is served as instances: one per
-application in the tests, its values' calls carrying the instance's number.
+variables (the values themselves, copied to the oracle as one Marshal blob per frame and named
+back by index: wire.ml, `w_vals`). A functor entry point over an ordered type is served as
+instances: one per application in the tests, its values' calls carrying the instance's number.
 """
 from __future__ import annotations
 
@@ -142,18 +142,46 @@ class _Gen:
         return f"{self.W}.{way}_{name}"
 
     def invoker(self, t: Type, env: dict[str, str]) -> str:
-        """How this side serves calls of its function value `f`: read the arguments, write the result."""
+        """How this side serves calls of its function value `f`: read the arguments, write the result.
+        Values of type variables the trusted side sends go first, as one blob (wire.ml, `w_vals`)."""
         args, res = _uncurry(t)
         ys = [f"y{i}" for i in range(len(args))]
         reads = " ".join(f"let {y} = {self.r(a, env)} r in" for a, y in zip(args, ys))
-        return f"(fun r b -> {reads} {self.W}.r_end r; {self.w(res, env)} b (f {' '.join(ys)}))"
+        if self.side == "U" and any(self.has_var(a) for a in args):
+            reads = f"{self.W}.r_vals r; " + reads
+        write = f"{self.w(res, env)} b v"
+        if self.side == "T" and self.has_var(res):
+            write = f"{self.W}.w_vals tb (fun b -> {write}) b"
+        return f"(fun r b -> {reads} {self.W}.r_end r; let v = f {' '.join(ys)} in {write})"
 
     def proxy(self, t: Type, env: dict[str, str]) -> str:
         """The function a handle `h` stands for: each call goes to the side that holds it."""
         args, res = _uncurry(t)
         xs = [f"y{i}" for i in range(len(args))]
         writes = "; ".join(f"{self.w(a, env)} b {x}" for a, x in zip(args, xs))
-        return f"(fun {' '.join(xs)} -> {self.W}.call h (fun b -> {writes}) {self.r(res, env)})"
+        write = f"(fun b -> {writes})"
+        if self.side == "T" and any(self.has_var(a) for a in args):
+            write = f"({self.W}.w_vals tb {write})"
+        read = self.r(res, env)
+        if self.side == "U" and self.has_var(res):
+            read = f"(fun r -> {self.W}.r_vals r; {read} r)"
+        return f"(fun {' '.join(xs)} -> {self.W}.call h {write} {read})"
+
+    def has_var(self, t: Type) -> bool:
+        """Whether values of type variables may cross with a value of this type (both sides agree)."""
+        t = self.resolve(t)
+        k = t[0]
+        if k == "var":
+            return True
+        if k == "con":
+            return any(self.has_var(a) for a in t[2])
+        if k == "tuple":
+            return any(self.has_var(a) for a in t[1])
+        if k == "arrow":
+            return self.has_var(t[2]) or self.has_var(t[3])
+        if k == "poly":
+            return any(a is not None and self.has_var(a) for _, a in t[1])
+        return False
 
     # -- the prompt's variants and records: recursive writer/reader pairs
     def codecs(self) -> str:
@@ -302,9 +330,12 @@ def _stub(g: _Gen, k: int, e: Entry, signals: bool, instance: str = "") -> str:
     ty = g.ty(full, {}) if e.params else g.ty(e.result, {})
     xs = [f"a{i}" for i in range(len(e.params))]
     binders = " ".join(_labelled(lab, x) for (lab, _), x in zip(e.params, xs))
-    writes = "; ".join(([f"{wire}.w_int b {instance}"] if instance else [])
-                       + [_arg_writer(g, k, i, lab, p, env) + f" b {x}"
-                          for i, ((lab, p), x) in enumerate(zip(e.params, xs))]) or "()"
+    writes = "; ".join([_arg_writer(g, k, i, lab, p, env) + f" b {x}"
+                        for i, ((lab, p), x) in enumerate(zip(e.params, xs))]) or "()"
+    if any(g.has_var(_param_type(lab, p)) for lab, p in e.params):  # the values first, as one blob
+        writes = f"{wire}.w_vals tb (fun b -> {writes}) b"
+    if instance:
+        writes = f"{wire}.w_int b {instance}; {writes}"
     backs = "".join(f" {wire}.blit_back {x} ({wire}.r_array {g.r(g.resolve(p)[2][0], env)} r);"
                     if _is_array(g, p) == "array" else f" {wire}.bytes_back {x} ({wire}.r_bytes r);"
                     for (_, p), x in zip(e.params, xs) if _is_array(g, p))
@@ -316,7 +347,7 @@ def _stub(g: _Gen, k: int, e: Entry, signals: bool, instance: str = "") -> str:
     read = f"(fun r -> let v = {value} in{backs} v)"
     strict = "false" if g.iface.functor or g.named_handles() or signals else "true"
     body = (f"let tb = {wire}.tokens {len(vs)} {strict} in " if vs else "") + f"let write b = {writes} in "
-    body += (f"{wire}.seal tb write; " if vs else "") + f"{wire}.call {k} write {read}"
+    body += f"{wire}.call {k} write {read}"
     if signals:  # after any call, every mirrored signal takes the oracle's value
         body = f"let v = {body} in {wire}.refresh (); v"
     if e.params:
@@ -421,6 +452,8 @@ def _serve(g: _Gen, k: int, e: Entry, env: dict[str, str], lambdas: tuple["Lambd
     xs = [f"a{i}" for i in range(len(e.params))]
     reads = " ".join(f"let {x} = {_arg_reader(g, k, i, lab, p, env, lambdas, lambda_unit)} r in"
                      for i, ((lab, p), x) in enumerate(zip(e.params, xs)))
+    if any(g.has_var(_param_type(lab, p)) for lab, p in e.params):  # the trusted side's values, first
+        reads = f"{wire}.r_vals r; " + reads
     args = " ".join(_labelled(lab, x) for (lab, _), x in zip(e.params, xs))
     backs = "".join(f"; {wire}.w_array {g.w(g.resolve(p)[2][0], env)} b {x}" if _is_array(g, p) == "array"
                     else f"; {wire}.w_bytes b {x}" for (_, p), x in zip(e.params, xs) if _is_array(g, p))
