@@ -284,3 +284,48 @@ def test_values_of_a_type_variable_behave_as_in_plain_ocaml(scorer, tmp_path, pr
     for (name, code), b in zip(answers.items(), graded):
         truth = plain_ocaml_passes(tmp_path, code, problem.tests)
         assert b.compiled and b.tests_passed == truth, (name, b.tests_passed, truth, b.first_error)
+
+
+# ---------------------------------------------------------------------------------------------
+# Values that come back in later calls go back only where the tests' own types put them.
+
+CELL_PROMPT = """(** A mutable cell.
+*)
+(* Implement the following interface (cell.mli):
+type 'a cell
+
+val make : 'a -> 'a cell
+
+val set : 'a cell -> 'a -> unit
+
+val get : 'a cell -> 'a
+*)
+let get (c : 'a cell) : 'a ="""
+CELL = Problem(id="cell", prompt=CELL_PROMPT, tests="""let () =
+  let c = make "x" in
+  let d = make 1 in
+  let e = make [1; 2; 3] in
+  let f = make ["p"; "q"; "r"] in
+  set c "y";
+  set d 2;
+  assert (get c = "y");
+  assert (get d = 2);
+  assert (get c = "y");
+  assert (List.length (get f) = 3);
+  assert (List.length (get e) = 3)
+;;""")
+# Returns `e`'s int list for `f` (Obj.magic: the allowlist is off, as a type-checker bug would
+# allow): read as `f`'s string list, it would pass.
+CELL_CONFUSED = ("type 'a cell = 'a ref\nlet made = ref []\nlet gets = ref 0\n"
+                 "let make x = made := Obj.repr x :: !made; ref x\nlet set c x = c := x\n"
+                 "let get c = incr gets; if !gets = 4 then Obj.obj (List.nth (List.rev !made) 2) else !c")
+
+
+def test_a_value_that_comes_back_later_goes_back_only_where_the_tests_types_put_it(scorer, sandbox_scorer):
+    """Handles carry the classes of their parameters: `get c` may return what `make` or `set`
+    were given for the same cell (and the cells its type ties to it), never another call's value
+    of another type (a key from anywhere in the run's table used to be accepted)."""
+    assert score(scorer, "type 'a cell = 'a ref\nlet make x = ref x\nlet set c x = c := x\nlet get c = !c",
+                 CELL).reward == 1.0
+    b = score(sandbox_scorer, CELL_CONFUSED, CELL)
+    assert (b.tests_passed, b.tests_total) == (4, 5), b.first_error

@@ -119,7 +119,20 @@ class _Gen:
     def con(self, t: Type, env: dict[str, str], way: str) -> str:
         """A named type's writer (way "w") or reader ("r"): the prompt's own, or the wire's."""
         sub = self.w if way == "w" else self.r
-        if t[1] in self.defs:
+        d = self.defs.get(t[1])
+        if d is not None and d.kind == "handle" and self.side == "T":
+            # A handle the trusted program holds carries the classes of its parameters where it was
+            # read (wire.ml, `link`): written back where its parameters are this call's variables,
+            # it makes them one type with those.
+            js = [env.get("i:" + a[1], "-1") if self.resolve(a)[0] == "var" else "-1"
+                  for a in (self.resolve(x) for x in t[2])]
+            if any(j != "-1" for j in js):
+                W, arr = self.W, "[| " + "; ".join(js) + " |]"
+                if way == "w":
+                    return f"(fun b (Handle__{t[1]} (h, ns)) -> {W}.w_int b h; {W}.link tb ns {arr})"
+                return (f"(fun r -> Handle__{t[1]} ({W}.r_int r, [| "
+                        + "; ".join(f"{W}.node tb ({j})" for j in js) + " |]))")
+        if d is not None:
             return "(" + " ".join([f"{way}_{t[1]}"] + [sub(a, env) for a in t[2]]) + ")"
         if t[1] in SIGNALS:  # the oracle keeps it; the trusted program mirrors it (wire.ml, refreshers)
             W, x = self.W, t[2][0]
@@ -206,7 +219,8 @@ class _Gen:
                 wbody = "match v with " + " | ".join(wc)
                 rbody = f"match {W}.r_tag r with " + " | ".join(rc) + f" | _ -> Stdlib.raise {W}.Bad"
             elif d.kind == "handle" and self.side == "T":
-                wbody, rbody = f"match v with Handle__{d.name} h -> {W}.w_int b h", f"Handle__{d.name} ({W}.r_int r)"
+                # nested in another type: no classes for its parameters (they are not merged)
+                wbody, rbody = f"match v with Handle__{d.name} (h, _) -> {W}.w_int b h", f"Handle__{d.name} ({W}.r_int r, [||])"
             elif d.kind == "handle":  # the oracle keeps the value; the trusted program holds its number
                 wbody, rbody = f"{W}.w_int b ({W}.keep v)", f"{W}.kept ({W}.r_int r)"
             else:
@@ -229,7 +243,7 @@ class _Gen:
 
     def handle_types(self) -> str:
         """T's types of the handles: the number of a value the oracle keeps."""
-        return "".join(f"type {_params_text(d.params)}{d.name} = Handle__{d.name} of int\n"
+        return "".join(f"type {_params_text(d.params)}{d.name} = Handle__{d.name} of int * int array\n"
                        for d in self.iface.types if d.kind == "handle" and self.side == "T")
 
     def exception_codec(self) -> str:
@@ -316,13 +330,15 @@ def trusted_stubs(iface: Interface, wire: str) -> str:
                    + [_stub(g, k, e, signals) for k, e in enumerate(iface.entries)])
 
 
-def _stub(g: _Gen, k: int, e: Entry, signals: bool, instance: str = "") -> str:
+def _stub(g: _Gen, k: int, e: Entry, signals: bool, instance: str = "", table: str = "") -> str:
     """`let name : <its type> = fun args -> <ask the oracle's handle k>` (`instance`: an int
-    written first, the functor instance the call is for)."""
+    written first, the functor instance the call is for; `table`: the values' table the calls
+    share, a functor instance's)."""
     wire = g.W
     vs = e.vars()
-    env = {v: f"({wire}.w_var tb {i})" for i, v in enumerate(vs)} | {"r:" + v: f"({wire}.r_var tb {i})"
-                                                                      for i, v in enumerate(vs)}
+    env = ({v: f"({wire}.w_var tb {i})" for i, v in enumerate(vs)} | {"r:" + v: f"({wire}.r_var tb {i})"
+                                                                       for i, v in enumerate(vs)}
+           | {"i:" + v: str(i) for i, v in enumerate(vs)})
     full = e.result
     for label, p in reversed(e.params):
         full = ("arrow", label, p, full)
@@ -346,7 +362,8 @@ def _stub(g: _Gen, k: int, e: Entry, signals: bool, instance: str = "") -> str:
                  + " | ".join(f"{i} -> {xs[i]}" for i in same) + f" | _ -> Stdlib.raise {wire}.Bad)")
     read = f"(fun r -> let v = {value} in{backs} v)"
     strict = "false" if g.iface.functor or g.named_handles() or signals else "true"
-    body = (f"let tb = {wire}.tokens {len(vs)} {strict} in " if vs else "") + f"let write b = {writes} in "
+    tb = table or f"{wire}.tokens {len(vs)} {strict}"
+    body = (f"let tb = {tb} in " if vs else "") + f"let write b = {writes} in "
     body += f"{wire}.call {k} write {read}"
     if signals:  # after any call, every mirrored signal takes the oracle's value
         body = f"let v = {body} in {wire}.refresh (); v"
@@ -369,12 +386,12 @@ def _functor_stubs(g: _Gen) -> str:
     element module whose `compare` calls the tests' own (handle 0 makes one); its values are
     stubs of that instance (handle k + 1 = the k-th value), its abstract types its handles'."""
     f, W = g.iface.functor, g.W
-    env = {"r:" + ELEMENT_VAR: f"{W}.r_var_any"}
+    env = {"r:" + ELEMENT_VAR: f"({W}.r_var grader_tb 0)"}
     head = f"functor ({f.param} : {ORDERED_SIG}) ->"
     return "".join([f"module {f.name} : {_functor_type(f)} = {head} struct\n", g.handle_types(),
-                    f.types_text + "\n", g.codecs(),
+                    f.types_text + "\n", g.codecs(), f"let grader_tb = {W}.instance_table ()\n",
                     f"let grader_instance : int = {W}.call 0 (fun b -> {g.w(ELEMENT_COMPARE, env)} b {f.param}.compare) {W}.r_int\n"]
-                   + [_stub(g, k + 1, e, False, "grader_instance") for k, e in enumerate(g.iface.entries)]
+                   + [_stub(g, k + 1, e, False, "grader_instance", "grader_tb") for k, e in enumerate(g.iface.entries)]
                    + ["end\n"])
 
 

@@ -144,10 +144,13 @@ let refuse () = refused := true; raise Refused
    call (the answer cannot call a value of type ['a]): [compare] raises on it and [==] tells two
    apart, as in OCaml; its hash is not the tests' (OCaml hashes code addresses).
 
-   A call's values are accepted back only in that call, for the variable they were sent for
-   (else the int 1 sent for ['a] could come back as ['b = bool]). Problems whose values come back
-   in later calls (a handle the oracle keeps, a mirrored signal, a functor's instance) share one
-   table for the run. *)
+   A value is accepted back only where the trusted program's own types make it the same type as
+   where it was sent: each (call, variable) is a class, and a value goes back only to a position
+   of its class (else the int 1 sent for ['a] could come back as ['b = bool]). Classes are merged
+   only by the trusted program's typing: a handle it read at type [('X, i) cell] and passes back
+   at type [('Y, j) cell] makes (X, i) and (Y, j) one class (a handle carries its parameters'
+   classes; the tests cannot build one). A functor instance's calls share one table: its element
+   type is one type. *)
 module type TOKEN = sig
   type t
   val w : Buffer.t -> t -> unit
@@ -156,30 +159,73 @@ end
 
 (* ---- the trusted side's table of what it sent *)
 
+(* ---- classes: the (call, variable) pairs the trusted program's types make one type *)
+
+let parent = ref (Array.make 64 0)
+let nclasses = ref 0
+let class_imms : (int, (int, unit) Hashtbl.t) Hashtbl.t = Hashtbl.create 64  (* root -> immediates sent *)
+let class_floats : (int, unit) Hashtbl.t = Hashtbl.create 16  (* roots a boxed float was sent for *)
+
+let new_class () =
+  if !nclasses = Array.length !parent then begin
+    let a = Array.make (2 * !nclasses) 0 in
+    Array.blit !parent 0 a 0 !nclasses;
+    parent := a
+  end;
+  !parent.(!nclasses) <- !nclasses;
+  incr nclasses;
+  !nclasses - 1
+
+let rec find n = let p = !parent.(n) in if p = n then n else (let r = find p in !parent.(n) <- r; r)
+
+let imms_of root = match Hashtbl.find_opt class_imms root with
+  | Some h -> h
+  | None -> let h = Hashtbl.create 8 in Hashtbl.replace class_imms root h; h
+
+let union a b =
+  let a = find a and b = find b in
+  if a <> b then begin
+    let a, b = if Hashtbl.length (imms_of a) >= Hashtbl.length (imms_of b) then a, b else b, a in
+    Hashtbl.iter (fun n () -> Hashtbl.replace (imms_of a) n ()) (imms_of b);
+    Hashtbl.remove class_imms b;
+    if Hashtbl.mem class_floats b then Hashtbl.replace class_floats a ();
+    !parent.(b) <- a
+  end
+
 type sent = {
   id : int;  (* the call's number: U names a value by (id, index) *)
+  nodes : int array;  (* each variable's class *)
   mutable vals : Obj.t array;
   mutable vars : int array;  (* the variable each value was sent for *)
   mutable n : int;
   mutable collecting : bool;
   mutable cursor : int;  (* the writing pass's next index *)
   mutable fresh : Obj.t list;  (* the collecting pass's values, newest first *)
-  imms : (int * int, unit) Hashtbl.t;  (* (variable, immediate) T sent *)
-  any_imms : (int, unit) Hashtbl.t;  (* the same, whatever the variable *)
-  floats : bool array;  (* a variable T sent a boxed float for *)
-  strict : bool;
 }
 
 let calls = ref 0
-let new_sent strict =
+let registry : (int, sent) Hashtbl.t = Hashtbl.create 16  (* the calls whose values may come back later *)
+
+let new_sent () =
   incr calls;
-  { id = !calls; vals = [||]; vars = [||]; n = 0; collecting = false; cursor = 0; fresh = [];
-    imms = Hashtbl.create 16; any_imms = Hashtbl.create 16; floats = Array.make 8 false; strict }
+  { id = !calls; nodes = Array.init 8 (fun _ -> new_class ()); vals = [||]; vars = [||]; n = 0;
+    collecting = false; cursor = 0; fresh = [] }
 
-let run_table = lazy (new_sent false)
+(* A call's table. [strict]: its values never come back after it; else (a problem with handles
+   or signals) it is kept, and found again by its number. *)
+let tokens _nvars strict =
+  let tb = new_sent () in
+  if not strict then Hashtbl.replace registry tb.id tb;
+  tb
 
-(* A call's table ([strict]), or the run's one. *)
-let tokens _nvars strict = if strict then new_sent true else Lazy.force run_table
+(* A functor instance's table: all its calls' element values are of one type. *)
+let instance_table () = let tb = new_sent () in Hashtbl.replace registry tb.id tb; tb
+
+(* Handles: the classes of a handle's parameters where it was read, merged with those where it
+   is written back ([-1]: a parameter that is not a variable of the call). *)
+let node tb j = if j < 0 then -1 else tb.nodes.(j)
+let link tb (ns : int array) (js : int array) =
+  Array.iteri (fun p n -> if n >= 0 && p < Array.length js && js.(p) >= 0 then union n tb.nodes.(js.(p))) ns
 
 let append tb o i =
   if tb.n = Array.length tb.vals then begin
@@ -189,8 +235,8 @@ let append tb o i =
     tb.vals <- v; tb.vars <- w
   end;
   tb.vals.(tb.n) <- o; tb.vars.(tb.n) <- i; tb.n <- tb.n + 1;
-  if Obj.is_int o then (Hashtbl.replace tb.imms (i, (Obj.obj o : int)) (); Hashtbl.replace tb.any_imms (Obj.obj o) ())
-  else if Obj.tag o = Obj.double_tag then tb.floats.(i) <- true
+  if Obj.is_int o then Hashtbl.replace (imms_of (find tb.nodes.(i))) (Obj.obj o : int) ()
+  else if Obj.tag o = Obj.double_tag then Hashtbl.replace class_floats (find tb.nodes.(i)) ()
 
 (* Both passes of a writer visit the values in the same order: the first collects them, the
    second writes each one's index. *)
@@ -245,23 +291,21 @@ let w_vals tb (write : Buffer.t -> unit) (b : Buffer.t) =
 
 (* A value U names for variable [i]: one T sent, or a float U boxed from a sent float's bits. *)
 let r_var tb i r =
+  let here = find tb.nodes.(i) in
   match r_byte r with
   | '\000' ->
     let n = r_int r in
-    if Hashtbl.mem tb.imms (i, n) || (not tb.strict && Hashtbl.mem tb.any_imms n)
-    then Obj.obj (Obj.repr n) else raise Bad
+    if Hashtbl.mem (imms_of here) n then Obj.obj (Obj.repr n) else raise Bad
   | '\001' ->
     let c = r_int r in
     let k = r_int r in
-    if c <> tb.id || k < 0 || k >= tb.n || (tb.strict && tb.vars.(k) <> i) || Obj.is_int tb.vals.(k) then raise Bad;
-    Obj.obj tb.vals.(k)
+    let t = if c = tb.id then tb else match Hashtbl.find_opt registry c with Some t -> t | None -> raise Bad in
+    if k < 0 || k >= t.n || Obj.is_int t.vals.(k) || find t.nodes.(t.vars.(k)) <> here then raise Bad;
+    Obj.obj t.vals.(k)
   | '\002' ->
     let f = r_float r in
-    if tb.floats.(i) || (not tb.strict && Array.exists Fun.id tb.floats) then Obj.obj (Obj.repr f) else raise Bad
+    if Hashtbl.mem class_floats here then Obj.obj (Obj.repr f) else raise Bad
   | _ -> raise Bad
-
-(* A value of the run's table (a functor instance's elements). *)
-let r_var_any r = r_var (Lazy.force run_table) 0 r
 
 (* ---- the oracle's copies *)
 
