@@ -157,9 +157,9 @@ module type TOKEN = sig
   val r : reader -> t
 end
 
-(* ---- the trusted side's table of what it sent *)
-
-(* ---- classes: the (call, variable) pairs the trusted program's types make one type *)
+(* ---- classes: the (call, variable) pairs the trusted program's types make one type (only for
+   problems whose values come back in later calls; a call of any other problem is a class apiece,
+   its tables dropped with it) *)
 
 let parent = ref (Array.make 64 0)
 let nclasses = ref 0
@@ -192,9 +192,14 @@ let union a b =
     !parent.(b) <- a
   end
 
+(* ---- the trusted side's table of what it sent *)
+
 type sent = {
   id : int;  (* the call's number: U names a value by (id, index) *)
-  nodes : int array;  (* each variable's class *)
+  strict : bool;  (* its values never come back after the call *)
+  nodes : int array;  (* each variable's class (not strict) *)
+  floats : bool array;  (* a variable T sent a boxed float for (strict) *)
+  mutable imms : (int * int, unit) Hashtbl.t option;  (* (variable, immediate) sent (strict), built on first need *)
   mutable vals : Obj.t array;
   mutable vars : int array;  (* the variable each value was sent for *)
   mutable n : int;
@@ -206,26 +211,27 @@ type sent = {
 let calls = ref 0
 let registry : (int, sent) Hashtbl.t = Hashtbl.create 16  (* the calls whose values may come back later *)
 
-let new_sent () =
+let new_sent strict =
   incr calls;
-  { id = !calls; nodes = Array.init 8 (fun _ -> new_class ()); vals = [||]; vars = [||]; n = 0;
-    collecting = false; cursor = 0; fresh = [] }
-
-(* A call's table. [strict]: its values never come back after it; else (a problem with handles
-   or signals) it is kept, and found again by its number. *)
-let tokens _nvars strict =
-  let tb = new_sent () in
+  let tb = { id = !calls; strict; nodes = (if strict then [||] else Array.init 8 (fun _ -> new_class ()));
+             floats = Array.make 8 false; imms = None; vals = [||]; vars = [||]; n = 0;
+             collecting = false; cursor = 0; fresh = [] } in
   if not strict then Hashtbl.replace registry tb.id tb;
   tb
 
+(* A call's table. [strict]: its values never come back after it; else (a problem with handles
+   or signals) it is kept, and found again by its number. *)
+let tokens _nvars strict = new_sent strict
+
 (* A functor instance's table: all its calls' element values are of one type. *)
-let instance_table () = let tb = new_sent () in Hashtbl.replace registry tb.id tb; tb
+let instance_table () = new_sent true
 
 (* Handles: the classes of a handle's parameters where it was read, merged with those where it
    is written back ([-1]: a parameter that is not a variable of the call). *)
-let node tb j = if j < 0 then -1 else tb.nodes.(j)
+let node tb j = if j < 0 || tb.strict then -1 else tb.nodes.(j)
 let link tb (ns : int array) (js : int array) =
-  Array.iteri (fun p n -> if n >= 0 && p < Array.length js && js.(p) >= 0 then union n tb.nodes.(js.(p))) ns
+  if not tb.strict then
+    Array.iteri (fun p n -> if n >= 0 && p < Array.length js && js.(p) >= 0 then union n tb.nodes.(js.(p))) ns
 
 let append tb o i =
   if tb.n = Array.length tb.vals then begin
@@ -235,8 +241,24 @@ let append tb o i =
     tb.vals <- v; tb.vars <- w
   end;
   tb.vals.(tb.n) <- o; tb.vars.(tb.n) <- i; tb.n <- tb.n + 1;
-  if Obj.is_int o then Hashtbl.replace (imms_of (find tb.nodes.(i))) (Obj.obj o : int) ()
+  if tb.strict then begin
+    if Obj.is_int o then (match tb.imms with Some h -> Hashtbl.replace h (i, Obj.obj o) () | None -> ())
+    else if Obj.tag o = Obj.double_tag then tb.floats.(i) <- true
+  end
+  else if Obj.is_int o then Hashtbl.replace (imms_of (find tb.nodes.(i))) (Obj.obj o : int) ()
   else if Obj.tag o = Obj.double_tag then Hashtbl.replace class_floats (find tb.nodes.(i)) ()
+
+let sent_immediate tb i n =
+  let h = match tb.imms with
+    | Some h -> h
+    | None ->
+      let h = Hashtbl.create 64 in
+      for k = 0 to tb.n - 1 do
+        if Obj.is_int tb.vals.(k) then Hashtbl.replace h (tb.vars.(k), (Obj.obj tb.vals.(k) : int)) ()
+      done;
+      tb.imms <- Some h;
+      h in
+  Hashtbl.mem h (i, n)
 
 (* Both passes of a writer visit the values in the same order: the first collects them, the
    second writes each one's index. *)
@@ -291,20 +313,23 @@ let w_vals tb (write : Buffer.t -> unit) (b : Buffer.t) =
 
 (* A value U names for variable [i]: one T sent, or a float U boxed from a sent float's bits. *)
 let r_var tb i r =
-  let here = find tb.nodes.(i) in
+  let here = if tb.strict then -1 else find tb.nodes.(i) in
   match r_byte r with
   | '\000' ->
     let n = r_int r in
-    if Hashtbl.mem (imms_of here) n then Obj.obj (Obj.repr n) else raise Bad
+    if (if tb.strict then sent_immediate tb i n else Hashtbl.mem (imms_of here) n) then Obj.obj (Obj.repr n)
+    else raise Bad
   | '\001' ->
     let c = r_int r in
     let k = r_int r in
-    let t = if c = tb.id then tb else match Hashtbl.find_opt registry c with Some t -> t | None -> raise Bad in
-    if k < 0 || k >= t.n || Obj.is_int t.vals.(k) || find t.nodes.(t.vars.(k)) <> here then raise Bad;
+    let t = if c = tb.id then tb else match Hashtbl.find_opt registry c with
+        | Some t when not tb.strict && not t.strict -> t | _ -> raise Bad in
+    if k < 0 || k >= t.n || Obj.is_int t.vals.(k)
+       || (if tb.strict then t.vars.(k) <> i else find t.nodes.(t.vars.(k)) <> here) then raise Bad;
     Obj.obj t.vals.(k)
   | '\002' ->
     let f = r_float r in
-    if Hashtbl.mem class_floats here then Obj.obj (Obj.repr f) else raise Bad
+    if (if tb.strict then tb.floats.(i) else Hashtbl.mem class_floats here) then Obj.obj (Obj.repr f) else raise Bad
   | _ -> raise Bad
 
 (* ---- the oracle's copies *)
