@@ -284,7 +284,7 @@ class OcamlGrader:
                 oracle = functools.partial(render_oracle, solution, iface, self.wire.capitalize(), trusted.lambdas,
                                            trusted.lambda_unit.capitalize())
                 (workdir / "oracle.ml").write_text(oracle(strict=True))
-                lenient = (oracle(), tests)
+                lenient = (oracle, tests)  # rendered only for an answer that fails the strict binding
                 # An empty interface: nothing of the answer is exported, so its unused weak types are fine
                 (workdir / "oracle.mli").write_text("")
                 objects = [f"{self.wire}.cmo"] + ([f"{trusted.lambda_unit}.cmo"] if trusted.lambda_unit else [])
@@ -308,10 +308,10 @@ class OcamlGrader:
             shutil.rmtree(workdir, ignore_errors=True)
 
     def _compile(self, steps: Steps, solution: str, grade: Grade, budget: CompileBudget,
-                 objects: list[str] | None, iface: Interface, lenient: tuple[str, str] | None = None) -> bool:
+                 objects: list[str] | None, iface: Interface, lenient: tuple | None = None) -> bool:
         """Steps 1 and 2 (see the module docstring); True when the oracle was built. The oracle's
-        entry points are first bound strictly (harness.render_oracle); `lenient`: the oracle's text
-        without that binding and the tests, for an answer that fails it."""
+        entry points are first bound strictly (harness.render_oracle); `lenient`: what renders the
+        oracle without that binding, and the tests, for an answer that fails it."""
         phrases = src.split_phrases(solution)
         grade.phrases_total = max(1, len(phrases))
         if self.check_library and objects:
@@ -351,7 +351,7 @@ class OcamlGrader:
                 elif lenient and self._tests_type_appended(steps, solution, lenient[1]):
                     # A weak entry point, or one with labels the prompt lacks: fine exactly when the
                     # tests appended to the answer type-check (one instantiation, total calls).
-                    (steps.workdir / "oracle.ml").write_text(lenient[0])
+                    (steps.workdir / "oracle.ml").write_text(lenient[0]())
                     return self._compile(steps, solution, grade, budget, objects, iface, None)
                 elif lenient:
                     msg = ENTRY_MISMATCH + (self._entry_mismatch(steps, solution, iface, direct=True) or NOT_AS_ASKED)
