@@ -329,3 +329,14 @@ def test_a_value_that_comes_back_later_goes_back_only_where_the_tests_types_put_
                  CELL).reward == 1.0
     b = score(sandbox_scorer, CELL_CONFUSED, CELL)
     assert (b.tests_passed, b.tests_total) == (4, 5), b.first_error
+
+
+def test_a_float_the_oracle_boxed_itself_is_accepted_only_if_it_was_sent(sandbox_scorer):
+    """Polymorphic code reads a flat float array's elements as fresh boxes, which the oracle gives
+    back by their bits: accepted only for a float the trusted program sent, bit for bit, for that
+    variable (a float made up with Obj.magic, the allowlist off, is refused)."""
+    tests = "let () =\n  assert (pick [| 1.5; 3.5 |] 1 = 3.5);\n  assert (pick [| 1.5; 3.5 |] 0 = 2.5)\n;;"
+    p = Problem(id="pick_fresh", prompt=PICK.prompt, tests=tests)
+    assert score(sandbox_scorer, "let pick a i = a.(i)", p).tests_passed == 1
+    made_up = "let pick a i = if i = 0 then Obj.magic (Obj.repr 2.5) else a.(i)"
+    assert score(sandbox_scorer, made_up, p).tests_passed == 1

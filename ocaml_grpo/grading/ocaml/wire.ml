@@ -138,8 +138,8 @@ let refuse () = refused := true; raise Refused
    back by naming it, never by its bytes: an immediate as itself (T accepts it only if it sent that
    immediate for that variable), a block as (call, index) of the copy it received (found by
    address: U's copies are promoted to the major heap and the heap is never compacted), a float
-   U boxed itself (read from a flat float array) by its bits (accepted only for a variable T sent
-   a float for). So T gets back its own objects, physically: a dedup by [==] or a returned [ref]
+   U boxed itself (read from a flat float array) by its bits (accepted only if T sent that float,
+   bit for bit, for that variable). So T gets back its own objects, physically: a dedup by [==] or a returned [ref]
    is the tests' own. A closure among the values crosses as a closure of U's that nothing can
    call (the answer cannot call a value of type ['a]): [compare] raises on it and [==] tells two
    apart, as in OCaml; its hash is not the tests' (OCaml hashes code addresses).
@@ -163,8 +163,15 @@ end
 
 let parent = ref (Array.make 64 0)
 let nclasses = ref 0
-let class_imms : (int, (int, unit) Hashtbl.t) Hashtbl.t = Hashtbl.create 64  (* root -> immediates sent *)
-let class_floats : (int, unit) Hashtbl.t = Hashtbl.create 16  (* roots a boxed float was sent for *)
+(* What U may give back by value: an immediate T sent, or the bits of a float T sent. *)
+type atom = Imm of int | Flt of int64
+
+let atom_of (o : Obj.t) =
+  if Obj.is_int o then Some (Imm (Obj.obj o))
+  else if Obj.tag o = Obj.double_tag then Some (Flt (Int64.bits_of_float (Obj.obj o)))
+  else None
+
+let class_imms : (int, (atom, unit) Hashtbl.t) Hashtbl.t = Hashtbl.create 64  (* root -> atoms sent *)
 
 let new_class () =
   if !nclasses = Array.length !parent then begin
@@ -188,7 +195,6 @@ let union a b =
     let a, b = if Hashtbl.length (imms_of a) >= Hashtbl.length (imms_of b) then a, b else b, a in
     Hashtbl.iter (fun n () -> Hashtbl.replace (imms_of a) n ()) (imms_of b);
     Hashtbl.remove class_imms b;
-    if Hashtbl.mem class_floats b then Hashtbl.replace class_floats a ();
     !parent.(b) <- a
   end
 
@@ -198,8 +204,7 @@ type sent = {
   id : int;  (* the call's number: U names a value by (id, index) *)
   strict : bool;  (* its values never come back after the call *)
   nodes : int array;  (* each variable's class (not strict) *)
-  floats : bool array;  (* a variable T sent a boxed float for (strict) *)
-  mutable imms : (int * int, unit) Hashtbl.t option;  (* (variable, immediate) sent (strict), built on first need *)
+  mutable imms : (int * atom, unit) Hashtbl.t option;  (* (variable, atom) sent (strict), built on first need *)
   mutable vals : Obj.t array;
   mutable vars : int array;  (* the variable each value was sent for *)
   mutable n : int;
@@ -214,7 +219,7 @@ let registry : (int, sent) Hashtbl.t = Hashtbl.create 16  (* the calls whose val
 let new_sent strict =
   incr calls;
   let tb = { id = !calls; strict; nodes = (if strict then [||] else Array.init 8 (fun _ -> new_class ()));
-             floats = Array.make 8 false; imms = None; vals = [||]; vars = [||]; n = 0;
+             imms = None; vals = [||]; vars = [||]; n = 0;
              collecting = false; cursor = 0; fresh = [] } in
   if not strict then Hashtbl.replace registry tb.id tb;
   tb
@@ -241,24 +246,25 @@ let append tb o i =
     tb.vals <- v; tb.vars <- w
   end;
   tb.vals.(tb.n) <- o; tb.vars.(tb.n) <- i; tb.n <- tb.n + 1;
-  if tb.strict then begin
-    if Obj.is_int o then (match tb.imms with Some h -> Hashtbl.replace h (i, Obj.obj o) () | None -> ())
-    else if Obj.tag o = Obj.double_tag then tb.floats.(i) <- true
-  end
-  else if Obj.is_int o then Hashtbl.replace (imms_of (find tb.nodes.(i))) (Obj.obj o : int) ()
-  else if Obj.tag o = Obj.double_tag then Hashtbl.replace class_floats (find tb.nodes.(i)) ()
+  match atom_of o with
+  | None -> ()
+  | Some a when tb.strict -> (match tb.imms with Some h -> Hashtbl.replace h (i, a) () | None -> ())
+  | Some a -> Hashtbl.replace (imms_of (find tb.nodes.(i))) a ()
 
-let sent_immediate tb i n =
-  let h = match tb.imms with
-    | Some h -> h
-    | None ->
-      let h = Hashtbl.create 64 in
-      for k = 0 to tb.n - 1 do
-        if Obj.is_int tb.vals.(k) then Hashtbl.replace h (tb.vars.(k), (Obj.obj tb.vals.(k) : int)) ()
-      done;
-      tb.imms <- Some h;
-      h in
-  Hashtbl.mem h (i, n)
+let sent_atom tb i a =
+  if tb.strict then begin
+    let h = match tb.imms with
+      | Some h -> h
+      | None ->
+        let h = Hashtbl.create 64 in
+        for k = 0 to tb.n - 1 do
+          match atom_of tb.vals.(k) with Some a -> Hashtbl.replace h (tb.vars.(k), a) () | None -> ()
+        done;
+        tb.imms <- Some h;
+        h in
+    Hashtbl.mem h (i, a)
+  end
+  else Hashtbl.mem (imms_of (find tb.nodes.(i))) a
 
 (* Both passes of a writer visit the values in the same order: the first collects them, the
    second writes each one's index. *)
@@ -317,8 +323,7 @@ let r_var tb i r =
   match r_byte r with
   | '\000' ->
     let n = r_int r in
-    if (if tb.strict then sent_immediate tb i n else Hashtbl.mem (imms_of here) n) then Obj.obj (Obj.repr n)
-    else raise Bad
+    if sent_atom tb i (Imm n) then Obj.obj (Obj.repr n) else raise Bad
   | '\001' ->
     let c = r_int r in
     let k = r_int r in
@@ -327,9 +332,9 @@ let r_var tb i r =
     if k < 0 || k >= t.n || Obj.is_int t.vals.(k)
        || (if tb.strict then t.vars.(k) <> i else find t.nodes.(t.vars.(k)) <> here) then raise Bad;
     Obj.obj t.vals.(k)
-  | '\002' ->
+  | '\002' ->  (* a float U boxed itself: only one T sent, bit for bit (nan's payload included) *)
     let f = r_float r in
-    if (if tb.strict then tb.floats.(i) else Hashtbl.mem class_floats here) then Obj.obj (Obj.repr f) else raise Bad
+    if sent_atom tb i (Flt (Int64.bits_of_float f)) then Obj.obj (Obj.repr f) else raise Bad
   | _ -> raise Bad
 
 (* ---- the oracle's copies *)
