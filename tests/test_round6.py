@@ -9,7 +9,17 @@ import pytest
 from conftest import ADD, fenced
 from ocaml_grpo.problems import Problem
 from ocaml_grpo.grading import source as src
-from ocaml_grpo.grading.grader import MAX_SOLUTION_CHARS, _char_offsets
+from ocaml_grpo.grading.grader import MAX_SOLUTION_CHARS, OcamlGrader, _char_offsets
+from ocaml_grpo.grading.sandbox import Sandbox
+from rewards import RewardConfig, RewardScorer
+
+
+@pytest.fixture(scope="module")
+def ocamlc_scorer():
+    """The grader with OCAML_COMPILER=ocamlc: one sandboxed ocamlc per step."""
+    s = RewardScorer(RewardConfig(min_lines=0, workers=2), grader=OcamlGrader(Sandbox(), cores=2, compiler="ocamlc"))
+    yield s
+    s.close()
 
 
 def score(scorer, code, problem=ADD):
@@ -121,10 +131,11 @@ def test_an_entry_point_binds_exactly_when_the_appended_tests_compile(scorer, tm
     "let add a b = float_of_int (a + b)\nlet _ = Obj.repr 1",  # the wrong type, a denied value
     "type t = A [@@deriving show]\nlet addx a b = a + b",  # no entry point, a denied attribute
 ])
-def test_a_denied_value_does_not_skip_the_entry_check(scorer, code):
-    b = score(scorer, code)
-    assert b.forbidden and b.error_kinds == ["entry"], b
-    assert b.type_check == b.compile == b.tests == 0.0 and b.reward == pytest.approx(0.05)
+def test_a_denied_value_does_not_skip_the_entry_check(scorer, ocamlc_scorer, code):
+    for which in (scorer, ocamlc_scorer):  # both compilers
+        b = score(which, code)
+        assert b.forbidden and b.error_kinds == ["entry"], b
+        assert b.type_check == b.compile == b.tests == 0.0 and b.reward == pytest.approx(0.05)
 
 
 def test_a_denied_value_beside_a_right_entry_keeps_its_compile_credit_only(scorer):
