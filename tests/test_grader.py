@@ -364,8 +364,8 @@ def test_explicit_no_isolation_mode_still_grades_and_says_so(monkeypatch):
     try:
         b = s.score_one(ADD, fenced("let add a b = a + b"))
         assert b.reward == 1.0 and b.isolated is False
-        restarted = s.score_one(ADD, fenced("let add a b = if a = 2 then exit 0 else a + b"))
-        assert restarted.tests_passed == 6  # the run after the exiting assertion went on
+        exited = s.score_one(ADD, fenced("let add a b = if a = 2 then exit 0 else a + b"))
+        assert exited.tests_passed == 4  # the assertions before the exiting one (no restart)
         assert "isolation OFF" in s.grader.sandbox.describe()
     finally:
         s.close()
@@ -690,9 +690,9 @@ def test_a_functor_entry_point_is_graded_through_its_signature(scorer):
 def test_an_entry_point_must_be_as_polymorphic_as_the_prompt_declares(scorer):
     """Each type variable of an entry point has an abstract token type of its own in the oracle: an
     identity for `'a * 'b -> 'b * 'a` would otherwise pass the assertions whose two values share a
-    representation (1 and true). A weakly typed entry point is bound as when tests are appended, and
-    one that returns an earlier call's values (kept in a global `ref`) has them refused: they were not
-    sent in this call (read at this call's types, 1 would be true)."""
+    representation (1 and true). A weakly typed entry point is bound exactly when the tests appended
+    to it compile: one that keeps an earlier call's values in a global `ref`, called at four types,
+    is not."""
     prompt = "(** Swap the two components of a pair. *)\nlet swap (p : 'a * 'b) : 'b * 'a ="
     tests = ("let () =\n  assert (swap (1, true) = (true, 1));\n  assert (swap ('a', 98) = (98, 'a'));\n"
              "  assert (swap (0, false) = (false, 0));\n  assert (swap (\"x\", 2) = (2, \"x\"))\n;;")
@@ -704,9 +704,9 @@ def test_an_entry_point_must_be_as_polymorphic_as_the_prompt_declares(scorer):
     stash = ("let prev = ref None\nlet swap (a, b) =\n  let r = match !prev with Some (pa, pb) -> (pb, pa) | None -> (b, a) in\n"
              "  prev := Some (a, b);\n  r")
     b = scorer.score_one(p, fenced(stash))
-    # refused: a broken wire fails the assertion and the programs start again after it, so only the
-    # calls right after a (re)start, the 1st and the 3rd, return this call's own values
-    assert (b.compiled, b.tests_passed) == (True, 2)
+    # its global `ref` makes it weak, and the tests call it at four types: appended to it, they do
+    # not compile, so it is not an entry point of the prompt's type (round 6, #47)
+    assert b.error_kinds == ["entry"] and b.tests_passed == 0 and b.type_check == b.compile == 0.0
 
 
 def test_a_token_is_read_back_only_as_the_variable_it_was_sent_for(sandbox_scorer):

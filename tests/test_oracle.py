@@ -70,9 +70,9 @@ def test_the_oracle_never_holds_an_expected_value():
     assert "101" not in u and "assert" not in u and "15" not in u
 
 
-def test_an_oracle_that_dies_in_one_call_fails_that_assertion_only(sandbox_scorer):
+def test_an_oracle_that_dies_in_one_call_fails_that_assertion_and_the_rest(sandbox_scorer):
     b = score(sandbox_scorer, "let add a b = if a = 2 then exit 0 else a + b")  # `exit`: allowlist off
-    assert (b.tests_passed, b.tests_total) == (6, 7)  # `add 2 2` alone
+    assert (b.tests_passed, b.tests_total) == (4, 7)  # from `add 2 2` on, as in plain OCaml (round 6)
 
 
 def test_an_answer_whose_top_level_dies_fails_everything_without_restarts(sandbox_scorer):
@@ -175,9 +175,8 @@ let add a b =
 
 
 def test_a_hostile_wire_costs_the_answer_its_own_assertions_and_nothing_else(sandbox_scorer):
-    # Each bent frame (then the oracle exits) breaks the wire in its own assertion: it fails, both
-    # programs start again after it, and the rest are graded as usual. A well-formed reply with the
-    # right value is the answer's own computation: `add (-1) 1` passes with it.
+    # A well-formed reply with the right value is the answer's own computation: `add (-1) 1`
+    # passes with it; the oracle then exits, and every assertion after it fails (no restart).
     b = score(sandbox_scorer, HOSTILE_WIRE)
     assert (b.tests_passed, b.tests_total) == (3, 7), b
 
@@ -203,6 +202,11 @@ def test_an_abstract_type_the_interface_lists_crosses_as_a_handle(scorer):
 # any path (it used to earn more with an unrelated type error: 0.15 -> 0.175).
 PAD = "\nlet _ = ()\nlet _ = ()\nlet _ = ()"
 UNRELATED_ERROR = '\nlet _oops (x : int) : int = x + "a"'
+# Round 6 (#47): a denied value, a broken module and a broken type, each with a dependent phrase
+# whose own error must still count.
+DENIED = "\nlet _peek = Obj.repr 1"
+BROKEN_MODULE = '\nmodule Oops = struct let x : int = "a" end\nlet _oops2 (y : int) : int = Oops.x + "b"'
+BROKEN_TYPE = '\ntype oops = Oops of intt\nlet _oops2 (x : oops) : int = x + 1'
 
 
 def test_errors_and_padding_never_raise_the_reward_and_the_entry_is_checked_first(scorer):
@@ -217,7 +221,12 @@ def test_errors_and_padding_never_raise_the_reward_and_the_entry_is_checked_firs
                           "right+error": p.solution + UNRELATED_ERROR,
                           "right+pad+error": p.solution + PAD + UNRELATED_ERROR,
                           "no_entry": renamed, "no_entry+error": renamed + UNRELATED_ERROR,
-                          "no_entry+pad+error": renamed + PAD + UNRELATED_ERROR}
+                          "no_entry+pad+error": renamed + PAD + UNRELATED_ERROR,
+                          "right+denied": p.solution + DENIED, "no_entry+denied": renamed + DENIED,
+                          "right+broken_module": p.solution + BROKEN_MODULE,
+                          "right+broken_type": p.solution + BROKEN_TYPE,
+                          "no_entry+broken_module": renamed + BROKEN_MODULE,
+                          "no_entry+broken_type": renamed + BROKEN_TYPE}
     names = list(next(iter(variants.values())))
     scored = scorer.score_batch([p for p in problems for _ in names],
                                 [fenced(variants[p.id][n]) for p in problems for n in names])
@@ -225,10 +234,15 @@ def test_errors_and_padding_never_raise_the_reward_and_the_entry_is_checked_firs
         r = {n: b for n, b in zip(names, scored[k * len(names):(k + 1) * len(names)])}
         assert r["right"].reward == r["right+pad"].reward == 1.0, p.id  # padding earns nothing
         assert r["right+error"].reward < 1.0 and r["right+pad+error"].reward == r["right+error"].reward, p.id
-        for n in ("no_entry", "no_entry+error", "no_entry+pad+error"):
+        for n in ("no_entry", "no_entry+error", "no_entry+pad+error", "no_entry+denied", "no_entry+broken_module",
+                  "no_entry+broken_type"):
             assert r[n].type_check == r[n].compile == r[n].tests == 0.0, (p.id, n, r[n].error_kinds)
             assert "entry" in r[n].error_kinds, (p.id, n)
-        assert r["no_entry+error"].reward <= r["no_entry"].reward, p.id  # an added error never pays
+        for n in ("no_entry+error", "no_entry+denied", "no_entry+broken_module", "no_entry+broken_type"):
+            assert r[n].reward <= r["no_entry"].reward, (p.id, n)  # an added error never pays
+        assert r["right+denied"].tests == 0.0 and r["right+denied"].reward < 1.0, p.id
+        for n in ("right+broken_module", "right+broken_type"):  # two errors each: below one error
+            assert r[n].type_errors == 2 and r[n].reward < r["right+error"].reward, (p.id, n, r[n].error_kinds)
 
 
 @pytest.mark.parametrize("code", [

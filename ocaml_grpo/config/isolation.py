@@ -40,7 +40,7 @@ class Limits:
     # compiles that hold both cores (up to OCAML_COMPILE_LIMIT_S) without cutting it short.
     WALL_FACTOR = 10
     cpu_s: int = setting("OCAML_CPU_LIMIT_S", "5", Int(1),
-                         "CPU seconds for a completion's test runs (restarts share them; a run that used them timed out)")
+                         "CPU seconds for a completion's test run (a run that used them timed out)")
     wall: float | None = setting("OCAML_WALL_LIMIT_S", "auto",
                                  Auto(Float(0, lo_open=True), lambda env: None, f"{WALL_FACTOR}x the CPU limit"),
                                  "wall-clock guard of one test run (only for runs that do not use the CPU)")

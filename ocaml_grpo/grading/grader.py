@@ -10,8 +10,8 @@
 3. run the oracle beside the trusted program (built once per problem: the prompt's definitions,
    a stub per entry point that asks the oracle, the tests). The trusted program decides every
    assertion and reports on a descriptor the oracle never holds; the oracle never holds an
-   expected value. A run restarts after the assertion during which the oracle died; runs are
-   bounded by the cores and judged by the CPU time the oracle used.
+   expected value. One run per answer (an oracle that dies fails the rest: no restart resets
+   the answer's state); runs are bounded by the cores and judged by the CPU time the oracle used.
 Compile steps return values (`Reply`) from either path of ocaml_grpo/grading/compilers.py.
 """
 from __future__ import annotations
@@ -85,6 +85,14 @@ class Grade:
 
 
 ENTRY_MISMATCH = "an entry point does not have the prompt's type: "
+NOT_AS_ASKED = "it cannot be called with the prompt's argument and result types"
+# The names the grader appends around an answer; a compiler message that holds one is never shown.
+GRADER_NAMES = (ENTRY_ALIAS, ENTRY_MODULE, "_entry_", "Solution", "Wire_", "wire_")
+# The grader's own work on an answer (lexing, phrases, error counting) is linear in its size; this
+# bounds it (0.65 s of Python at the limit, measured). A completion of 8k tokens is ~40 KB: a longer one is not
+# typed, like a check stopped by the compile limit (no type-check, compile or test credit).
+MAX_SOLUTION_CHARS = 512 << 10
+TOO_LARGE = CompileError("other", 0, f"the answer is over {MAX_SOLUTION_CHARS} characters: it was not compiled")
 TRUSTED_META = "trusted.json"  # in a cached trusted program's directory: its build error, closures, unit
 
 
@@ -252,6 +260,9 @@ class OcamlGrader:
         """Type check and compile one assembled solution, then run the tests against it. `prompt`
         declares the entry points' types (oracle.interface_of); without a usable one the tests
         cannot be run outside the answer's process, and earn nothing (Grade.unverifiable)."""
+        if len(solution) > MAX_SOLUTION_CHARS:  # the grader's own work stays bounded (see the constant)
+            return Grade(compile_errors=[TOO_LARGE], compile_timed_out=True,
+                         tests_total=src.assertion_count(plan_of(tests)))
         workdir = self._new_job_dir()
         budget = CompileBudget(self.sandbox.limits.compile_s)
         try:
@@ -259,7 +270,7 @@ class OcamlGrader:
             solution = src.strip_line_directives(solution)
             iface = interface_of(prompt, entry_points[0] if entry_points else "")
             (workdir / "solution.ml").write_text(solution)
-            objects, trusted = None, None
+            objects, trusted, lenient = None, None, None
             if iface.unverifiable:
                 grade.unverifiable = iface.unverifiable
                 grade.tests_total = src.assertion_count(plan_of(tests))
@@ -270,14 +281,16 @@ class OcamlGrader:
                     if unit:
                         for ext in (".cmi", ".cmo"):
                             shutil.copyfile(d / (unit + ext), workdir / (unit + ext))
-                (workdir / "oracle.ml").write_text(render_oracle(solution, iface, self.wire.capitalize(),
-                                                                 trusted.lambdas, trusted.lambda_unit.capitalize()))
+                oracle = functools.partial(render_oracle, solution, iface, self.wire.capitalize(), trusted.lambdas,
+                                           trusted.lambda_unit.capitalize())
+                (workdir / "oracle.ml").write_text(oracle(strict=True))
+                lenient = (oracle, tests)  # rendered only for an answer that fails the strict binding
                 # An empty interface: nothing of the answer is exported, so its unused weak types are fine
                 (workdir / "oracle.mli").write_text("")
                 objects = [f"{self.wire}.cmo"] + ([f"{trusted.lambda_unit}.cmo"] if trusted.lambda_unit else [])
                 objects += ["oracle.mli", "oracle.ml"]
             with self.compilers.steps(workdir, budget, tuple(requires)) as steps:
-                linked = self._compile(steps, solution, grade, budget, objects, iface)
+                linked = self._compile(steps, solution, grade, budget, objects, iface, lenient)
             # A check cut short proves nothing, and error counting stopped with it (rewards.py then
             # gives no type-check or compile credit); waiting for a compile slot is not cut short.
             grade.compile_timed_out = budget.timed_out and not linked
@@ -295,8 +308,10 @@ class OcamlGrader:
             shutil.rmtree(workdir, ignore_errors=True)
 
     def _compile(self, steps: Steps, solution: str, grade: Grade, budget: CompileBudget,
-                 objects: list[str] | None, iface: Interface) -> bool:
-        """Steps 1 and 2 (see the module docstring); True when the oracle was built."""
+                 objects: list[str] | None, iface: Interface, lenient: tuple | None = None) -> bool:
+        """Steps 1 and 2 (see the module docstring); True when the oracle was built. The oracle's
+        entry points are first bound strictly (harness.render_oracle); `lenient`: what renders the
+        oracle without that binding, and the tests, for an answer that fails it."""
         phrases = src.split_phrases(solution)
         grade.phrases_total = max(1, len(phrases))
         if self.check_library and objects:
@@ -322,9 +337,8 @@ class OcamlGrader:
                     grade.compile_errors.append(CompileError("entry", 0, ENTRY_MISMATCH + mismatch))
             return False
         grade.compiled, grade.phrases_ok = True, grade.phrases_total
-        if tc.denied:
+        if tc.denied:  # no test credit; the entry points are still checked (below): no path skips them
             grade.forbidden = tc.denied[0]
-            return False
         if not objects:
             return False
         link = link or steps.link("prog", objects)
@@ -334,39 +348,66 @@ class OcamlGrader:
                 # The entry point is missing or not of the prompt's type: the answer's own error.
                 if err.kind == "unbound":
                     msg = _undefined_entry(err.unbound)
+                elif lenient and self._tests_type_appended(steps, solution, lenient[1]):
+                    # A weak entry point, or one with labels the prompt lacks: fine exactly when the
+                    # tests appended to the answer type-check (one instantiation, total calls).
+                    (steps.workdir / "oracle.ml").write_text(lenient[0]())
+                    return self._compile(steps, solution, grade, budget, objects, iface, None)
+                elif lenient:
+                    msg = ENTRY_MISMATCH + (self._entry_mismatch(steps, solution, iface, direct=True) or NOT_AS_ASKED)
                 else:
-                    msg = ENTRY_MISMATCH + (self._entry_mismatch(steps, solution, iface)
-                                            or "it cannot be called with the prompt's argument and result types")
+                    msg = ENTRY_MISMATCH + (self._entry_mismatch(steps, solution, iface) or NOT_AS_ASKED)
                 grade.compile_errors.append(CompileError("entry", 0, msg))  # it compiles, but not as asked
                 return False
             # shown to people only: no credit depends on it
             grade.test_error = err.message
             return False
-        return True
+        return not grade.forbidden
 
-    def _entry_mismatch(self, steps: Steps, solution: str, iface: Interface) -> str | None:
+    def _entry_mismatch(self, steps: Steps, solution: str, iface: Interface, direct: bool = False) -> str | None:
         """None when `solution` defines every entry point at the prompt's type; else what the
         compiler says, in the prompt's own terms: each entry point is bound at the prompt's type,
         its type variables quantified as the prompt wrote them (`'a. 'a -> 'a list -> 'a`), as
         the oracle binds them at its wire's tokens (whose private names must not reach feedback).
-        A check cut short by the compile budget is a mismatch: it proved nothing."""
-        (steps.workdir / "signature.ml").write_text(render_entry_check(solution, iface))
-        reply = steps.compile("signature.ml", "")
-        if reply.timed_out:
-            return "the check ran out of time"
-        if reply.returncode == 0:
-            return None
-        err = error_of(reply)
-        if err.kind == "unbound" and reply.loc and reply.loc[2] == ENTRY_FILE:
-            return _undefined_entry(err.unbound)
+        A check cut short by the compile budget is a mismatch: it proved nothing. `direct`: the
+        entry points are known not to bind directly (the tests appended did not type): only the
+        words are wanted."""
+        err = None
+        if not direct:
+            # `-i`: the whole unit, as the oracle's (its interface is empty): an unused weak helper is fine
+            (steps.workdir / "signature.ml").write_text(render_entry_check(solution, iface))
+            reply = steps.compile("signature.ml", "i")
+            if reply.timed_out:
+                return "the check ran out of time"
+            if reply.returncode == 0:
+                return None
+            err = error_of(reply)
+            if err.kind == "unbound" and reply.loc and reply.loc[2] == ENTRY_FILE:
+                return _undefined_entry(err.unbound)
         # The words: the entry points bound directly say "has type X but ... Y" (through a total
         # application the compiler speaks of an argument); that check decides nothing.
         (steps.workdir / "signature.ml").write_text(render_entry_check(solution, iface, eta=False))
-        direct = steps.compile("signature.ml", "")
-        if direct.returncode != 0 and not direct.timed_out:
-            err = error_of(direct)
-        message = err.message.replace("Solution.", "").replace(ENTRY_ALIAS, "entry_")
-        return message.replace(ENTRY_MODULE, iface.functor.name) if iface.functor else message
+        reply = steps.compile("signature.ml", "i")
+        if reply.returncode != 0 and not reply.timed_out:
+            err = error_of(reply)
+        if err is None:
+            return None
+        message = err.message.replace("Solution.", "")
+        if iface.functor:
+            message = message.replace(ENTRY_MODULE, iface.functor.name)
+        # Feedback names only what the answer or the prompt wrote: a message that names what the
+        # grader appended (its aliases, its bindings, the module around the answer) is not shown.
+        if any(name in message for name in GRADER_NAMES):
+            return NOT_AS_ASKED
+        return message
+
+    @staticmethod
+    def _tests_type_appended(steps: Steps, solution: str, tests: str) -> bool:
+        """Whether the tests appended to the answer type-check, as in plain OCaml (typed, never
+        run): what decides an entry point that binds only leniently (weak, or labelled)."""
+        (steps.workdir / "appended.ml").write_text(solution + "\n;;\n" + tests + "\n")
+        reply = steps.compile("appended.ml", "i")
+        return reply.returncode == 0 and not reply.timed_out
 
     def _trusted_program(self, iface: Interface, tests: str, requires: tuple[str, ...]) -> "Trusted":
         """The problem's trusted program (and the tests' closures the oracle holds too), built once
@@ -525,7 +566,7 @@ class OcamlGrader:
             bad = self._unparsed(steps, phrases)
             for j, e in bad.items():
                 grade.compile_errors.append(e)
-                skipped_names.update(phrases[j].names)
+                skipped_names.update(phrases[j].names, src.stand_in(phrases[j].text)[1])
                 skipped.append(j)
             pending = [i for i in pending if i not in bad]
             checked = _joined(phrases, pending)
@@ -547,7 +588,7 @@ class OcamlGrader:
                 grade.compile_errors.append(err)
             else:
                 forgiven.append(j)
-            skipped_names.update(phrases[j].names)
+            skipped_names.update(phrases[j].names, src.stand_in(phrases[j].text)[1])
             skipped.append(j)
             if err.kind != "syntax":  # typing is in order: everything before j is fine
                 good += [i for i in pending if i < j]
@@ -563,8 +604,9 @@ class OcamlGrader:
         for j in forgiven[:max(0, self.MAX_CHECKS - checks)]:
             if budget.exhausted:
                 break
-            before = [i for i in range(j) if i in good or i in skipped]
-            stand_in = [phrases[i] if i in good else replace(phrases[i], text=_declared_at_any_type(phrases[i]))
+            good_set, skipped_set = set(good), set(skipped)
+            before = [i for i in range(j) if i in good_set or i in skipped_set]
+            stand_in = [phrases[i] if i in good_set else replace(phrases[i], text=src.stand_in(phrases[i].text)[0])
                         for i in before]
             checked = _joined(stand_in + [phrases[j]], list(range(len(before) + 1)))
             own = self._check(steps, checked.text)
@@ -626,39 +668,26 @@ class OcamlGrader:
             shutil.rmtree(workdir, ignore_errors=True)
 
     def _execute(self, workdir: Path, oracle: Path, trusted: Path, total: int) -> tuple[set[int], bool, bool]:
-        """Run the oracle beside the trusted program until the tests finish, starting both again
-        after an assertion during which the oracle died (exit, fatal error) or broke the wire,
-        while the oracle's CPU budget lasts.
+        """Run the oracle beside the trusted program once, through all the tests. An oracle that
+        dies (exit, fatal error) or whose frames fall out of step fails the assertion under way
+        and every one after it, as the answer's process dying does in plain OCaml: no fresh
+        oracle runs the rest, so the answer's state is never reset partway through the tests. A
+        reply the trusted program refuses but could read to its end (malformed, over 32 MB) fails
+        its own assertion and the run goes on with the same oracle (wire.ml, `Refused`).
 
         A run holds one of `cores` run slots, so the oracle has a core to itself; its verdict is
-        judged by the CPU the oracle used (the limit is shared by all restarts), with a wall-clock
-        guard of OCAML_WALL_LIMIT_S per run. The two talk over two pipes; the trusted program's
-        results go to a file the oracle cannot reach (another sandbox, another uid)."""
+        judged by the CPU the oracle used, with a wall-clock guard of OCAML_WALL_LIMIT_S. The two
+        talk over two pipes; the trusted program's results go to a file the oracle cannot reach
+        (another sandbox, another uid)."""
         lim = self.sandbox.limits
-        cpu_left = float(lim.cpu_s)
-        passed: set[int] = set()
-        start, finished, timed_out = 0, False, False
         runs = ((workdir / "oracle", oracle), (workdir / "trusted", trusted))  # (directory, program)
         for d, _ in runs:
             d.mkdir()
         with self._run_slots:
-            while True:
-                if cpu_left <= CPU_TIMEOUT_SLACK_S:
-                    timed_out = True
-                    break
-                run, ures, tres = self._run_pair(*runs, start, total, max(1, math.ceil(cpu_left)))
-                passed |= run.passed
-                cpu_left -= ures.cpu_s
-                if run.finished and tres.returncode == 0 and not tres.timed_out:
-                    finished = True
-                    break
-                if ures.timed_out or cpu_left <= CPU_TIMEOUT_SLACK_S:
-                    timed_out = True
-                    break
-                if run.oracle_never_ready or run.oracle_lost_in is None or run.oracle_lost_in + 1 >= total:
-                    break
-                start = run.oracle_lost_in + 1
-        return passed, finished, timed_out
+            run, ures, tres = self._run_pair(*runs, 0, total, max(1, math.ceil(lim.cpu_s)))
+        finished = run.finished and tres.returncode == 0 and not tres.timed_out
+        timed_out = not finished and (ures.timed_out or lim.cpu_s - ures.cpu_s <= CPU_TIMEOUT_SLACK_S)
+        return run.passed, finished, timed_out
 
 
 class _Pipes:
@@ -702,9 +731,21 @@ def _read_text(path: Path) -> str:
 
 
 def _char_offsets(text: str, byte_offsets: list[int]) -> list[int]:
-    """The compiler counts bytes; Python strings count characters."""
+    """The compiler counts bytes; Python strings count characters. An offset inside a character
+    counts the characters before it. One pass over the text, whatever the number of offsets."""
     data = text.encode()
-    return [len(data[:b].decode("utf-8", "ignore")) for b in byte_offsets]
+    order = sorted(range(len(byte_offsets)), key=lambda k: byte_offsets[k])
+    out = [0] * len(byte_offsets)
+    at, chars = 0, 0  # `chars` characters lie in data[:at]
+    for k in order:
+        b = min(max(byte_offsets[k], 0), len(data))
+        while b > at and b < len(data) and data[b] & 0xC0 == 0x80:  # inside a character: back to its start
+            b -= 1
+        if b > at:
+            chars += len(data[at:b].decode("utf-8", "ignore"))
+            at = b
+        out[k] = chars
+    return out
 
 
 @dataclass
@@ -712,13 +753,6 @@ class Joined:
     """Phrases written back to back as one file, and where each one lies in it."""
     text: str
     spans: list[tuple[int, int, int]]  # (phrase index, first offset, end offset)
-
-
-def _declared_at_any_type(phrase: src.Phrase) -> str:
-    """The values `phrase` defines, declared at every type (for checking the phrases after it
-    without it); its types and modules are not: their uses stay unbound."""
-    return "".join(f'external {v if v[0].isalpha() or v[0] == "_" else f"( {v} )"} : \'a = "%identity"\n'
-                   for v in phrase.values)
 
 
 def _joined(phrases: list[src.Phrase], keep: list[int]) -> Joined:

@@ -95,10 +95,14 @@ def render_trusted(iface: Interface, tests: str, plan: src.TestPlan | None, wire
 
 
 def render_oracle(solution: str, iface: Interface, wire: str, lambdas: tuple[Lambda, ...] = (),
-                  lambda_unit: str = "") -> str:
+                  lambda_unit: str = "", strict: bool = False) -> str:
     """The answer is typed here exactly as alone (nothing precedes it); the code after it never
-    opens it, so nothing the answer defines changes what the wire means."""
-    return "\n".join(_solution_module(solution, iface) + [oracle_server(iface, wire, lambdas, lambda_unit)])
+    opens it, so nothing the answer defines changes what the wire means. `strict`: each entry
+    point is first bound directly at the prompt's type, its type variables quantified
+    (oracle.entry_check): an entry point that is weak, or whose labels the prompt lacks, fails
+    it, and the grader then decides by the tests appended to the answer (grader._compile)."""
+    check = entry_check(iface, eta=False) if strict and not iface.functor else ""
+    return "\n".join(_solution_module(solution, iface) + [check + oracle_server(iface, wire, lambdas, lambda_unit)])
 
 
 def render_entry_check(solution: str, iface: Interface, eta: bool = True) -> str:

@@ -9,9 +9,9 @@ programs of a grading:
 Values are written by their type (entry_interface.py says which types have a form): Stdlib's basic
 types, lists, arrays, options, results, tuples, the prompt's own variants, records and polymorphic
 variants, functions (as handles both ways: higher-order entry points, functions returned), and type
-variables (as keys in the values' order, one table for the run: a polymorphic answer can only
-compare them). A functor entry point over an ordered type is served as instances: one per
-application in the tests, its values' calls carrying the instance's number.
+variables (the values themselves, copied to the oracle as one Marshal blob per frame and named
+back by index: wire.ml, `w_vals`). A functor entry point over an ordered type is served as
+instances: one per application in the tests, its values' calls carrying the instance's number.
 """
 from __future__ import annotations
 
@@ -119,7 +119,20 @@ class _Gen:
     def con(self, t: Type, env: dict[str, str], way: str) -> str:
         """A named type's writer (way "w") or reader ("r"): the prompt's own, or the wire's."""
         sub = self.w if way == "w" else self.r
-        if t[1] in self.defs:
+        d = self.defs.get(t[1])
+        if d is not None and d.kind == "handle" and self.side == "T":
+            # A handle the trusted program holds carries the classes of its parameters where it was
+            # read (wire.ml, `link`): written back where its parameters are this call's variables,
+            # it makes them one type with those.
+            js = [env.get("i:" + a[1], "-1") if self.resolve(a)[0] == "var" else "-1"
+                  for a in (self.resolve(x) for x in t[2])]
+            if any(j != "-1" for j in js):
+                W, arr = self.W, "[| " + "; ".join(js) + " |]"
+                if way == "w":
+                    return f"(fun b (Handle__{t[1]} (h, ns)) -> {W}.w_int b h; {W}.link tb ns {arr})"
+                return (f"(fun r -> Handle__{t[1]} ({W}.r_int r, [| "
+                        + "; ".join(f"{W}.node tb ({j})" for j in js) + " |]))")
+        if d is not None:
             return "(" + " ".join([f"{way}_{t[1]}"] + [sub(a, env) for a in t[2]]) + ")"
         if t[1] in SIGNALS:  # the oracle keeps it; the trusted program mirrors it (wire.ml, refreshers)
             W, x = self.W, t[2][0]
@@ -142,18 +155,46 @@ class _Gen:
         return f"{self.W}.{way}_{name}"
 
     def invoker(self, t: Type, env: dict[str, str]) -> str:
-        """How this side serves calls of its function value `f`: read the arguments, write the result."""
+        """How this side serves calls of its function value `f`: read the arguments, write the result.
+        Values of type variables the trusted side sends go first, as one blob (wire.ml, `w_vals`)."""
         args, res = _uncurry(t)
         ys = [f"y{i}" for i in range(len(args))]
         reads = " ".join(f"let {y} = {self.r(a, env)} r in" for a, y in zip(args, ys))
-        return f"(fun r b -> {reads} {self.W}.r_end r; {self.w(res, env)} b (f {' '.join(ys)}))"
+        if self.side == "U" and any(self.has_var(a) for a in args):
+            reads = f"{self.W}.r_vals r; " + reads
+        write = f"{self.w(res, env)} b v"
+        if self.side == "T" and self.has_var(res):
+            write = f"{self.W}.w_vals tb (fun b -> {write}) b"
+        return f"(fun r b -> {reads} {self.W}.r_end r; let v = f {' '.join(ys)} in {write})"
 
     def proxy(self, t: Type, env: dict[str, str]) -> str:
         """The function a handle `h` stands for: each call goes to the side that holds it."""
         args, res = _uncurry(t)
         xs = [f"y{i}" for i in range(len(args))]
         writes = "; ".join(f"{self.w(a, env)} b {x}" for a, x in zip(args, xs))
-        return f"(fun {' '.join(xs)} -> {self.W}.call h (fun b -> {writes}) {self.r(res, env)})"
+        write = f"(fun b -> {writes})"
+        if self.side == "T" and any(self.has_var(a) for a in args):
+            write = f"({self.W}.w_vals tb {write})"
+        read = self.r(res, env)
+        if self.side == "U" and self.has_var(res):
+            read = f"(fun r -> {self.W}.r_vals r; {read} r)"
+        return f"(fun {' '.join(xs)} -> {self.W}.call h {write} {read})"
+
+    def has_var(self, t: Type) -> bool:
+        """Whether values of type variables may cross with a value of this type (both sides agree)."""
+        t = self.resolve(t)
+        k = t[0]
+        if k == "var":
+            return True
+        if k == "con":
+            return any(self.has_var(a) for a in t[2])
+        if k == "tuple":
+            return any(self.has_var(a) for a in t[1])
+        if k == "arrow":
+            return self.has_var(t[2]) or self.has_var(t[3])
+        if k == "poly":
+            return any(a is not None and self.has_var(a) for _, a in t[1])
+        return False
 
     # -- the prompt's variants and records: recursive writer/reader pairs
     def codecs(self) -> str:
@@ -178,7 +219,8 @@ class _Gen:
                 wbody = "match v with " + " | ".join(wc)
                 rbody = f"match {W}.r_tag r with " + " | ".join(rc) + f" | _ -> Stdlib.raise {W}.Bad"
             elif d.kind == "handle" and self.side == "T":
-                wbody, rbody = f"match v with Handle__{d.name} h -> {W}.w_int b h", f"Handle__{d.name} ({W}.r_int r)"
+                # nested in another type: no classes for its parameters (they are not merged)
+                wbody, rbody = f"match v with Handle__{d.name} (h, _) -> {W}.w_int b h", f"Handle__{d.name} ({W}.r_int r, [||])"
             elif d.kind == "handle":  # the oracle keeps the value; the trusted program holds its number
                 wbody, rbody = f"{W}.w_int b ({W}.keep v)", f"{W}.kept ({W}.r_int r)"
             else:
@@ -201,7 +243,7 @@ class _Gen:
 
     def handle_types(self) -> str:
         """T's types of the handles: the number of a value the oracle keeps."""
-        return "".join(f"type {_params_text(d.params)}{d.name} = Handle__{d.name} of int\n"
+        return "".join(f"type {_params_text(d.params)}{d.name} = Handle__{d.name} of int * int array\n"
                        for d in self.iface.types if d.kind == "handle" and self.side == "T")
 
     def exception_codec(self) -> str:
@@ -288,13 +330,15 @@ def trusted_stubs(iface: Interface, wire: str) -> str:
                    + [_stub(g, k, e, signals) for k, e in enumerate(iface.entries)])
 
 
-def _stub(g: _Gen, k: int, e: Entry, signals: bool, instance: str = "") -> str:
+def _stub(g: _Gen, k: int, e: Entry, signals: bool, instance: str = "", table: str = "") -> str:
     """`let name : <its type> = fun args -> <ask the oracle's handle k>` (`instance`: an int
-    written first, the functor instance the call is for)."""
+    written first, the functor instance the call is for; `table`: the values' table the calls
+    share, a functor instance's)."""
     wire = g.W
     vs = e.vars()
-    env = {v: f"({wire}.w_var tb {i})" for i, v in enumerate(vs)} | {"r:" + v: f"({wire}.r_var tb {i})"
-                                                                      for i, v in enumerate(vs)}
+    env = ({v: f"({wire}.w_var tb {i})" for i, v in enumerate(vs)} | {"r:" + v: f"({wire}.r_var tb {i})"
+                                                                       for i, v in enumerate(vs)}
+           | {"i:" + v: str(i) for i, v in enumerate(vs)})
     full = e.result
     for label, p in reversed(e.params):
         full = ("arrow", label, p, full)
@@ -302,9 +346,12 @@ def _stub(g: _Gen, k: int, e: Entry, signals: bool, instance: str = "") -> str:
     ty = g.ty(full, {}) if e.params else g.ty(e.result, {})
     xs = [f"a{i}" for i in range(len(e.params))]
     binders = " ".join(_labelled(lab, x) for (lab, _), x in zip(e.params, xs))
-    writes = "; ".join(([f"{wire}.w_int b {instance}"] if instance else [])
-                       + [_arg_writer(g, k, i, lab, p, env) + f" b {x}"
-                          for i, ((lab, p), x) in enumerate(zip(e.params, xs))]) or "()"
+    writes = "; ".join([_arg_writer(g, k, i, lab, p, env) + f" b {x}"
+                        for i, ((lab, p), x) in enumerate(zip(e.params, xs))]) or "()"
+    if any(g.has_var(_param_type(lab, p)) for lab, p in e.params):  # the values first, as one blob
+        writes = f"{wire}.w_vals tb (fun b -> {writes}) b"
+    if instance:
+        writes = f"{wire}.w_int b {instance}; {writes}"
     backs = "".join(f" {wire}.blit_back {x} ({wire}.r_array {g.r(g.resolve(p)[2][0], env)} r);"
                     if _is_array(g, p) == "array" else f" {wire}.bytes_back {x} ({wire}.r_bytes r);"
                     for (_, p), x in zip(e.params, xs) if _is_array(g, p))
@@ -315,8 +362,9 @@ def _stub(g: _Gen, k: int, e: Entry, signals: bool, instance: str = "") -> str:
                  + " | ".join(f"{i} -> {xs[i]}" for i in same) + f" | _ -> Stdlib.raise {wire}.Bad)")
     read = f"(fun r -> let v = {value} in{backs} v)"
     strict = "false" if g.iface.functor or g.named_handles() or signals else "true"
-    body = (f"let tb = {wire}.tokens {len(vs)} {strict} in " if vs else "") + f"let write b = {writes} in "
-    body += (f"{wire}.seal tb write; " if vs else "") + f"{wire}.call {k} write {read}"
+    tb = table or f"{wire}.tokens {len(vs)} {strict}"
+    body = (f"let tb = {tb} in " if vs else "") + f"let write b = {writes} in "
+    body += f"{wire}.call {k} write {read}"
     if signals:  # after any call, every mirrored signal takes the oracle's value
         body = f"let v = {body} in {wire}.refresh (); v"
     if e.params:
@@ -338,12 +386,12 @@ def _functor_stubs(g: _Gen) -> str:
     element module whose `compare` calls the tests' own (handle 0 makes one); its values are
     stubs of that instance (handle k + 1 = the k-th value), its abstract types its handles'."""
     f, W = g.iface.functor, g.W
-    env = {"r:" + ELEMENT_VAR: f"{W}.r_var_any"}
+    env = {"r:" + ELEMENT_VAR: f"({W}.r_var grader_tb 0)"}
     head = f"functor ({f.param} : {ORDERED_SIG}) ->"
     return "".join([f"module {f.name} : {_functor_type(f)} = {head} struct\n", g.handle_types(),
-                    f.types_text + "\n", g.codecs(),
+                    f.types_text + "\n", g.codecs(), f"let grader_tb = {W}.instance_table ()\n",
                     f"let grader_instance : int = {W}.call 0 (fun b -> {g.w(ELEMENT_COMPARE, env)} b {f.param}.compare) {W}.r_int\n"]
-                   + [_stub(g, k + 1, e, False, "grader_instance") for k, e in enumerate(g.iface.entries)]
+                   + [_stub(g, k + 1, e, False, "grader_instance", "grader_tb") for k, e in enumerate(g.iface.entries)]
                    + ["end\n"])
 
 
@@ -421,6 +469,8 @@ def _serve(g: _Gen, k: int, e: Entry, env: dict[str, str], lambdas: tuple["Lambd
     xs = [f"a{i}" for i in range(len(e.params))]
     reads = " ".join(f"let {x} = {_arg_reader(g, k, i, lab, p, env, lambdas, lambda_unit)} r in"
                      for i, ((lab, p), x) in enumerate(zip(e.params, xs)))
+    if any(g.has_var(_param_type(lab, p)) for lab, p in e.params):  # the trusted side's values, first
+        reads = f"{wire}.r_vals r; " + reads
     args = " ".join(_labelled(lab, x) for (lab, _), x in zip(e.params, xs))
     backs = "".join(f"; {wire}.w_array {g.w(g.resolve(p)[2][0], env)} b {x}" if _is_array(g, p) == "array"
                     else f"; {wire}.w_bytes b {x}" for (_, p), x in zip(e.params, xs) if _is_array(g, p))

@@ -261,12 +261,15 @@ def _phrases_at(src: str, starts: list[int], toks: list[Token]) -> list[Phrase]:
     starts[0] = 0
     tokens_between = _token_slicer(toks)
     phrases = []
+    line, counted = 1, 0  # the line of offset `counted`: newlines are counted once, start to end
     for idx, start in enumerate(starts):
         end = starts[idx + 1] if idx + 1 < len(starts) else len(src)
+        line += src.count("\n", counted, start)
+        counted = start
         text = src[start:end]
         if text.strip():
             bindings = _bindings_in(tokens_between(start, end))
-            phrases.append(Phrase(text=text, line=src.count("\n", 0, start) + 1, names=tuple(n for _, n in bindings),
+            phrases.append(Phrase(text=text, line=line, names=tuple(n for _, n in bindings),
                                   start=start, values=tuple(_values(bindings))))
     return phrases
 
@@ -520,3 +523,74 @@ def _split_top_level(toks: list[Token], sep: str) -> list[list[Token]]:
         depth += _depth_changes(t)
         parts[-1].append(t)
     return parts
+
+
+# ---------------------------------------------------------------------------------------------
+# Stand-ins: what a phrase the compiler rejected declares, so the phrases after it can be checked
+# for errors of their own (grader._count_errors).
+
+def stand_in(phrase: str) -> tuple[str, set[str]]:
+    """A text that type-checks and declares what `phrase` defines, as loosely as OCaml allows:
+    each value at every type (`external f : 'a = "%identity"`), each type abstract with its
+    arity, each `module M = struct ... end` as a module of its body's stand-ins; and every name
+    the phrase declares, its constructors, labels and exceptions included (an error about one of
+    those in a later phrase only follows from the rejected phrase)."""
+    return _stand_in(code_tokens(phrase))
+
+
+def _stand_in(toks: list[Token]) -> tuple[str, set[str]]:
+    out: list[str] = []
+    names: set[str] = set()
+    context, depth, k = "", 0, 0
+    while k < len(toks):
+        t = toks[k]
+        if depth == 0 and t.kind == "ident" and t.text in ("let", "type", "module", "exception", "external", "and",
+                                                              "open", "include", "class"):
+            context = context if t.text == "and" else t.text
+            if context == "module" and t.text == "module":
+                j = _skip_binder_modifiers(toks, k + 1)
+                if j + 2 < len(toks) and toks[j].kind == "ident" and toks[j + 1].text == "=" and toks[j + 2].text == "struct":
+                    end, d = j + 2, 0
+                    while end < len(toks):
+                        d += _depth_changes(toks[end])
+                        if d == 0:
+                            break
+                        end += 1
+                    body, inner = _stand_in(toks[j + 3:end])
+                    names.add(toks[j].text)
+                    names |= {f"{toks[j].text}.{n}" for n in inner}  # its constructors, as `M.C`
+                    out.append(f"module {toks[j].text} = struct\n{body}end\n")
+                    k = end + 1
+                    continue
+            if context in ("let", "type", "module", "exception", "external"):
+                j = _skip_binder_modifiers(toks, k + 1)
+                name = (toks[j].text if j < len(toks) and toks[j].kind == "ident" and toks[j].text not in ("open", "in", "type")
+                        else toks[j + 1].text if j + 2 < len(toks) and toks[j].text == "(" and toks[j + 2].text == ")"
+                        else "")
+                if name and context not in ("let", "external"):  # values: below, as the compiler scopes them
+                    names.add(name)
+                    if context == "type" and name[0].islower() and not (j + 1 < len(toks) and toks[j + 1].text == "+="):
+                        arity = _type_arity(toks[k + 1:j])
+                        params = "" if not arity else ("'a0 " if arity == 1 else
+                                                       "(" + ", ".join(f"'a{i}" for i in range(arity)) + ") ")
+                        out.append(f"type {params}{name}\n")
+        elif context == "type" and t.kind == "ident":
+            prev = toks[k - 1].text if k else ""
+            after = toks[k + 1].text if k + 1 < len(toks) else ""
+            if depth == 0 and t.text[0].isupper() and prev in ("=", "|") and after != ".":
+                names.add(t.text)  # a constructor
+            elif depth == 1 and prev in ("{", ";", "mutable") and after == ":":
+                names.add(t.text)  # a label
+        depth += _depth_changes(t)
+        k += 1
+    bindings = _bindings_in(toks)
+    values = _values(bindings) + [n for kw, n in bindings if kw == "external"]
+    names.update(values)
+    return "".join(f"external {v if v[0].isalpha() or v[0] == '_' else f'( {v} )'} : 'a = \"%identity\"\n"
+                   for v in values) + "".join(out), names
+
+
+def _type_arity(params: list[Token]) -> int:
+    """How many parameters stand between `type` and a type's name (`'a`, `('a, 'b)`, `_`)."""
+    quotes = sum(1 for t in params if t.text == "'") + sum(1 for t in params if t.text == "_")
+    return quotes
