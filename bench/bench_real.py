@@ -104,8 +104,13 @@ def evaluate(model: str, adapter: str | None, problems: list[Problem], a, comple
     """Sample `model` (+ `adapter`) as GRPO samples and grade every answer: the metrics, and each
     problem's solved share, compiled share and mean training reward. The answers go to `completions`."""
     from rewards import RewardScorer
-    texts, lens = generate_hf(model, adapter, [chat_messages(p.prompt, a.examples) for p in problems], a.k, a.budget,
-                              a.temperature, a.batch_problems, a.seed, top_k=0, progress=False, stop_at_end=True)
+    generated = completions.with_name("generations.json")  # kept apart: a grading that fails costs no sampling
+    if generated.is_file():
+        texts, lens = json.loads(generated.read_text())
+    else:
+        texts, lens = generate_hf(model, adapter, [chat_messages(p.prompt, a.examples) for p in problems], a.k, a.budget,
+                                  a.temperature, a.batch_problems, a.seed, top_k=0, progress=False, stop_at_end=True)
+        generated.write_text(json.dumps([texts, lens]) + "\n")
     # the reward's defaults, as in the training runs (base_env drops the caller's reward settings); the
     # sandbox's from the environment, as train.py reads them (OCAML_TOOLCHAIN_DIR of the offline bundle)
     config = replace(RewardConfig(), sandbox=from_env(SandboxConfig, os.environ))
