@@ -139,6 +139,15 @@ class TrainConfig:
     repair_discount: float = setting("GRPO_REPAIR_DISCOUNT", "0.8", Float(0, 1, lo_open=True, hi_open=True),
                                      "with repair turns: the final answer's reward x this per extra turn it took, so "
                                      "a right first answer is worth the most")
+    dynamic_sampling: bool = setting(
+        "GRPO_DYNAMIC_SAMPLING", "0", Flag,
+        "1: a step drops the groups whose rewards are all equal and generates groups for newly drawn problems "
+        "until its batch holds only groups that teach, or GRPO_DYNAMIC_SAMPLING_ROUNDS is reached (DAPO's dynamic "
+        "sampling; ocaml_grpo/training/dynamic_sampling.py); 0: every generated group is trained on")
+    dynamic_rounds: int = setting(
+        "GRPO_DYNAMIC_SAMPLING_ROUNDS", "3", Int(0),
+        "with GRPO_DYNAMIC_SAMPLING=1: extra generation rounds a step may take, each as large as the first; at the "
+        "cap the step trains on what it has, the short places filled with groups that teach nothing")
     selection: SelectionConfig = section(SelectionConfig)
     init_adapter: str = setting("GRPO_INIT_ADAPTER", "", AdapterDir,
                                 "a LoRA adapter to continue (python train.py sft with SFT_LORA=1); "
