@@ -295,8 +295,9 @@ def main(argv: list[str]) -> int:
             print(f"repair turns: up to {train.repair_turns} more answer(s) after feedback; reward x "
                   f"{train.repair_discount:g} per extra turn; episode budget {rollout.budget} completion tokens")
     if train.dynamic_sampling and is_main:
-        print(f"dynamic sampling: groups whose rewards are all equal are dropped and replaced, up to "
-              f"{train.dynamic_rounds} more generation round(s) per step")
+        print(f"dynamic sampling: groups whose rewards' std is below GRPO_LEARNABLE_MIN_STD="
+              f"{train.selection.min_std:g} are dropped and replaced, up to {train.dynamic_rounds} more generation "
+              "round(s) per step")
 
     # ------------------------------------------------------------------------- trainer
     G = train.num_generations
@@ -352,7 +353,7 @@ def main(argv: list[str]) -> int:
                                processing_class=tokenizer, peft_config=peft_config, callbacks=[callback, stop],
                                tracker=tracker, rollout_func=rollout, stop=END_MARKER if train.stop_at_end else None,
                                dynamic_rounds=train.dynamic_rounds if train.dynamic_sampling else None,
-                               group_log=group_log)
+                               group_log=group_log, min_std=train.selection.min_std)
     if engine == "compiled":
         enable_compiled_generation(trainer)
     trainer.remove_callback(PrinterCallback)  # its ~1,000-character metrics dict per step: LearningLog prints instead

@@ -47,9 +47,9 @@ def render(r: DynamicReport) -> list[str]:
     dropped = ", ".join(f"{k} {v:.1f}" for k, v in r.dropped.items())
     cap = (f"{r.at_cap} of {r.steps} log steps reached the round cap (GRPO_DYNAMIC_SAMPLING_ROUNDS) and trained "
            f"on groups that teach nothing too (frac_zero_std of the trained batch {r.frac_zero_std_trained:.2f} on "
-           "average); where that is most steps, most problems are out of the model's reach: the too-hard remedies "
-           "above cost less than more rounds." if r.at_cap else
-           f"No step reached the round cap: every trained batch held only groups that teach.")
+           "average); where that is most steps, few problems teach, and the remedies for their kind of zero "
+           "variance (above) cost less than more rounds." if r.at_cap else
+           "No step reached the round cap: every trained batch held only groups that teach.")
     return ["## Dynamic Sampling", "",
             f"Per log step, over {r.steps}: {r.generated:.1f} groups generated in {r.rounds:.2f} rounds, {r.kept:.1f} "
             f"kept (they teach): each kept group cost {r.tokens_per_kept} groups' generation. Dropped per step: "

@@ -10,18 +10,24 @@ taken; then TRL gets exactly the batch it would have had, same number of rows pe
 
 Pure Python but for the tensors `take_rows` merges (torch imported there): metrics.py and
 analyze.py read DYNAMIC_KEYS without torch. The pieces here carry no trainer state, so what they decide can be checked alone:
-- `teaching_groups`: which groups have spread, from the rewards TRL gathered from every process
-  (`group_kinds.has_spread`, the rule behind the logs' frac_zero_std). Every process holds the same
-  gathered rewards, so every process reaches the same verdicts without talking to the others.
+- `teaching_groups`: which groups teach, from the rewards TRL gathered from every process: their
+  rewards differ (`group_kinds.has_spread`, the rule behind the logs' frac_zero_std) by a std of at
+  least GRPO_LEARNABLE_MIN_STD (0.05), the threshold the selection and the tracker judge with: a
+  group whose rewards differ by a stray END marker is pushed as hard as one where half the answers
+  pass (group-std scaling), and teaches noise. Measured on the tiny learner (bench/BENCHMARKS.md),
+  keeping such groups made the run worse than tracking alone; GRPO_LEARNABLE_MIN_STD=0 keeps every
+  group with any spread. Every process holds the same gathered rewards, so every process reaches
+  the same verdicts without talking to the others.
 - `StepPlan`: which groups each process trains on. Each process fills its own share from the
   groups it generated itself (moving groups between processes would move their tensors); a round
   is taken while any process is short. At the cap the short places are filled with groups that
   teach nothing (zero advantage, as without dynamic sampling): the step trains on what it has,
   the batch keeps its shape, and `frac_zero_std_trained` says so.
 - `draw_prompts`: the next round's problems, drawn as the tracker draws (weight 1, or
-  GRPO_TRACK_WEIGHT for a problem whose last group taught nothing), leaving out the problems this
-  step already drew while enough others remain, from a generator seeded by (seed, step, round): the
-  same draw on every process and after a resume.
+  GRPO_TRACK_WEIGHT for a problem whose last group taught nothing), leaving out the problems whose
+  group tied in this step while enough others remain (the same policy would most likely tie
+  again; a problem whose group taught may come back), from a generator seeded by (seed, step,
+  round): the same draw on every process and after a resume.
 - `take_rows`: the kept rows of several rounds' outputs as one batch, each tensor padded as TRL pads it.
 
 Every round is as large as the first: the compiled engine's shapes stay the same (no recompile),
@@ -33,29 +39,36 @@ reward and frac_zero_std a log step reports are those of every generated group.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
-from ocaml_grpo.training.group_kinds import ZERO_VARIANCE, GroupStat, has_spread
+from ocaml_grpo.training.group_kinds import ZERO_VARIANCE, GroupStat, has_spread, learnable
 
 if TYPE_CHECKING:
     import torch
 
 # One log step's figures (metrics.py's StepRecord.dynamic, learning.log's [Dynamic] line), logged
-# through the trainer's metrics as `ocaml/<key>`. Counts are of groups over every process.
+# through the trainer's metrics as `ocaml/<key>`. Counts are of groups over every process;
+# frac_zero_std_trained is the share of the trained groups that teach nothing (`teaching_groups`;
+# with GRPO_LEARNABLE_MIN_STD=0, exactly the trained batch's frac_zero_std); dropped_surplus counts
+# groups that teach, generated beyond the batch's need; tokens_trained is the share of the
+# generated completion tokens in the trained batch.
 DYNAMIC_KEYS = ("groups_generated", "groups_kept", "generation_rounds", "frac_zero_std_trained",
                 "dropped_too_hard", "dropped_too_easy", "dropped_identical", "dropped_surplus", "tokens_trained")
 METRIC_DYNAMIC = {k: f"ocaml/{k}" for k in DYNAMIC_KEYS}
 
 
-def teaching_groups(rewards: Sequence[float], group_size: int) -> list[bool]:
+def teaching_groups(rewards: Sequence[float], group_size: int, min_std: float = 0.0) -> list[bool]:
     """Per group of `group_size` consecutive rewards (NaN: not scored, left out as TRL leaves it
-    out of the baseline): whether its scored rewards differ."""
+    out of the baseline): whether it teaches, the tracker's rule on rewards alone: its scored
+    rewards differ, with a population std of at least `min_std` (GRPO_LEARNABLE_MIN_STD)."""
     if len(rewards) % group_size:
         raise ValueError(f"{len(rewards)} rewards are not whole groups of {group_size}")
     out = []
     for i in range(0, len(rewards), group_size):
-        out.append(has_spread([float(r) for r in rewards[i:i + group_size] if not math.isnan(float(r))]))
+        scored = [float(r) for r in rewards[i:i + group_size] if not math.isnan(float(r))]
+        out.append(has_spread(scored) and statistics.pstdev(scored) >= min_std)
     return out
 
 
@@ -94,7 +107,7 @@ class StepPlan:
 
 def draw_prompts(n: int, weights: Sequence[float], exclude: set[int], generator: torch.Generator) -> list[int]:
     """`n` dataset indices drawn by weight, without replacement while the dataset allows; the
-    indices in `exclude` (drawn earlier in the step) only when too few others can be drawn."""
+    indices in `exclude` (tied earlier in the step) only when too few others can be drawn."""
     import torch
     w = torch.tensor([float(x) for x in weights], dtype=torch.float64)
     if w.numel() == 0 or not bool((w > 0).any()):
@@ -162,9 +175,16 @@ class GroupLog:
         return out
 
 
+def dropped_kind(g: GroupStat, min_std: float) -> str:
+    """Why a group was dropped, in group_kinds' words: `learnable`'s verdict at `min_std`, where
+    too_easy means every completion passed (the kind's meaning, not the tracker's share)."""
+    return learnable(g.reward_std, g.solved, g.passed_any, min_std, 1.0)
+
+
 def step_figures(plan: StepPlan, kinds: Sequence[str] | None, tokens: tuple[float, float]) -> dict[str, float]:
-    """The step's DYNAMIC_KEYS: `kinds` are every generated group's (round by round, rank order;
-    None: unknown, no dropped_<kind>), `tokens` (trained, generated) completion tokens over every process."""
+    """The step's DYNAMIC_KEYS: `kinds` are every generated group's (`dropped_kind`; round by round,
+    rank order; None: unknown, no dropped_<kind>), `tokens` (trained, generated) completion tokens
+    over every process. frac_zero_std_trained counts the trained groups that do not teach."""
     per_round = plan.processes * plan.quota
     trained = set(plan.trained())
     teaches = {(r, g): t for r, round_ in enumerate(plan.rounds) for g, t in enumerate(round_)}
@@ -177,6 +197,6 @@ def step_figures(plan: StepPlan, kinds: Sequence[str] | None, tokens: tuple[floa
         if len(kinds) != len(teaches):
             raise ValueError(f"{len(kinds)} group kinds for {len(teaches)} generated groups")
         for kind in ZERO_VARIANCE:
-            out[f"dropped_{kind}"] = float(sum(kinds[r * per_round + g] == kind and (r, g) not in trained
-                                               for r, g in teaches))
+            out[f"dropped_{kind}"] = float(sum(kinds[r * per_round + g] == kind and not t and (r, g) not in trained
+                                               for (r, g), t in teaches.items()))
     return out

@@ -36,13 +36,15 @@ class OcamlGRPOTrainer(GRPOTrainer):
     (the args' generation_kwargs must stop there too: engines.engine_kwargs(stop=...));
     dynamic_rounds: with dynamic sampling, the extra generation rounds a step may take (None: off);
     group_log: the reward function's gathered groups (dynamic_sampling.GroupLog), to log the kinds
-    of the groups dropped (None: not logged)."""
+    of the groups dropped (None: not logged); min_std: a group teaches when its rewards' std is at
+    least this (GRPO_LEARNABLE_MIN_STD; 0: any difference)."""
 
     def __init__(self, *args, tracker: ProblemTracker | None, stop: str | None = None,
-                 dynamic_rounds: int | None = None, group_log: ds.GroupLog | None = None, **kwargs):
+                 dynamic_rounds: int | None = None, group_log: ds.GroupLog | None = None, min_std: float = 0.0,
+                 **kwargs):
         self.tracker = tracker
         self.stop = stop
-        self.dynamic_rounds, self.group_log = dynamic_rounds, group_log
+        self.dynamic_rounds, self.group_log, self.min_std = dynamic_rounds, group_log, min_std
         self._round_rewards = self._round_lengths = None
         super().__init__(*args, **kwargs)
 
@@ -111,10 +113,14 @@ class OcamlGRPOTrainer(GRPOTrainer):
         that teach, or the cap; the kept groups as the one batch TRL trains the step on."""
         G, P, rank = self.num_generations, self.accelerator.num_processes, self.accelerator.process_index
         plan = ds.StepPlan(P, len(inputs) // G)
-        ids = self.train_dataset["id"] if "id" in self.train_dataset.column_names else None
-        index = {pid: i for i, pid in enumerate(ids)} if ids is not None else {}
-        drawn = {index[row["id"]] for row in inputs if row.get("id") in index}  # this process's; the others' below
+        ids = list(self.train_dataset["id"]) if "id" in self.train_dataset.column_names else None
+        index = {pid: i for i, pid in enumerate(ids or [])}
+        # The step's problems whose group taught nothing are not drawn again in it: the same policy
+        # would most likely tie again. A problem whose group taught may come back.
+        tied: set[int] = set()
         outs, lengths, kinds, batch = [], [], [], inputs
+        if ids is not None:  # every process's groups' problems, in TRL's order
+            drawn = [index.get(pid, -1) for pid in gather_object([row.get("id") for row in inputs[::G]])]
         if self.group_log is not None:
             self.group_log.take()  # a group logged outside a step (none expected) must not shift the kinds
         for round_ in range(self.dynamic_rounds + 1):
@@ -122,17 +128,17 @@ class OcamlGRPOTrainer(GRPOTrainer):
                 gen = ds.round_generator(self.args.seed, self.state.global_step, round_)
                 weights = [self.tracker.keep_probability(p) for p in ids] if self.tracker and ids is not None \
                     else [1.0] * len(self.train_dataset)
-                chosen = ds.draw_prompts(P * plan.quota, weights, drawn, gen)
-                drawn |= set(chosen)
-                mine = chosen[rank * plan.quota:(rank + 1) * plan.quota]
+                drawn = ds.draw_prompts(P * plan.quota, weights, tied, gen)
+                mine = drawn[rank * plan.quota:(rank + 1) * plan.quota]
                 batch = [dict(self.train_dataset[i]) for i in mine for _ in range(G)]
             outs.append(self._generate_and_score_round(batch))
             lengths.append(self._round_lengths)
-            plan.add(ds.teaching_groups(self._round_rewards, G))
+            teaches = ds.teaching_groups(self._round_rewards, G, self.min_std)
+            plan.add(teaches)
+            if ids is not None:
+                tied |= {i for i, t in zip(drawn, teaches) if not t and i >= 0}
             if self.group_log is not None:
-                kinds += [g.kind for g in self.group_log.take()]
-            if round_ == 0 and ids is not None:  # every process's first prompts, so no round draws them again
-                drawn = {index[p] for p in gather_object([row.get("id") for row in inputs]) if p in index}
+                kinds += [ds.dropped_kind(g, self.min_std) for g in self.group_log.take()]
             if not plan.shortfall():
                 break
         picks = plan.picks(rank)
