@@ -4,12 +4,13 @@
 A group whose rewards are all equal has no advantage: it costs its generation and its backward
 pass and teaches nothing. The trainer (training/trainer.py) generates and scores the step's groups
 with TRL's own `_generate_and_score_completions` (every engine, repair turns included), drops the
-groups without spread, draws problems for another round of the same size, and repeats until every
+groups that teach nothing, draws problems for another round of the same size, and repeats until every
 process holds its share of groups that teach or GRPO_DYNAMIC_SAMPLING_ROUNDS extra rounds were
 taken; then TRL gets exactly the batch it would have had, same number of rows per process.
 
 Pure Python but for the tensors `take_rows` merges (torch imported there): metrics.py and
-analyze.py read DYNAMIC_KEYS without torch. The pieces here carry no trainer state, so what they decide can be checked alone:
+analyze.py read DYNAMIC_KEYS without torch. The pieces carry no trainer state, so what they decide
+can be checked alone:
 - `teaching_groups`: which groups teach, from the rewards TRL gathered from every process: their
   rewards differ (`group_kinds.has_spread`, the rule behind the logs' frac_zero_std) by a std of at
   least GRPO_LEARNABLE_MIN_STD (0.05), the threshold the selection and the tracker judge with: a
@@ -95,7 +96,7 @@ class StepPlan:
 
     def picks(self, rank: int) -> list[tuple[int, int]]:
         """The `quota` groups `rank` trains on: its teaching groups in the order generated, then, if
-        short (the cap), its groups without spread in the same order."""
+        short (the cap), its groups that teach nothing in the same order."""
         mine = self.mine(rank)
         chosen = [(r, j) for r, j, t in mine if t][:self.quota]
         return chosen + [(r, j) for r, j, t in mine if not t][:self.quota - len(chosen)]
