@@ -38,7 +38,7 @@ from ocaml_grpo.report.advice import Action, actions, cfg_float
 from ocaml_grpo.report.outcomes import GATED, PASS_ANY, RUNAWAY, BreakdownStats, summarize_breakdown
 from ocaml_grpo.report.plots import make_plots
 from ocaml_grpo.report.groups import GroupReport, explain, read_group_report, render as render_groups
-from ocaml_grpo.report.dynamic import DynamicReport, read_dynamic_report, render as render_dynamic
+from ocaml_grpo.report.kept_groups import DynamicReport, read_dynamic_report, render as render_dynamic
 from ocaml_grpo.report.turns import RepairReport, read_repair_report, render as render_repair
 from ocaml_grpo.training.health import (THRESHOLDS, Check, Finding, Point, Thresholds, expected_reward, mean,
                                         recent, reward_trend, values)
@@ -92,7 +92,7 @@ class Report:
     bad_records: int = 0                # unparsable jsonl lines (e.g. a half-written last record)
     repair: RepairReport | None = None  # repair turns (ocaml_grpo/report/turns.py); None without them
     steps: list[int] | None = None      # each line's optimizer step (metrics.jsonl); None: a bare learning.log
-    dynamic: DynamicReport | None = None  # dynamic sampling (ocaml_grpo/report/dynamic.py); None without it
+    dynamic: DynamicReport | None = None  # dynamic sampling (ocaml_grpo/report/kept_groups.py); None without it
 
 # ----------------------------------------------------------------------------- parsing
 
