@@ -213,3 +213,23 @@ def test_plumbing_runs_off_unset_and_on(tmp_path, cache_home):
         assert len(runs["on"]) == 16
         assert len(read_jsonl(d / "run" / "reward_logs" / "problem_tracking.jsonl")) == 8
     assert runs["unset"] == runs["zero"] and len(runs["zero"]) == 8
+
+
+@pytest.mark.parametrize("extra", [
+    {"GRPO_REPAIR_TURNS": "1", "REWARD_CURRICULUM": "1"},
+    pytest.param({"GRPO_COMPILED_GENERATION": "1"}, marks=pytest.mark.slow),
+], ids=["repair-turns-and-curriculum", "compiled-engine"])
+def test_dynamic_sampling_runs_with_the_other_switches(tmp_path, cache_home, extra):
+    """Every round is TRL's own generation: repair episodes (their per-token advantages merged like
+    any other tensor), the curriculum's weights and the compiled engine's static shapes."""
+    train(tmp_path, run_env(tmp_path, cache_home, GRPO_MAX_STEPS="2", GRPO_SAVE_STEPS="10", GRPO_DYNAMIC_SAMPLING="1",
+                            GRPO_DYNAMIC_SAMPLING_ROUNDS="1", **extra))
+    run = tmp_path / "run"
+    lines = log_lines(run)
+    check_log_wellformed(lines)
+    assert sum(line.startswith("[Dynamic]") for line in lines) == 2
+    rows = read_jsonl(run / "reward_logs" / "completions.jsonl")
+    assert len(rows) == 16  # 2 steps x 2 rounds x 2 prompts x 2 completions
+    if "GRPO_REPAIR_TURNS" in extra:
+        assert all(len(r["turns"]) in (1, 2) for r in rows) and sum(line.startswith("[Repair]") for line in lines) == 2
+        assert any(line.startswith("[Curriculum]") for line in lines)
