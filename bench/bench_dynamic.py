@@ -35,7 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench import fresh_run_dir
-from bench.bench_selection import BATCH, MASTERED, NEVER_SEEN, PARTIAL, RECIPE, write_problems
+from bench.bench_selection import BATCH, MASTERED, NEVER_SEEN, PARTIAL, RECIPE, sft_start, write_problems
 from ocaml_grpo.config.settings import cache_dir
 from ocaml_grpo.jsonl import read_jsonl
 from ocaml_grpo.problems import load_problems
@@ -107,14 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     model = ensure_learner_model(learner_model_dir(cache_dir(os.environ)))
     echo = lambda l: l.startswith(("[SFT]", "dynamic sampling", "problem states", "done in", "warning"))  # noqa: E731
 
-    # The SFT start of bench_selection: stage 1 memorises MASTERED, stage 2 adds PARTIAL and stops half-way.
-    sft1, sft2 = out / "sft1", out / "sft2"
-    stage1 = {**demo.sft_env(recipe, model, write_problems(out / "mastered.jsonl", MASTERED), sft1),
-              "SFT_HOLDOUT": "0", "SFT_STOP_LOSS": "0.05", "SFT_BATCH_SIZE": str(len(MASTERED))}
-    demo.run_stage("SFT stage 1 (mastered)", [str(demo.TRAIN), "sft"], stage1, out, out / "sft1.out", echo)
-    stage2 = {**demo.sft_env(recipe, sft1 / "final_model", write_problems(out / "taught.jsonl", MASTERED + PARTIAL), sft2),
-              "SFT_HOLDOUT": "0", "SFT_STOP_LOSS": "0.15", "SFT_BATCH_SIZE": str(len(MASTERED + PARTIAL))}
-    demo.run_stage("SFT stage 2 (partly learned)", [str(demo.TRAIN), "sft"], stage2, out, out / "sft2.out", echo)
+    sft2 = sft_start(recipe, model, out, echo)  # bench_selection's: 2 mastered, 2 partly learned problems
     problems = write_problems(out / "problems.jsonl", recipe.train_ids)
 
     def grpo(name: str, steps: int, **extra) -> Path:
