@@ -4,6 +4,8 @@ plumbing runs of train.py."""
 import math
 import os
 import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -12,7 +14,7 @@ import torch.multiprocessing as mp
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from conftest import check_log_wellformed, log_lines, read_jsonl, run_env, train
+from conftest import ROOT, check_log_wellformed, log_lines, read_jsonl, run_env, train
 from ocaml_grpo.problems import load_problems
 from ocaml_grpo.prompting import chat_messages
 from ocaml_grpo.training import dynamic_sampling as ds
@@ -233,3 +235,9 @@ def test_dynamic_sampling_runs_with_the_other_switches(tmp_path, cache_home, ext
     if "GRPO_REPAIR_TURNS" in extra:
         assert all(len(r["turns"]) in (1, 2) for r in rows) and sum(line.startswith("[Repair]") for line in lines) == 2
         assert any(line.startswith("[Curriculum]") for line in lines)
+
+
+def test_the_benchmark_names_the_real_model_row_pending():
+    res = subprocess.run([sys.executable, "-m", "bench.bench_dynamic", "--model", "qwen2.5-coder-0.5b-instruct"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert res.returncode != 0 and "pending" in res.stderr and "tiny learner" in res.stderr, res.stderr
