@@ -38,6 +38,7 @@ from ocaml_grpo.report.advice import Action, actions, cfg_float
 from ocaml_grpo.report.outcomes import GATED, PASS_ANY, RUNAWAY, BreakdownStats, summarize_breakdown
 from ocaml_grpo.report.plots import make_plots
 from ocaml_grpo.report.groups import GroupReport, explain, read_group_report, render as render_groups
+from ocaml_grpo.report.kept_groups import DynamicReport, read_dynamic_report, render as render_dynamic
 from ocaml_grpo.report.turns import RepairReport, read_repair_report, render as render_repair
 from ocaml_grpo.training.health import (THRESHOLDS, Check, Finding, Point, Thresholds, expected_reward, mean,
                                         recent, reward_trend, values)
@@ -91,6 +92,7 @@ class Report:
     bad_records: int = 0                # unparsable jsonl lines (e.g. a half-written last record)
     repair: RepairReport | None = None  # repair turns (ocaml_grpo/report/turns.py); None without them
     steps: list[int] | None = None      # each line's optimizer step (metrics.jsonl); None: a bare learning.log
+    dynamic: DynamicReport | None = None  # dynamic sampling (ocaml_grpo/report/kept_groups.py); None without it
 
 # ----------------------------------------------------------------------------- parsing
 
@@ -147,6 +149,7 @@ class RunData:
     repair: RepairReport | None = None
     steps: list[int] | None = None      # each line's optimizer step; None: a bare learning.log
     stop_notes: list[tuple[float, str]] = field(default_factory=list)  # (epoch, the monitor's stop line)
+    dynamic: DynamicReport | None = None
 
 
 def read_steps(run_dir: Path) -> tuple[list[str], list[LogLine], int, list[StepRecord] | None]:
@@ -194,7 +197,7 @@ def read_run(run_dir: str | Path) -> RunData:
     groups = read_group_report(run_dir, recs, read_jsonl, drop_superseded)
     return RunData(run_dir, header, lines, skipped, config, config_source, recs, bd, audit, groups, bad,
                    read_repair_report(run_dir), [r.step for r in kept_records] if records is not None else None,
-                   stop_notes)
+                   stop_notes, read_dynamic_report(run_dir))
 
 
 def analyze(run_dir: str | Path, th: Thresholds = THRESHOLDS) -> Report:
@@ -231,7 +234,8 @@ def judge(d: RunData, th: Thresholds = THRESHOLDS) -> Report:
     status, rec = _status(findings, acts, verdict.stop)
     return Report(d.run_dir, status, rec, epoch, d.header, lines, d.skipped_lines, d.config, d.config_source, sched,
                   trend, ranges, findings, acts, verdict.summary(th), verdict.checks,
-                  _checkpoints(lines, bd, epoch, th), bd, d.audit, d.groups, d.bad_records, d.repair, d.steps)
+                  _checkpoints(lines, bd, epoch, th), bd, d.audit, d.groups, d.bad_records, d.repair, d.steps,
+                  d.dynamic)
 
 
 def _stop_earlier(notes: list[tuple[float, str]], points: list[Point], epoch: float, th: Thresholds) -> Finding:
@@ -437,6 +441,7 @@ def render_markdown(r: Report, plots: list[Path] = ()) -> str:
         md.append("")
     md += render_groups(r.groups, r.config) if r.groups else []
     md += render_repair(r.repair) if r.repair else []
+    md += render_dynamic(r.dynamic) if r.dynamic else []
     if r.audit:
         md += ["## Dataset Audit", "", f"{len(r.audit['failed'])}/{r.audit['problems']} problems failed the audit. "
                "Reasons: " + (", ".join(f"{k} ({n})" for k, n in r.audit["reasons"]) or "none"), ""]

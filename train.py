@@ -207,6 +207,7 @@ def main(argv: list[str]) -> int:
     from trl import GRPOConfig
 
     from ocaml_grpo.training.callbacks import GracefulStop, LearningLog
+    from ocaml_grpo.training.dynamic_sampling import GroupLog
     from ocaml_grpo.training.tracking import shared_update
     from ocaml_grpo.training.trainer import OcamlGRPOTrainer
 
@@ -280,10 +281,13 @@ def main(argv: list[str]) -> int:
                 write_choices(out_dir, selection)
             if tracker:
                 tracker.open(tracking_file)
+        # Every process's groups, gathered: the tracker's states, and the kinds of the groups dynamic sampling drops
+        group_log = GroupLog() if train.dynamic_sampling else None
+        consumers = [c for c in (tracker.update if tracker else None, group_log) if c]
         reward_fn = rewards.make_reward_function(out_dir, max_completion_tokens=train.max_completion,
                                                  curriculum=train.curriculum, scorer=scorer,
                                                  rank=rank, group_size=train.num_generations,
-                                                 on_groups=shared_update(tracker) if tracker else None,
+                                                 on_groups=shared_update(*consumers) if consumers else None,
                                                  repair_discount=train.repair_discount)
     # Repair turns: TRL's rollout_func generates every turn with the trainer's own engine
     # (ocaml_grpo/training/repair.py); the feedback comes from the same grader as the reward.
@@ -294,6 +298,10 @@ def main(argv: list[str]) -> int:
         if is_main:
             print(f"repair turns: up to {train.repair_turns} more answer(s) after feedback; reward x "
                   f"{train.repair_discount:g} per extra turn; episode budget {rollout.budget} completion tokens")
+    if train.dynamic_sampling and is_main:
+        print(f"dynamic sampling: groups whose rewards' std is below GRPO_LEARNABLE_MIN_STD="
+              f"{train.selection.min_std:g} are dropped and replaced, up to {train.dynamic_rounds} more generation "
+              "round(s) per step")
 
     # ------------------------------------------------------------------------- trainer
     G = train.num_generations
@@ -347,7 +355,9 @@ def main(argv: list[str]) -> int:
                            curriculum=cfg.reward.weights if train.curriculum else None)
     trainer = OcamlGRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=train_dataset,
                                processing_class=tokenizer, peft_config=peft_config, callbacks=[callback, stop],
-                               tracker=tracker, rollout_func=rollout, stop=END_MARKER if train.stop_at_end else None)
+                               tracker=tracker, rollout_func=rollout, stop=END_MARKER if train.stop_at_end else None,
+                               dynamic_rounds=train.dynamic_rounds if train.dynamic_sampling else None,
+                               group_log=group_log, min_std=train.selection.min_std)
     if engine == "compiled":
         enable_compiled_generation(trainer)
     trainer.remove_callback(PrinterCallback)  # its ~1,000-character metrics dict per step: LearningLog prints instead

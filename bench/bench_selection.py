@@ -58,6 +58,19 @@ def write_problems(path: Path, ids: tuple) -> Path:
     return path
 
 
+def sft_start(recipe: "demo.Recipe", model: Path, out: Path, echo) -> Path:
+    """The SFT start (`python train.py sft`, full fine-tune): stage 1 memorises MASTERED, stage 2
+    adds PARTIAL and stops half-way; returns stage 2's output folder (its final_model)."""
+    sft1, sft2 = out / "sft1", out / "sft2"
+    stage1 = {**demo.sft_env(recipe, model, write_problems(out / "mastered.jsonl", MASTERED), sft1),
+              "SFT_HOLDOUT": "0", "SFT_STOP_LOSS": "0.05", "SFT_BATCH_SIZE": str(len(MASTERED))}
+    demo.run_stage("SFT stage 1 (mastered)", [str(demo.TRAIN), "sft"], stage1, out, out / "sft1.out", echo)
+    stage2 = {**demo.sft_env(recipe, sft1 / "final_model", write_problems(out / "taught.jsonl", MASTERED + PARTIAL), sft2),
+              "SFT_HOLDOUT": "0", "SFT_STOP_LOSS": "0.15", "SFT_BATCH_SIZE": str(len(MASTERED + PARTIAL))}
+    demo.run_stage("SFT stage 2 (partly learned)", [str(demo.TRAIN), "sft"], stage2, out, out / "sft2.out", echo)
+    return sft2
+
+
 def mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
@@ -94,14 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     model = ensure_learner_model(learner_model_dir(cache_dir(os.environ)))
     echo = lambda l: l.startswith(("[SFT]", "selection", "probed", "problem states", "done in", "warning"))  # noqa: E731
 
-    # SFT: stage 1 memorises MASTERED, stage 2 adds PARTIAL and stops half-way.
-    sft1, sft2 = out / "sft1", out / "sft2"
-    stage1 = {**demo.sft_env(RECIPE, model, write_problems(out / "mastered.jsonl", MASTERED), sft1),
-              "SFT_HOLDOUT": "0", "SFT_STOP_LOSS": "0.05", "SFT_BATCH_SIZE": str(len(MASTERED))}
-    demo.run_stage("SFT stage 1 (mastered)", [str(demo.TRAIN), "sft"], stage1, out, out / "sft1.out", echo)
-    stage2 = {**demo.sft_env(RECIPE, sft1 / "final_model", write_problems(out / "taught.jsonl", MASTERED + PARTIAL), sft2),
-              "SFT_HOLDOUT": "0", "SFT_STOP_LOSS": "0.15", "SFT_BATCH_SIZE": str(len(MASTERED + PARTIAL))}
-    demo.run_stage("SFT stage 2 (partly learned)", [str(demo.TRAIN), "sft"], stage2, out, out / "sft2.out", echo)
+    sft2 = sft_start(RECIPE, model, out, echo)
     problems = write_problems(out / "problems.jsonl", RECIPE.train_ids)
 
     def grpo_env(run: str, steps: int, **extra) -> dict:

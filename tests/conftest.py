@@ -123,6 +123,10 @@ METRIC_RE = re.compile(
 GROUPS_RE = re.compile(r"^\[Groups\] epoch \d+\.\d{2}  too_easy=\d\.\d{2}  too_hard=\d\.\d{2}  identical=\d\.\d{2}  mixed=\d\.\d{2}$")
 REPAIR_RE = re.compile(r"^\[Repair\] epoch \d+\.\d{2}  pass_turn1=\d\.\d{2}  pass_final=\d\.\d{2}  turns=\d\.\d{2}  "
                        r"too_hard_turn1=\d\.\d{2}  too_hard_to_mixed=\d\.\d{2}$")
+DYNAMIC_RE = re.compile(r"^\[Dynamic\] epoch \d+\.\d{2}  groups_generated=\d+\.\d{2}  groups_kept=\d+\.\d{2}  "
+                        r"generation_rounds=\d+\.\d{2}  frac_zero_std_trained=\d\.\d{2}  dropped_too_hard=\d+\.\d{2}  "
+                        r"dropped_too_easy=\d+\.\d{2}  dropped_identical=\d+\.\d{2}  dropped_surplus=\d+\.\d{2}  "
+                        r"tokens_trained=\d\.\d{2}$")
 
 
 def small_dataset(path: Path, n: int) -> Path:
@@ -160,7 +164,7 @@ def check_log_wellformed(lines: list[str]) -> list[str]:
     """Every line is a header, a health/stop line, or an exact metric line; returns the metric lines."""
     for line in lines:
         assert (line.startswith(("# ", "[Health] ", "[Stop] ", "[Curriculum] ")) or METRIC_RE.match(line)
-                or GROUPS_RE.match(line) or REPAIR_RE.match(line)), repr(line)
+                or GROUPS_RE.match(line) or REPAIR_RE.match(line) or DYNAMIC_RE.match(line)), repr(line)
     return [line for line in lines if line.startswith("[Epoch")]
 
 

@@ -10,7 +10,7 @@ import pytest
 import analyze
 from conftest import FIXTURES as FIX, ROOT
 from ocaml_grpo.report.outcomes import normalize_error
-from ocaml_grpo.training.learning_log import LogLine, health_line, parse_learning_log, parse_metric_line
+from ocaml_grpo.training.learning_log import LogLine, dynamic_line, health_line, parse_learning_log, parse_metric_line
 from ocaml_grpo.training.metrics import METRICS_FILE, StepRecord
 
 SEED_LINES = (FIX / "seed_learning.log").read_text(encoding="utf-8").splitlines()
@@ -499,3 +499,52 @@ def test_each_plot_says_what_its_x_axis_counts_and_a_flat_lr_reads_flat(tmp_path
     (tmp_path / "bare" / "learning.log").write_text("\n".join(SEED_LINES) + "\n", encoding="utf-8")
     analyze.write_report(analyze.analyze(tmp_path / "bare"))
     assert {ax.get_xlabel() for ax in seen["training_curves.png"].axes if ax.get_title()} == {"epoch"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Dynamic sampling (GRPO_DYNAMIC_SAMPLING): its figures, and the advice to turn it on.
+
+def test_dynamic_sampling_is_advised_only_where_the_figures_call_for_it(tmp_path):
+    """The seed: zero-variance groups are a finding and 1 of its 4 groups teaches (25%): advised,
+    with the figures. Not where the run has it already, nor where no group teaches (every round
+    would come back empty: the too-hard remedies are the advice there)."""
+    r = analyze.analyze(make_run(tmp_path / "seed", SEED_LINES, seed_breakdown(), SEED_CONFIG))
+    [dyn] = [a for a in r.actions if a.var == "GRPO_DYNAMIC_SAMPLING"]
+    assert dyn.line == "export GRPO_DYNAMIC_SAMPLING=1"
+    assert "1 of 4 groups had rewards that differ (25% ≥ 25%)" in dyn.reason and "4.0 rounds" in dyn.reason
+    r = analyze.analyze(make_run(tmp_path / "on", SEED_LINES, seed_breakdown(), {**SEED_CONFIG, "GRPO_DYNAMIC_SAMPLING": True}))
+    assert not any(a.var == "GRPO_DYNAMIC_SAMPLING" for a in r.actions)
+    hard = [x for x in seed_breakdown() if x["problem_id"] == "p_unsolved"]
+    r = analyze.analyze(make_run(tmp_path / "hard", SEED_LINES, hard, SEED_CONFIG))
+    assert r.groups.dominant == "too_hard" and not any(a.var == "GRPO_DYNAMIC_SAMPLING" for a in r.actions)
+    r = analyze.analyze(make_run(tmp_path / "healthy", [l.replace("frac_zero_std=0.25", "frac_zero_std=0.00").replace(
+        "frac_zero_std=0.50", "frac_zero_std=0.00") for l in SEED_LINES], seed_breakdown(), SEED_CONFIG))
+    assert not any(f.key == "zero_std" for f in r.findings)
+    assert not any(a.var == "GRPO_DYNAMIC_SAMPLING" for a in r.actions)
+
+
+def test_the_dynamic_sampling_section_reads_its_figures(tmp_path):
+    full = {"groups_generated": 8.0, "groups_kept": 4.0, "generation_rounds": 2.0, "frac_zero_std_trained": 0.0,
+            "dropped_too_hard": 3.0, "dropped_too_easy": 1.0, "dropped_identical": 0.0, "dropped_surplus": 0.0,
+            "tokens_trained": 0.5}
+    capped = {**full, "groups_generated": 16.0, "groups_kept": 2.0, "generation_rounds": 4.0,
+              "frac_zero_std_trained": 0.5, "dropped_too_hard": 12.0, "dropped_too_easy": 0.0, "tokens_trained": 0.25}
+    records = seed_records()
+    for i, rec_ in enumerate(records):
+        rec_.update(capped if i % 3 == 2 else full)
+    assert StepRecord.from_json(records[0]).dynamic == full  # metrics.jsonl's names read back
+    run = make_run(tmp_path, SEED_LINES, seed_breakdown(), {**SEED_CONFIG, "GRPO_DYNAMIC_SAMPLING": True}, records=records)
+    r = analyze.analyze(run)
+    assert r.dynamic.steps == 6 and r.dynamic.at_cap == 2
+    section = analyze.render_markdown(r).split("## Dynamic Sampling", 1)[1].split("\n## ", 1)[0]
+    for figure in ("10.7 groups generated in 2.67 rounds, 3.3 kept", "each kept group cost 3.2 groups' generation",
+                   "too_hard 6.0, too_easy 0.7, identical 0.0, surplus 0.0", "42% of the generated completion tokens",
+                   "2 of 6 log steps reached the round cap"):
+        assert figure in section, section
+    # a run without them has no section; learning.log shows the same figures
+    assert "## Dynamic Sampling" not in analyze.render_markdown(analyze.analyze(make_run(
+        tmp_path / "off", SEED_LINES, seed_breakdown(), SEED_CONFIG, records=seed_records())))
+    assert dynamic_line(StepRecord.from_json(records[2])) == (
+        "[Dynamic] epoch 0.29  groups_generated=16.00  groups_kept=2.00  generation_rounds=4.00  "
+        "frac_zero_std_trained=0.50  dropped_too_hard=12.00  dropped_too_easy=0.00  dropped_identical=0.00  "
+        "dropped_surplus=0.00  tokens_trained=0.25")

@@ -178,3 +178,23 @@ def test_bench_train_bad_arguments_are_named(args, needle):
     res = subprocess.run([sys.executable, "-m", "bench.bench_train", *args], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert res.returncode != 0 and needle in res.stderr, res.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_two_processes_take_the_same_dynamic_sampling_rounds(tmp_path, cache_home):
+    """Dynamic sampling under accelerate: the keep decision comes from the rewards gathered from
+    both processes, so both take the same rounds (a process that stopped early would leave the
+    other waiting in a collective); each logs what it generated, and rank 0 the step's figures."""
+    env = run_env(tmp_path, cache_home, GRPO_BATCH_SIZE=1, GRPO_MAX_STEPS=2, GRPO_SAVE_STEPS=10,
+                  GRPO_DYNAMIC_SAMPLING=1, GRPO_DYNAMIC_SAMPLING_ROUNDS=1, AUDIT_DATASET=0)
+    launch(tmp_path, env)
+    run = tmp_path / "run"
+    lines = log_lines(run)
+    assert len(check_log_wellformed(lines)) == 2 and sum(line.startswith("[Dynamic]") for line in lines) == 2
+    rows = read_jsonl(run / "reward_logs" / "completions.jsonl")
+    # the random model's groups all score 0: every step takes its 2 rounds, on both ranks
+    assert sorted((r["rank"], r["step"]) for r in rows) == sorted([(rank, step) for rank in (0, 1) for step in (0, 1)] * 4)
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert [(m["generation_rounds"], m["groups_generated"], m["frac_zero_std_trained"]) for m in metrics] == [(2, 4, 1.0)] * 2
+    # both ranks' groups reach the tracker, the dropped ones too: 2 steps x 2 rounds x 2 ranks
+    assert len(read_jsonl(run / "reward_logs" / "problem_tracking.jsonl")) == 8

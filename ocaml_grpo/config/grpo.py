@@ -44,7 +44,8 @@ class SelectionConfig:
     min_std: float = setting(
         "GRPO_LEARNABLE_MIN_STD", "0.05", Float(0),
         "a problem teaches when its rewards' std is at least this: below it, the selection drops it (its probe "
-        "samples) and the tracker draws it less (its last group); too_hard when none passed a test, identical "
+        "samples), the tracker draws it less (its last group) and dynamic sampling drops the group; too_hard when "
+        "none passed a test, identical "
         "otherwise. GRPO divides advantages by the group std, so smaller differences teach noise; 0: any difference")
     max_solved: float = setting(
         "GRPO_LEARNABLE_MAX_SOLVED", "0.9", Float(0, 1, lo_open=True),
@@ -140,6 +141,16 @@ class TrainConfig:
     repair_discount: float = setting("GRPO_REPAIR_DISCOUNT", "0.8", Float(0, 1, lo_open=True, hi_open=True),
                                      "with repair turns: the final answer's reward x this per extra turn it took, so "
                                      "a right first answer is worth the most")
+    dynamic_sampling: bool = setting(
+        "GRPO_DYNAMIC_SAMPLING", "0", Flag,
+        "1: a step drops the groups that teach nothing (rewards all equal, or a std below GRPO_LEARNABLE_MIN_STD) "
+        "and generates groups for newly drawn problems until its batch holds only groups that teach, or "
+        "GRPO_DYNAMIC_SAMPLING_ROUNDS is reached (DAPO's dynamic sampling; ocaml_grpo/training/dynamic_sampling.py); "
+        "0: every generated group is trained on")
+    dynamic_rounds: int = setting(
+        "GRPO_DYNAMIC_SAMPLING_ROUNDS", "3", Int(0),
+        "with GRPO_DYNAMIC_SAMPLING=1: extra generation rounds a step may take, each as large as the first; at the "
+        "cap the step trains on what it has, the short places filled with groups that teach nothing")
     selection: SelectionConfig = section(SelectionConfig)
     init_adapter: str = setting("GRPO_INIT_ADAPTER", "", AdapterDir,
                                 "a LoRA adapter to continue (python train.py sft with SFT_LORA=1); "

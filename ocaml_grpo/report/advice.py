@@ -17,6 +17,9 @@ from ocaml_grpo.report.outcomes import PASS_ANY, RUNAWAY, BreakdownStats
 from ocaml_grpo.training.health import Finding, Point, Thresholds, expected_reward, mean, recent, values, zero_std_rolled
 
 
+DYNAMIC_MIN_MIXED = 0.25  # share of groups that teach below which dynamic sampling would mostly hit its cap
+
+
 @dataclass
 class Action:
     var: str
@@ -109,5 +112,15 @@ def actions(findings: list[Finding], config: dict, bd: BreakdownStats | None, gr
                                "prompt's examples and answer again (repair turns)"))
         if not any(a.var == "REWARD_CURRICULUM" for a in acts):
             acts.append(Action("REWARD_CURRICULUM", "1", f"{zero}: partial credit first"))
+    # Dynamic sampling replaces a step's groups that teach nothing with new ones: worth it where
+    # enough groups teach that a few rounds fill a batch (a share p needs about 1/p rounds; the cap's
+    # default allows 4), and where the run does not already have it.
+    total = sum(groups.kinds.values())
+    mixed = groups.kinds.get("mixed", 0) / total if total else 0.0
+    if "zero_std" in keys and groups.dominant and mixed >= DYNAMIC_MIN_MIXED:
+        acts.append(Action("GRPO_DYNAMIC_SAMPLING", "1",
+                           f"{zero_std_figure(points, th)}; {groups.kinds['mixed']} of {total} groups had rewards that "
+                           f"differ ({mixed:.0%} ≥ {DYNAMIC_MIN_MIXED:.0%}): each step can drop its groups that teach "
+                           f"nothing and generate new ones, about {1 / mixed:.1f} rounds of generation per batch"))
     # What the run already has is no advice (a too-hard run with repair turns on keeps them, say).
     return [a for a in acts if not same_value(config.get(a.var), a.value)]

@@ -55,9 +55,15 @@ class GroupStat:
     passed_any: float                   # share passing at least one test
 
 
+def has_spread(rewards: Sequence[float]) -> bool:
+    """Whether a group's scored rewards differ: its completions get advantages. Fewer than 2 scored
+    completions: no advantage either."""
+    return len(rewards) > 1 and max(rewards) - min(rewards) > 1e-9
+
+
 def group_kind(rewards: Sequence[float], solved: Sequence[bool], passed_any: Sequence[bool]) -> str:
-    """The kind of one group (the module docstring). Fewer than 2 scored completions: no advantage either."""
-    if len(rewards) > 1 and max(rewards) - min(rewards) > 1e-9:
+    """The kind of one group (the module docstring)."""
+    if has_spread(rewards):
         return "mixed"
     if solved and all(solved):
         return "too_easy"

@@ -4,7 +4,7 @@ the hand-written training analysis this project grew out of
 
     [Epoch 0.28]  loss=-0.0469  grad=0.0838  lr=3.58e-06  reward=0.102±0.077  syntax_rew=0.102±0.078  entropy=0.155  frac_zero_std=0.00
 
-and [Health], [Stop], [Curriculum] and [Groups] lines. `frac_zero_std` is the share of GRPO groups
+and [Health], [Stop], [Curriculum], [Groups], [Repair] and [Dynamic] lines. `frac_zero_std` is the share of GRPO groups
 whose rewards were all equal (the reward function's own count, group_kinds.py), whatever
 GRPO_SCALE_REWARDS is; TRL's `frac_reward_zero_std` is the fallback (batch-wide under "batch").
 A [Groups] line follows each metric line with the share of groups of each kind:
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ocaml_grpo.reward.parts import PARTS, Weights, weight
+from ocaml_grpo.training.dynamic_sampling import DYNAMIC_KEYS
 from ocaml_grpo.training.group_kinds import KINDS
 from ocaml_grpo.training.health import Point
 from ocaml_grpo.training.metrics import REPAIR_KEYS, StepRecord
@@ -71,10 +72,20 @@ def repair_line(r: StepRecord) -> str | None:
     return f"[Repair] epoch {r.epoch:.2f}  " + "  ".join(f"{k}={_fmt(r.repair.get(k), '.2f')}" for k in REPAIR_KEYS)
 
 
+def dynamic_line(r: StepRecord) -> str | None:
+    """The [Dynamic] line of a log step (GRPO_DYNAMIC_SAMPLING=1): groups generated and kept (they
+    teach), generation rounds, the trained batch's frac_zero_std (above 0 only at the cap), the
+    groups dropped by kind (surplus: teaching groups beyond the batch's need), the share of the
+    generated tokens in the trained batch. None without dynamic sampling."""
+    if r.dynamic is None:
+        return None
+    return f"[Dynamic] epoch {r.epoch:.2f}  " + "  ".join(f"{k}={_fmt(r.dynamic.get(k), '.2f')}" for k in DYNAMIC_KEYS)
+
+
 def metric_lines(r: StepRecord) -> list[str]:
     """A log step's metrics as learning.log shows them: its [Epoch] line, its [Groups] line and,
-    with repair turns, its [Repair] line."""
-    return [metric_line(r)] + [g for g in [groups_line(r), repair_line(r)] if g]
+    with repair turns, its [Repair] line, with dynamic sampling its [Dynamic] line."""
+    return [metric_line(r)] + [g for g in [groups_line(r), repair_line(r), dynamic_line(r)] if g]
 
 
 def render(records: list[StepRecord]) -> list[str]:

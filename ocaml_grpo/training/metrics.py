@@ -5,7 +5,8 @@ Everything else about a log step derives from its record: learning.log's lines (
 renders them), the live health monitor's points, analyze.py's report and plots. The values are
 TRL's and the reward function's as logged (unrounded; a NaN stays NaN, a metric not logged is
 null). pandas reads the file as it is: `pd.read_json(path, lines=True)`, a column per field, the
-group kinds as `groups_<kind>` and the reward's parts as `part_<name>`.
+group kinds as `groups_<kind>` and the reward's parts as `part_<name>`; with dynamic sampling, its
+figures under their own names (`groups_generated`, `frac_zero_std_trained`, ...: dynamic_sampling.DYNAMIC_KEYS).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any, Mapping
 from ocaml_grpo.reward.parts import (METRIC_COMPILED, METRIC_CRASHED, METRIC_END_MARKER, METRIC_PASSED_ANY,
                                      METRIC_REPAIR_PASS_FINAL, METRIC_REPAIR_PASS_FIRST, METRIC_REPAIR_RESCUED,
                                      METRIC_REPAIR_TOO_HARD_FIRST, METRIC_REPAIR_TURNS, METRIC_SOLVED, PARTS)
+from ocaml_grpo.training.dynamic_sampling import DYNAMIC_KEYS, METRIC_DYNAMIC
 from ocaml_grpo.training.group_kinds import KINDS, METRIC_FRAC_ZERO_STD, METRIC_GROUP
 
 METRICS_FILE = "metrics.jsonl"
@@ -66,6 +68,8 @@ class StepRecord:
     groups: dict[str, float] | None = None  # group kind -> share (group_kinds.KINDS); None: not logged
     parts: dict[str, float] = field(default_factory=dict)  # reward part -> its mean (reward/parts.py)
     repair: dict[str, float | None] | None = None  # REPAIR_KEYS -> value; None: no repair turns
+    # dynamic_sampling.DYNAMIC_KEYS -> value (GRPO_DYNAMIC_SAMPLING=1); None: every generated group trained on
+    dynamic: dict[str, float | None] | None = None
     notes: list[str] = field(default_factory=list)  # the monitor's lines after the metrics ([Health] ...)
 
     @classmethod
@@ -81,20 +85,25 @@ class StepRecord:
         return cls(int(step), float(epoch), session, **{f: value(k) for f, k in FROM_LOGS.items()},
                    frac_zero_std=fzs, groups=groups,
                    parts={p.name: value(p.metric) for p in PARTS if p.metric in logs},
-                   repair={k: value(m) for k, m in REPAIR_FROM_LOGS.items()} if METRIC_REPAIR_TURNS in logs else None)
+                   repair={k: value(m) for k, m in REPAIR_FROM_LOGS.items()} if METRIC_REPAIR_TURNS in logs else None,
+                   dynamic={k: value(m) for k, m in METRIC_DYNAMIC.items()}
+                   if METRIC_DYNAMIC["generation_rounds"] in logs else None)
 
     def to_json(self) -> dict[str, Any]:
         """One metrics.jsonl line: flat, so that each group kind and each part is a column."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("groups", "parts", "repair", "notes")}
+        out = {k: v for k, v in asdict(self).items() if k not in ("groups", "parts", "repair", "dynamic", "notes")}
         out |= {f"groups_{k}": v for k, v in (self.groups or {}).items()}
         out |= {f"part_{k}": v for k, v in self.parts.items()}
         out |= {f"repair_{k}": v for k, v in (self.repair or {}).items()}
+        out |= self.dynamic or {}  # as they are named: groups_generated, frac_zero_std_trained, ...
         return out | {"notes": self.notes}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "StepRecord":
-        known = {f.name for f in fields(cls)} - {"groups", "parts", "repair"}
+        known = {f.name for f in fields(cls)} - {"groups", "parts", "repair", "dynamic"}
         groups = {k: d[f"groups_{k}"] for k in KINDS} if all(f"groups_{k}" in d for k in KINDS) else None
         repair = {k: d.get(f"repair_{k}") for k in REPAIR_KEYS} if "repair_turns" in d else None
+        dynamic = {k: d.get(k) for k in DYNAMIC_KEYS} if "generation_rounds" in d else None
         return cls(**{k: v for k, v in d.items() if k in known}, groups=groups,
-                   parts={p.name: d[f"part_{p.name}"] for p in PARTS if f"part_{p.name}" in d}, repair=repair)
+                   parts={p.name: d[f"part_{p.name}"] for p in PARTS if f"part_{p.name}" in d}, repair=repair,
+                   dynamic=dynamic)

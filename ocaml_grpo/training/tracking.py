@@ -14,12 +14,13 @@ next.
 
 Every process must draw the same prompts: the groups each process graded are gathered
 (accelerate's gather_object, called by every process in the reward function) so every tracker
-holds the same states. In-batch replacement of zero-variance groups (DAPO's dynamic sampling)
-would need TRL's generation loop rewritten; skipping at draw time costs no extra generation.
+holds the same states. Skipping at draw time costs no extra generation; in-batch replacement of
+the groups that still teach nothing is dynamic sampling's (GRPO_DYNAMIC_SAMPLING, dynamic_sampling.py),
+whose extra rounds draw by the same weights.
 """
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch.utils.data import Sampler
@@ -64,12 +65,14 @@ class TrackedSampler(Sampler):
                     yield from [index] * self.mini_repeat_count
 
 
-def shared_update(tracker: ProblemTracker):
-    """The reward function's `on_groups`: every process's groups, gathered, update every tracker."""
+def shared_update(*consumers: Callable[[int, list[GroupStat]], None]):
+    """The reward function's `on_groups`: every process's groups, gathered, go to each consumer
+    (the tracker's update, dynamic sampling's GroupLog) on every process."""
     def on_groups(step: int, groups: list[GroupStat]) -> None:
         if torch.distributed.is_available() and torch.distributed.is_initialized() \
                 and torch.distributed.get_world_size() > 1:
             from accelerate.utils import gather_object
             groups = gather_object(groups)
-        tracker.update(step, groups)
+        for consume in consumers:
+            consume(step, groups)
     return on_groups

@@ -1,0 +1,205 @@
+"""Tracking alone against tracking + dynamic sampling, side by side, at the same generated tokens,
+on CPU with the demo's learner.
+
+    python -m bench.bench_dynamic --json OUT.json               # ~4 min on 2 cores
+    python -m bench.bench_dynamic --seed 1 --json OUT.json      # adds seed 1's results to the same file
+    python -m bench.bench_dynamic --model qwen2.5-coder-0.5b-instruct   # pending: the model is not here yet
+
+1. The problems and SFT start of bench_selection: the learner model (tiny_models.py) gets a
+   two-stage SFT so 8 bundled problems are mastered (2), partly learned (2) or never seen (4).
+2. dynamic: `python train.py` from that start with the tracker (the default) and
+   GRPO_DYNAMIC_SAMPLING=1, for --steps steps; dynamic_any_spread: the same with
+   GRPO_LEARNABLE_MIN_STD=0, so that any difference in a group's rewards counts as teaching (for
+   the tracker too).
+3. tracked: the same without dynamic sampling, checkpointed every step, for as many steps as the
+   dynamic run took generation rounds, and 4 more; judged at the checkpoint where the completion
+   tokens it generated first reach the dynamic run's (every generated completion counts, dropped
+   groups included).
+4. The SFT model and both runs' models are sampled as GRPO samples (same seed) on the partly
+   learned problems and on all 8, and graded by the training grader (demo.compare).
+
+Reported per run: steps, generated completion tokens, mean training reward (every generated
+completion's) over the whole run and over its last quarter of tokens, frac_zero_std of the
+generated groups and of the trained batches, and the before/after rewards. For the dynamic run also:
+rounds per step, steps that reached the cap, steps that did not but trained a group without
+spread (must be 0), and the generated tokens per kept group.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from bench import fresh_run_dir
+from bench.bench_selection import BATCH, MASTERED, NEVER_SEEN, PARTIAL, RECIPE, sft_start, write_problems
+from ocaml_grpo.config.settings import cache_dir
+from ocaml_grpo.jsonl import read_jsonl
+from ocaml_grpo.problems import load_problems
+from ocaml_grpo.training import demo, models
+from ocaml_grpo.training.dynamic_sampling import teaching_groups
+from ocaml_grpo.training.metrics import METRICS_FILE, StepRecord
+from ocaml_grpo.training.models import quiet_library_warnings
+from ocaml_grpo.training.tiny_models import ensure_learner_model, learner_model_dir
+from rewards import RewardScorer
+
+STEPS = 12  # the dynamic run's
+GENERATIONS = 6  # GRPO_NUM_GENERATIONS' default: groups small enough to tie, as a weak model's do
+CAP = 3  # GRPO_DYNAMIC_SAMPLING_ROUNDS' default
+MIN_STD = 0.05  # GRPO_LEARNABLE_MIN_STD's default: a group teaches when its rewards' std reaches it
+MARK = ".bench_dynamic"
+PENDING = {"qwen2.5-coder-0.5b-instruct": "the real-model issue adds it; this row is pending until it has landed"}
+
+
+def records(run: Path) -> list[StepRecord]:
+    return [StepRecord.from_json(r) for r in read_jsonl(run / METRICS_FILE)[0]]
+
+
+def tokens_per_step(run: Path, per_round: int) -> list[float]:
+    """Completion tokens generated at each step, every round's: TRL's mean length is over every
+    generated completion, and every round is as large as the first."""
+    return [(r.completion_length or 0.0) * per_round * ((r.dynamic or {}).get("generation_rounds") or 1.0)
+            for r in records(run)]
+
+
+def mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def curve(run: Path, per_round: int, steps: int) -> dict:
+    """The training reward against cumulative generated tokens, over the first `steps` steps."""
+    recs, toks = records(run)[:steps], tokens_per_step(run, per_round)[:steps]
+    total, spent, points = sum(toks), 0.0, []
+    for r, t in zip(recs, toks):
+        spent += t
+        points.append((round(spent), r.reward))
+    last = [rw for (cum, rw) in points if cum > 0.75 * total]
+    return {"tokens": round(total), "steps": len(recs), "reward_mean": mean([rw for _, rw in points]),
+            "reward_last_quarter": mean(last), "reward_by_tokens": points,
+            "frac_zero_std": mean([r.frac_zero_std for r in recs if r.frac_zero_std is not None])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--out", default="grpo_runs/bench-dynamic", help="working directory (a rerun starts it over)")
+    ap.add_argument("--seed", default=RECIPE.seed, help="GRPO_SEED of both runs (the SFT stages keep 42)")
+    ap.add_argument("--steps", type=int, default=STEPS, help="the dynamic runs' GRPO steps")
+    ap.add_argument("--generations", type=int, default=GENERATIONS, help="GRPO_NUM_GENERATIONS of both runs")
+    ap.add_argument("--rounds", type=int, default=CAP, help="GRPO_DYNAMIC_SAMPLING_ROUNDS of the dynamic run")
+    ap.add_argument("--model", default="", help="the demo's learner (default), or " + ", ".join(PENDING))
+    args = ap.parse_args(argv)
+    if args.model:
+        if args.model in PENDING:
+            sys.exit(f"--model {args.model}: {PENDING[args.model]}; the tiny learner's comparison runs without --model")
+        sys.exit(f"--model {args.model}: not a model this benchmark knows (the default, or {', '.join(PENDING)})")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from transformers.utils import logging as hf_logging
+    quiet_library_warnings()
+    out = fresh_run_dir(args.out, MARK)
+    t0 = time.time()
+    recipe = replace(RECIPE, generations=str(args.generations))
+    model = ensure_learner_model(learner_model_dir(cache_dir(os.environ)))
+    echo = lambda l: l.startswith(("[SFT]", "dynamic sampling", "problem states", "done in", "warning"))  # noqa: E731
+
+    sft2 = sft_start(recipe, model, out, echo)  # bench_selection's: 2 mastered, 2 partly learned problems
+    problems = write_problems(out / "problems.jsonl", recipe.train_ids)
+
+    def grpo(name: str, steps: int, **extra) -> Path:
+        env = {**demo.grpo_env(recipe, sft2, out / name), "TRAINING_DATASET": str(problems),
+               "GRPO_BATCH_SIZE": str(BATCH), "GRPO_MAX_STEPS": str(steps), "GRPO_SEED": str(args.seed),
+               **{k: str(v) for k, v in extra.items()}}
+        demo.run_stage(f"GRPO {name}", [str(demo.TRAIN)], env, out, out / f"{name}.out", echo)
+        return out / name
+
+    per_round = BATCH * args.generations
+    dynamic = grpo("dynamic", args.steps, GRPO_DYNAMIC_SAMPLING=1, GRPO_DYNAMIC_SAMPLING_ROUNDS=args.rounds)
+    # the rule without its threshold: every group whose rewards differ at all teaches (the tracker's too)
+    any_spread = grpo("dynamic_any_spread", args.steps, GRPO_DYNAMIC_SAMPLING=1,
+                      GRPO_DYNAMIC_SAMPLING_ROUNDS=args.rounds, GRPO_LEARNABLE_MIN_STD=0)
+    budget = sum(tokens_per_step(dynamic, per_round))
+    # a dynamic round generates what a tracked step does: about as many steps as rounds, and a margin
+    longest = int(sum((r.dynamic or {}).get("generation_rounds") or 1 for r in records(dynamic))) + 4
+    tracked = grpo("tracked", longest, GRPO_SAVE_STEPS=1, GRPO_SAVE_TOTAL_LIMIT=longest)
+    spent, matched = 0.0, 0
+    for matched, t in enumerate(tokens_per_step(tracked, per_round), 1):
+        spent += t
+        if spent >= budget:
+            break
+    tracked_model = str(models.merge_adapter(tracked / f"checkpoint-{matched}", tracked / "merged", fp32=True))
+
+    print("\n== before/after, sampled as GRPO samples (same seed), training grader", flush=True)
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    all_problems = load_problems(str(problems))
+    splits = {"learnable": [p for p in all_problems if p.id in PARTIAL], "all": all_problems}
+    table = demo.compare({"SFT": str(sft2 / "final_model"), "tracked": tracked_model,
+                          "dynamic": demo.merge_adapter(dynamic), "dynamic_any_spread": demo.merge_adapter(any_spread)},
+                         splits, recipe, RewardScorer)
+
+    runs = {"tracked": tracked, "dynamic": dynamic, "dynamic_any_spread": any_spread}
+    results = {"tracked": curve(tracked, per_round, matched), "dynamic": curve(dynamic, per_round, args.steps),
+               "dynamic_any_spread": curve(any_spread, per_round, args.steps)}
+    results["tracked"]["frac_zero_std_trained"] = results["tracked"]["frac_zero_std"]  # it trains on every group
+    for name in ("dynamic", "dynamic_any_spread"):
+        dyn = [r.dynamic for r in records(runs[name])]
+        kept = sum(d["groups_kept"] for d in dyn)
+        results[name] |= {
+            "frac_zero_std_trained": mean([d["frac_zero_std_trained"] for d in dyn]),
+            "frac_zero_std_trained_per_step": [d["frac_zero_std_trained"] for d in dyn],
+            "rounds_per_step": [d["generation_rounds"] for d in dyn],
+            "steps_at_cap": sum(d["frac_zero_std_trained"] > 0 for d in dyn),
+            # the goal: a step that was not at the cap trained no group that teaches nothing
+            "steps_below_cap_with_zero_std": sum(d["frac_zero_std_trained"] > 0
+                                                 and d["generation_rounds"] < args.rounds + 1 for d in dyn),
+            "groups_generated": sum(d["groups_generated"] for d in dyn), "groups_kept": kept,
+            "dropped": {k: sum(d[f"dropped_{k}"] or 0 for d in dyn) for k in ("too_hard", "too_easy", "identical",
+                                                                               "surplus")},
+            "tokens_trained": mean([d["tokens_trained"] for d in dyn]),
+            "tokens_per_kept_group": round(results[name]["tokens"] / kept) if kept else None}
+    # the tracked run's groups that teach, by dynamic sampling's rule, up to the matched step
+    rows = [r for r in read_jsonl(tracked / "reward_logs" / "completions.jsonl")[0] if r["step"] < matched]
+    tracked_teaching = sum(teaching_groups([float("nan") if r["reward"] is None else r["reward"] for r in rows],
+                                           args.generations, MIN_STD))
+    results["tracked"]["tokens_per_kept_group"] = round(spent / tracked_teaching) if tracked_teaching else None
+    for name in runs:
+        for split in splits:
+            results[name][f"{split}_before"] = table["SFT"][split]["mean_reward"]
+            results[name][f"{split}_after"] = table[name][split]["mean_reward"]
+    results["setup"] = {"problems": {"mastered": MASTERED, "partial": PARTIAL, "never_seen": NEVER_SEEN},
+                        "batch": BATCH, "generations": args.generations, "rounds_cap": args.rounds, "seed": args.seed,
+                        "model": "the demo's learner (441k parameters)", "dynamic_steps": args.steps,
+                        "tracked_steps_matched": matched}
+    results["qwen2.5-coder-0.5b-instruct"] = f"pending: {PENDING['qwen2.5-coder-0.5b-instruct']}"
+    results["seconds"] = round(time.time() - t0)
+
+    print("\n| run | GRPO steps | generated tokens | tokens per group that teaches | frac_zero_std generated | trained "
+          "| training reward (mean / last quarter) | learnable before | after | all 8 before | after |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name in runs:
+        r = results[name]
+        print(f"| {name} | {r['steps']} | {r['tokens']} | {r['tokens_per_kept_group']} | {r['frac_zero_std']:.3f} "
+              f"| {r['frac_zero_std_trained']:.3f} | {r['reward_mean']:.3f} / {r['reward_last_quarter']:.3f} "
+              f"| {r['learnable_before']:.3f} | {r['learnable_after']:.3f} | {r['all_before']:.3f} | {r['all_after']:.3f} |")
+    for name in ("dynamic", "dynamic_any_spread"):
+        d = results[name]
+        print(f"\n{name}: rounds per step {d['rounds_per_step']}; {d['steps_at_cap']} step(s) at the cap; "
+              f"{d['steps_below_cap_with_zero_std']} step(s) below the cap trained a group that teaches nothing; "
+              f"dropped {d['dropped']}; {d['tokens_trained']:.0%} of generated tokens trained")
+    print(f"qwen2.5-coder-0.5b-instruct: {results['qwen2.5-coder-0.5b-instruct']}; {results['seconds']} s")
+    if args.json:  # one file for every seed: a run adds its seed's results to what the file holds
+        path = Path(args.json)
+        held = json.loads(path.read_text()) if path.is_file() else {}
+        seeds = {**held.get("seeds", {}), str(args.seed): results}
+        path.write_text(json.dumps({"seeds": seeds, "qwen2.5-coder-0.5b-instruct": results.pop(
+            "qwen2.5-coder-0.5b-instruct")}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
