@@ -5,7 +5,7 @@ on CPU with the demo's learner.
     python -m bench.bench_dynamic --seed 1 --json OUT.json      # adds seed 1's results to the same file
     python -m bench.bench_dynamic --model qwen2.5-coder-0.5b-instruct   # pending: the model is not here yet
 
-1. The problems and SFT start of bench_selection: the learner model (tiny_models.py) gets a
+1. The problems and SFT start of bench_selection: the learner model (models/tiny.py) gets a
    two-stage SFT so 8 bundled problems are mastered (2), partly learned (2) or never seen (4).
 2. dynamic: `python train.py` from that start with the tracker (the default) and
    GRPO_DYNAMIC_SAMPLING=1, for --steps steps; dynamic_any_spread: the same with
@@ -42,8 +42,8 @@ from ocaml_grpo.problems import load_problems
 from ocaml_grpo.training import demo, models
 from ocaml_grpo.training.dynamic_sampling import teaching_groups
 from ocaml_grpo.training.metrics import METRICS_FILE, StepRecord
-from ocaml_grpo.training.models import quiet_library_warnings
-from ocaml_grpo.training.tiny_models import ensure_learner_model, learner_model_dir
+from ocaml_grpo.models.loading import quiet_library_warnings
+from ocaml_grpo.models.tiny import ensure_learner_model, learner_model_dir
 from rewards import RewardScorer
 
 STEPS = 12  # the dynamic run's

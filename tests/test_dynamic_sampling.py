@@ -19,8 +19,8 @@ from ocaml_grpo.problems import load_problems
 from ocaml_grpo.prompting import chat_messages
 from ocaml_grpo.training import dynamic_sampling as ds
 from ocaml_grpo.training.group_kinds import GroupStat
-from ocaml_grpo.training.models import load_model, load_tokenizer
-from ocaml_grpo.training.tiny_models import ensure_plumbing_model
+from ocaml_grpo.models.loading import load_model, load_tokenizer
+from ocaml_grpo.models.tiny import ensure_plumbing_model
 from ocaml_grpo.training.trainer import OcamlGRPOTrainer
 
 PROBLEMS = load_problems("bundled")[:8]
