@@ -3,7 +3,7 @@ on CPU with the demo's learner.
 
     python -m bench.bench_dynamic --json OUT.json               # ~4 min on 2 cores
     python -m bench.bench_dynamic --seed 1 --json OUT.json      # adds seed 1's results to the same file
-    python -m bench.bench_dynamic --model qwen2.5-coder-0.5b-instruct   # pending: the model is not here yet
+    python -m bench.bench_dynamic --model qwen2.5-coder-0.5b-instruct   # pending: needs a GPU (below)
 
 1. The problems and SFT start of bench_selection: the learner model (models/tiny.py) gets a
    two-stage SFT so 8 bundled problems are mastered (2), partly learned (2) or never seen (4).
@@ -51,7 +51,8 @@ GENERATIONS = 6  # GRPO_NUM_GENERATIONS' default: groups small enough to tie, as
 CAP = 3  # GRPO_DYNAMIC_SAMPLING_ROUNDS' default
 MIN_STD = 0.05  # GRPO_LEARNABLE_MIN_STD's default: a group teaches when its rewards' std reaches it
 MARK = ".bench_dynamic"
-PENDING = {"qwen2.5-coder-0.5b-instruct": "the real-model issue adds it; this row is pending until it has landed"}
+PENDING = {"qwen2.5-coder-0.5b-instruct": "installable (make model-qwen05), but one GRPO step of it took 26 min on two "
+                                          "busy cores (BENCHMARKS.md): this row is pending a GPU run"}
 
 
 def records(run: Path) -> list[StepRecord]:
