@@ -34,6 +34,7 @@ ocaml_grpo/config/ (grpo.py the trainer's, scoring.py the reward's, isolation.py
 import atexit
 import gc
 import importlib.util
+import json
 import os
 import sys
 import time
@@ -59,7 +60,7 @@ from ocaml_grpo.training.learning_log import header_lines
 from ocaml_grpo.training.repair import RepairRollout
 from ocaml_grpo.training.models import adapter_base, checkpointing_kwargs, go_offline_unless_needed, load_model, load_tokenizer, \
     lora_config, merge_adapter, model_error, quiet_library_warnings
-from ocaml_grpo.training.named_models import resolve_model
+from ocaml_grpo.training.named_models import converted_dir, gguf_path, resolve_model
 from ocaml_grpo.training.selection import apply_selection, write_choices
 from ocaml_grpo.training.tiny_models import ensure_plumbing_model, plumbing_model_dir
 
@@ -74,6 +75,21 @@ def fail(message: str) -> int:
     """sys.exit(message) as main's return value: the message on stderr, status 1."""
     print(message, file=sys.stderr)
     return 1
+
+
+def model_folder(model_id: str) -> str:
+    """The folder `model_id` loads from, found without converting anything (named_models.resolve_model's rule)."""
+    gguf = gguf_path(model_id)
+    return str(converted_dir(gguf, cache_dir(os.environ))) if gguf else model_id
+
+
+def adapter_shape(lora, init_adapter: str) -> dict:
+    """The adapter a run trains, as peft's adapter_config.json records it: GRPO_INIT_ADAPTER's own, else LORA_*'s."""
+    if init_adapter:
+        saved = json.loads((Path(init_adapter) / "adapter_config.json").read_text())
+        return {"r": saved.get("r"), "lora_alpha": saved.get("lora_alpha"),
+                "target_modules": sorted(saved.get("target_modules") or []), "bias": saved.get("bias")}
+    return {"r": lora.r, "lora_alpha": lora.alpha, "target_modules": sorted(lora.target_modules.split(",")), "bias": lora.bias}
 
 
 def main(argv: list[str]) -> int:
@@ -170,11 +186,16 @@ def main(argv: list[str]) -> int:
     if train.resume == "auto":
         last = run_dir.last_checkpoint(out_dir)
         resume_from = str(last) if last else None
-        if done := run_dir.finished(out_dir, last, values):
-            print(done)  # a finished run is left as it is: re-running the command is not a mistake
-            return 0
     elif train.resume != "never":
         resume_from = train.resume
+    # A checkpoint of another model (or LoRA shape) would fail to load only after the folder had
+    # been changed: it is refused here, before anything is written.
+    if resume_from and (why := run_dir.resume_error(Path(resume_from), train.base_model, model_folder(train.base_model),
+                                                    adapter_shape(train.lora, train.init_adapter))):
+        return fail(f"resume error: {why}")
+    if train.resume == "auto" and (done := run_dir.finished(out_dir, last, values)):
+        print(done)  # a finished run is left as it is: re-running the command is not a mistake
+        return 0
     width = max(len(k) for k in values)
     print("config:\n" + "\n".join(f"  {k.ljust(width)} = {v}" for k, v in values.items()))
     print(f"  resume from: {resume_from or '(fresh run)'}")
