@@ -56,6 +56,8 @@ FAILURES = {
     "model": ({"BASE_MODEL_ID": "/no/such/model"}, "BASE_MODEL_ID=/no/such/model"),
     "lora_shape": ({"LORA_R": "4"}, "r=8 there, 4 here"),
     "toolchain": ({"PATH": "/nonexistent"}, "ocamlc"),
+    # far past any machine's memory: refused before the model loads
+    "memory": ({"GRPO_BATCH_SIZE": "16", "GRPO_NUM_GENERATIONS": "1024", "GRPO_MAX_COMPLETION": "100000"}, "memory error"),
 }
 
 
@@ -63,7 +65,7 @@ FAILURES = {
 def test_a_failed_start_changes_no_byte_of_the_run_folder(tmp_path, populated, cache_home, kind):
     env, says = FAILURES[kind]
     before = snapshot(populated)
-    res, run = start(tmp_path, populated, cache_home, **env)
+    res, run = start(tmp_path, populated, cache_home, preload=kind == "memory", **env)
     assert res.returncode != 0, res.stdout[-2000:]
     assert says in res.stderr, res.stderr[-3000:]
     assert snapshot(run) == before

@@ -123,6 +123,9 @@ class TrainConfig:
                                         "then each step was 4x shorter)")
     audit_dataset: bool = setting("AUDIT_DATASET", "1", Flag,
                                   "1: drop problems whose tests cannot compile (cached); 0: only the prompt-length filter")
+    memory_check: bool = setting("GRPO_MEMORY_CHECK", "1", Flag,
+                                 "1: a run whose estimated peak memory (python train.py --check) exceeds 90% of the free "
+                                 "RAM (CPU) or GPU memory stops before the model loads, naming settings that fit; 0: only warn")
     plumbing: bool = setting("GRPO_PLUMBING", "0", Flag,
                              "1: the plumbing run: offline, CPU, a tiny random model, bundled problems, "
                              "~20 steps (proves the machinery runs; `train.py demo` is the one that learns)")
