@@ -99,3 +99,11 @@ def test_resume_with_another_tokenizer_is_refused(tmp_path, populated, cache_hom
     res, run = start(tmp_path, copy, cache_home, BASE_MODEL_ID=str(model))
     assert res.returncode != 0 and "its tokenizer is not the one of" in res.stderr, res.stderr[-3000:]
     assert snapshot(run) == before
+
+
+def test_the_run_folders_readme_says_what_the_run_is(populated):
+    """Not TRL's hub model card ("a fine-tuned version of [None]")."""
+    text = (populated / "README.md").read_text()
+    base = json.loads((populated / "config.json").read_text())["BASE_MODEL_ID"]
+    assert "[None]" not in text and "huggingface.co/None" not in text
+    assert base in text and f"python analyze.py {populated}" in text

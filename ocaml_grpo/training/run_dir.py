@@ -7,6 +7,8 @@ prepared only once every check has passed, marked when the run has finished.
   anything is written: loading it would fail after the folder was already changed.
 - `finished`: a run that reached its end (GRPO_MAX_STEPS, its epochs, or the stop criteria) is
   not trained again by the same command; finished.json records where and why it ended.
+- `write_readme`: the folder's README.md says what the run is and where its files are (in place
+  of TRL's model card, written for a hub upload: "a fine-tuned version of [None]").
 - `prepare`: a fresh run moves the previous run's files (logs, config.json, reports) into
   previous_runs/<time>/, together, then writes its own config.json.
 
@@ -141,3 +143,21 @@ def prepare(out_dir: Path, cfg: dict[str, Any], resumed: bool) -> Path | None:
     tmp.write_text(json.dumps(cfg, indent=2) + "\n")
     os.replace(tmp, out_dir / "config.json")
     return archive
+
+
+def write_readme(out_dir: Path) -> None:
+    """README.md for the run folder, from its config.json."""
+    try:
+        cfg = json.loads((out_dir / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        cfg = {}
+    text = (f"# GRPO run: {cfg.get('BASE_MODEL_ID', 'a model')} + LoRA on {cfg.get('TRAINING_DATASET', 'OCaml problems')}\n\n"
+            "Written by ocaml-grpo's `python train.py`. Every setting is in `config.json`; the run step by step in "
+            "`learning.log` and `metrics.jsonl`; every completion and its reward in `reward_logs/`.\n\n"
+            f"- health report: `python analyze.py {out_dir}`\n"
+            f"- the adapter: `final_adapter/` at the end, `checkpoint-N/` on the way; "
+            f"`python train.py merge {out_dir}/final_adapter merged` folds it into the base model\n"
+            f"- re-score the completions as training did: `python rewards.py score PROBLEMS {out_dir}/reward_logs/completions.jsonl`\n")
+    tmp = out_dir / "README.md.tmp"
+    tmp.write_text(text)
+    os.replace(tmp, out_dir / "README.md")

@@ -8,6 +8,7 @@
   TRL 1.16's loss takes advantages per token, shaped (completions, tokens), from a subclass.
 - Answers stop at the END marker (GRPO_STOP_AT_END, `stop`): generate gets the tokenizer its stop
   strings need, and each answer that stopped there ends its turn (engines.end_turn_at_stop).
+- The run folder's README.md is ours (run_dir.write_readme), not TRL's hub model card.
 - Before each generation, the input-embedding hooks that gradient checkpointing's toggling left
   behind are removed (engines.drop_orphaned_input_hooks): they pile up every step, and the compiled
   engine would recompile for each new one.
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 
 from accelerate.utils import gather_object
 from torch.utils.data import Sampler
@@ -23,6 +25,7 @@ from trl import GRPOTrainer
 from ocaml_grpo.training.engines import drop_orphaned_input_hooks, end_turn_at_stop
 from ocaml_grpo.training.group_kinds import ProblemTracker
 from ocaml_grpo.training.repair import first_answer_advantages
+from ocaml_grpo.training.run_dir import write_readme
 from ocaml_grpo.training.tracking import TrackedSampler
 
 
@@ -34,6 +37,12 @@ class OcamlGRPOTrainer(GRPOTrainer):
         self.tracker = tracker
         self.stop = stop
         super().__init__(*args, **kwargs)
+
+    def create_model_card(self, *args, **kwargs) -> None:
+        """TRL's card is written for a hub upload ("a fine-tuned version of [None]", a quick start that
+        loads model "None"); the run folder gets a README that says what it holds instead."""
+        if self.is_world_process_zero():
+            write_readme(Path(self.args.output_dir))
 
     def _get_train_sampler(self, dataset=None) -> Sampler:
         if self.tracker is None:
