@@ -230,7 +230,10 @@ def main(argv: list[str]) -> int:
     print(f"dataset: {len(problems)} problems from {train.dataset}")
 
     # Only now torch, TRL and the modules built on them: every check above answered without them.
+    # Its threads are set before it starts its thread pool (GRPO_TORCH_THREADS: why, in config/settings.py).
+    os.environ.setdefault("OMP_NUM_THREADS", str(train.torch_threads))
     import torch
+    torch.set_num_threads(train.torch_threads)
     quiet_library_warnings()
     from accelerate import PartialState
     from datasets import Dataset
