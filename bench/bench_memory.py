@@ -2,6 +2,7 @@
 
     python -m bench.bench_memory --json bench/results/memory_cpu.json                 # tiny + SmolLM2-135M shape
     python -m bench.bench_memory --models smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct   # named models, when installed
+    python -m bench.bench_memory --models smollm2-shape-large        # two larger runs (~9 GB): on a machine with room
 
 Each row is one `python train.py` run of one optimizer step (GRPO_PLUMBING=1: bundled problems,
 offline; AUDIT_DATASET=0), in a fresh process: the estimate is the one train.py prints before the
@@ -12,7 +13,8 @@ the estimate within 25% of the peak, never under it by more than 10%.
 Models: `tiny` (the plumbing model); `smollm2-shape` (SmolLM2-135M-Instruct's config, random
 weights, the plumbing tokenizer: no download, and random weights write every answer to the
 completion limit, the case the estimate sizes for); a named model (ocaml_grpo/training/
-named_models.py) when its package is installed, else the row is skipped with a note. The H200
+named_models.py) when its package is installed, else the row is skipped with a note; or a local
+model folder (its rows: the named models'). The H200
 figures on record (bench/BENCHMARKS.md, "Generation on a GPU") are compared with the estimate for
 their configuration, printed last.
 """
@@ -44,10 +46,13 @@ RUNS = {
              ("4x8, 256-token answers", {"GRPO_BATCH_SIZE": "4", "GRPO_NUM_GENERATIONS": "8", "GRPO_MAX_COMPLETION": "256"})],
     "smollm2-shape": [("1x2, no examples, 32", {"GRPO_BATCH_SIZE": "1", "GRPO_NUM_GENERATIONS": "2",
                                                 "GRPO_PROMPT_EXAMPLES": "0", "GRPO_MAX_COMPLETION": "32"}),
-                      ("1x4, no examples, 64", {"GRPO_BATCH_SIZE": "1", "GRPO_NUM_GENERATIONS": "4",
-                                                "GRPO_PROMPT_EXAMPLES": "0", "GRPO_MAX_COMPLETION": "64"}),
-                      ("1x2, 3 examples, 32", {"GRPO_BATCH_SIZE": "1", "GRPO_NUM_GENERATIONS": "2",
-                                               "GRPO_MAX_COMPLETION": "32"})],
+                      ("1x2, 1 example, 64", {"GRPO_BATCH_SIZE": "1", "GRPO_NUM_GENERATIONS": "2",
+                                              "GRPO_PROMPT_EXAMPLES": "1", "GRPO_MAX_COMPLETION": "64"})],
+    # larger runs, measured when the machine has ~10 GB to spare: --models smollm2-shape-large
+    "smollm2-shape-large": [("1x4, no examples, 64", {"GRPO_BATCH_SIZE": "1", "GRPO_NUM_GENERATIONS": "4",
+                                                      "GRPO_PROMPT_EXAMPLES": "0", "GRPO_MAX_COMPLETION": "64"}),
+                            ("1x2, 3 examples, 32", {"GRPO_BATCH_SIZE": "1", "GRPO_NUM_GENERATIONS": "2",
+                                                     "GRPO_MAX_COMPLETION": "32"})],
 }
 NAMED_RUNS = [("1x2, no examples, 32", {"GRPO_BATCH_SIZE": "1", "GRPO_NUM_GENERATIONS": "2",
                                         "GRPO_PROMPT_EXAMPLES": "0", "GRPO_MAX_COMPLETION": "32"}),
@@ -83,8 +88,10 @@ def model_id(name: str) -> str | None:
     """What BASE_MODEL_ID gets for `name`; None (with a note printed) when it is not available here."""
     if name == "tiny":
         return ""  # GRPO_PLUMBING's own
-    if name == "smollm2-shape":
+    if name.startswith("smollm2-shape"):
         return str(smollm2_shape_dir())
+    if Path(name).is_dir():
+        return name  # a local model folder
     if name not in NAMED:
         print(f"skipped {name}: not a named model in this checkout (ocaml_grpo/training/named_models.py)")
         return None
