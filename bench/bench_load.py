@@ -49,7 +49,7 @@ def run(threads: str, steps: int, timeout: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--threads", default=f"{os.cpu_count()},auto",
+    ap.add_argument("--threads", default=f"auto,{os.cpu_count()}",
                     help="GRPO_TORCH_THREADS values to compare (default: torch's own, a thread per core, and auto)")
     ap.add_argument("--timeout", type=int, default=1200)
     ap.add_argument("--json", default=None)
@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for threads in args.threads.split(","):
         quiet = run(threads, args.steps, args.timeout)
+        print(f"GRPO_TORCH_THREADS={threads:5s} quiet {quiet['wall_s']:6.1f} s (load {quiet['load_before']})", flush=True)
         neighbour = subprocess.Popen(NEIGHBOUR)
         try:
             time.sleep(2)

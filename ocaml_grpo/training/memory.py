@@ -25,17 +25,18 @@ Nothing here imports torch: `python train.py --check` answers without a GPU.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 GB = 1e9
 CPU_RUNTIME_GB = 1.0  # torch, transformers, TRL and datasets imported, the tokenizer and dataset loaded (measured: 1.0-1.1)
 # Measured peaks / the count of saved values (bench/bench_memory.py). On a CPU the training pass holds
-# 0.8-1.43x the count (temporaries the allocator keeps) over SmolLM2-135M and its shape with torch on
+# 0.8-1.55x the count (temporaries the allocator keeps) over SmolLM2-135M and its shape with torch on
 # one thread (GRPO_TORCH_THREADS=auto on 2 cores): the same run's peak varies by up to 25% from one
 # run to the next, so the factor sits near the top of the range (an estimate under the peak is the
 # costly error). Two threads held up to 1.3x more (bench/BENCHMARKS.md).
-CPU_ACTIVATION_FACTOR = 1.35
+CPU_ACTIVATION_FACTOR = 1.4
 GPU_ACTIVATION_FACTOR = 1.0  # the H200 run on record: 12.1 GB allocated
 GPU_CONTEXT_GB = 0.5  # the CUDA context, outside PyTorch's allocations
 GPU_RESERVE = 0.15  # PyTorch's caching allocator reserves more than it allocates (H200: 14.1 GB used for 12.1 allocated)
@@ -184,7 +185,6 @@ def available(on_gpu: bool) -> tuple[float, str]:
                 return float(line.split()[1]) * 1024, "RAM available (/proc/meminfo MemAvailable)"
     except OSError:
         pass
-    import os
     pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     return float(pages), "RAM free (sysconf)"
 
@@ -196,7 +196,6 @@ def fits(est: Estimate, free: float) -> bool:
 def suggestions(shape: ModelShape, run: RunShape, budget: float, batch_size: int, generations: int) -> list[str]:
     """Settings that bring the estimate under `budget` bytes, each found by halving one knob
     until it fits (the first that does, per knob)."""
-    from dataclasses import replace
     out = []
     for name, start, make in [
         ("GRPO_NUM_GENERATIONS", generations, lambda v: replace(run, sequences=batch_size * v)),
