@@ -389,7 +389,7 @@ def render_summary(r: Report) -> str:
     out += [f"  {ICON[f.severity]} {f.title}" for f in r.findings if f.severity != "info"]
     if r.actions and r.config_source != "config.json":
         out.append(f"  (the exports start from {r.config_source}; check them against the run's real settings)")
-    out += [f"  {a.line}" for a in r.actions]
+    out += [line for a in r.actions for line in ([f"  {a.first}"] if a.first else []) + [f"  {a.line}"]]
     return "\n".join(out + [f"Stop criteria: {r.stop_verdict}"])
 
 
@@ -450,7 +450,8 @@ def render_markdown(r: Report, plots: list[Path] = ()) -> str:
         md += [f"### {i}. {f.title} ({ICON[f.severity]} {f.severity})", "", f.detail, ""]
     md += [] if r.findings else ["None.", ""]
     md += ["## Recommended Actions", ""]
-    md += ["```bash"] + [f"{a.line}  # {a.reason}" for a in r.actions] + ["```"] if r.actions else ["None."]
+    md += ["```bash"] + [line for a in r.actions for line in ([f"{a.first}  # writes {a.value}"] if a.first else [])
+                         + [f"{a.line}  # {a.reason}"]] + ["```"] if r.actions else ["None."]
     md += ["", f"## Stop Criteria (epoch {r.epoch:g})", "", f"**Verdict:** {r.stop_verdict}", "",
            "| Criterion (STOP if true at epoch 1.0) | State | Detail |", "|---|---|---|"]
     md += [f"| {s.name} | {s.status} | {s.detail} |" for s in r.stop_checks]

@@ -27,7 +27,7 @@ import time
 import traceback
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ocaml_grpo.grading import audit
@@ -353,31 +353,57 @@ def _run_dir(args) -> Path | None:
     return logs.parent if logs.name == "reward_logs" and (logs.parent / "config.json").is_file() else None
 
 
-def _reward_config(args) -> RewardConfig:
+@dataclass(frozen=True)
+class RunRules:
+    """The rules a run applied on top of the reward's settings, read from its config.json, so that
+    a re-score reproduces its rewards: the completion limit (the runaway rule), the curriculum's
+    weights by epoch, and the repair turns' discount. None/False: no run, or the rule was off."""
+    max_completion: int | None = None
+    curriculum: bool = False
+    repair_discount: float | None = None
+
+
+def _reward_config(args) -> tuple[RewardConfig, RunRules]:
     """The reward as the run that wrote the completions computed it (its config.json's reward
-    settings), else as this environment sets it; says which on stderr."""
+    settings and rules), else as this environment sets it; says which on stderr."""
     env = dict(os.environ)
     run = _run_dir(args)
     keys = [s.name for s in REWARD_SETTINGS if s.name != "REWARD_WORKERS"]
+    rules = RunRules()
     if run is not None:
         saved = json.loads((run / "config.json").read_text())
         env.update({k: str(saved[k]) for k in keys if k in saved})
         source = f"run {run}'s config.json"
-        if str(saved.get("REWARD_CURRICULUM")).lower() in ("true", "1"):
-            print("note: the run used REWARD_CURRICULUM=1; completions are scored with its final weights, "
-                  "not the phase each was trained in", file=sys.stderr)
+        turns = int(saved.get("GRPO_REPAIR_TURNS") or 0)
+        rules = RunRules(max_completion=int(saved["GRPO_MAX_COMPLETION"]) if "GRPO_MAX_COMPLETION" in saved else None,
+                         curriculum=str(saved.get("REWARD_CURRICULUM")).lower() in ("true", "1"),
+                         repair_discount=float(saved.get("GRPO_REPAIR_DISCOUNT", 0.8)) if turns else None)
     else:
         source = "the environment (no run folder: --run DIR names one)"
     cfg = from_env(RewardConfig, env)
     print(f"reward settings from {source}: " + ", ".join(f"{s.name}={env.get(s.name, s.default)}"
-                                                         for s in REWARD_SETTINGS if s.name in keys), file=sys.stderr)
-    return replace(cfg, workers=args.workers) if args.workers else cfg
+                                                         for s in REWARD_SETTINGS if s.name in keys)
+          + (f", GRPO_MAX_COMPLETION={rules.max_completion}" if rules.max_completion else "")
+          + (", REWARD_CURRICULUM=1 (each completion's weights from its epoch)" if rules.curriculum else "")
+          + (f", GRPO_REPAIR_DISCOUNT={rules.repair_discount:g}" if rules.repair_discount else ""), file=sys.stderr)
+    return (replace(cfg, workers=args.workers) if args.workers else cfg), rules
+
+
+def rescore(scorer: RewardScorer, problem: Problem, record: dict, rules: RunRules) -> Breakdown:
+    """One logged completion scored as its run scored it. A record's own max_completion_tokens
+    wins over the run's limit; the runaway rule needs a token count."""
+    weights = curriculum_phase(float(record.get("epoch") or 0.0), scorer.config.weights)[1] if rules.curriculum else None
+    limit = record.get("max_completion_tokens") or rules.max_completion
+    b = scorer.score_one(problem, record["completion"], record.get("completion_tokens"), limit, weights)
+    if rules.repair_discount and record.get("turns"):
+        b.reward = discounted(b.reward, len(record["turns"]), rules.repair_discount)
+    return b
 
 
 def cmd_feedback(args) -> int:
     """Exactly what a repair turn would show the model after each completion (null: nothing to repair)."""
     problems, records = _problems_and_completions(args)
-    cfg = _reward_config(args)
+    cfg, _ = _reward_config(args)  # feedback depends on the line minimum only
     scorer = RewardScorer(cfg)
     try:
         futures = [scorer.pool.submit(scorer.feedback, problems[str(r["problem_id"])], r["completion"])
@@ -393,14 +419,12 @@ def cmd_feedback(args) -> int:
 
 def cmd_score(args) -> int:
     problems, records = _problems_and_completions(args)
-    scorer = GuardedScorer(_reward_config(args))  # a completion whose grading fails prints reward None, not a dead batch
+    cfg, rules = _reward_config(args)
+    scorer = GuardedScorer(cfg)  # a completion whose grading fails prints reward None, not a dead batch
     if not scorer.grader.sandbox.isolated:
         print("WARNING: " + scorer.grader.sandbox.describe(), file=sys.stderr)
     try:
-        # the runaway rule applies only when a record carries both token counts
-        futures = [scorer.pool.submit(scorer.score_one, problems[str(r["problem_id"])], r["completion"],
-                                      r.get("completion_tokens"), r.get("max_completion_tokens"))
-                   for r in records]
+        futures = [scorer.pool.submit(rescore, scorer, problems[str(r["problem_id"])], r, rules) for r in records]
         for r, fut in zip(records, futures):
             b = fut.result()
             print(json.dumps(asdict(b)), flush=True)  # problem_id is the first field
@@ -414,10 +438,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("score", help="score completions against problems, one JSON line each",
                        description="Score completions as training does: the reward's weights, the "
-                                   "minimum-lines rule (MIN_NON_EMPTY_LINES: fewer code lines score 0) and the "
-                                   "runaway penalty, taken from the run's config.json when the completions are a "
-                                   "run's reward_logs/completions.jsonl or --run names the run, else from the "
-                                   "environment. Which settings apply is printed on stderr.")
+                                   "minimum-lines rule (MIN_NON_EMPTY_LINES: fewer code lines score 0), the "
+                                   "runaway penalty at the run's GRPO_MAX_COMPLETION, the curriculum's weights by "
+                                   "epoch and the repair turns' discount, taken from the run's config.json when the "
+                                   "completions are a run's reward_logs/completions.jsonl or --run names the run, "
+                                   "else from the environment (the runaway rule then needs each record's "
+                                   "max_completion_tokens). Which settings apply is printed on stderr.")
     p.add_argument("problems", help=".jsonl/.json/.csv/.parquet with id, prompt|problem, tests[, requires]")
     p.add_argument("completions", help='JSONL of {"problem_id", "completion"[, "completion_tokens", "max_completion_tokens"]}')
     p.add_argument("--run", default=None, help="the train.py output folder whose reward settings apply")

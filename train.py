@@ -3,6 +3,7 @@
 Modes:
     python train.py                        # train (GRPO) with the config below (env vars / .envrc override)
     python train.py --help                 # every variable, its default and meaning (no torch import)
+    python train.py --check [--gpu GB]     # the run's peak memory, estimated, beside what the device has; no training
     python train.py sft                    # SFT warm start on reference solutions (python train.py sft --help)
     python train.py demo                   # offline demo that learns: SFT warm start, GRPO, before/after table
     python train.py merge grpo_runs/final_adapter merged_model   # fold the LoRA adapter into a standalone model
@@ -35,6 +36,7 @@ ocaml_grpo/config/ (grpo.py the trainer's, scoring.py the reward's, isolation.py
 import atexit
 import gc
 import importlib.util
+import json
 import os
 import sys
 import time
@@ -57,11 +59,12 @@ from ocaml_grpo.training import sft as sft_command
 from ocaml_grpo.training.engines import compile_problem, enable_compiled_generation, engine_kwargs
 from ocaml_grpo.training.group_kinds import TRACKING_FILE, ProblemTracker
 from ocaml_grpo.training.learning_log import header_lines
-from ocaml_grpo.training.repair import RepairRollout
+from ocaml_grpo.training import memory
+from ocaml_grpo.training.repair import RepairRollout, rollout_budget
 from ocaml_grpo.models.loading import adapter_base, checkpointing_kwargs, go_offline_unless_needed, load_model, load_tokenizer, \
     lora_config, merge_adapter, model_error, quiet_library_warnings
 from ocaml_grpo.models import named as named_models
-from ocaml_grpo.models.named import resolve_model
+from ocaml_grpo.models.named import converted_folder, resolve_model
 from ocaml_grpo.training.selection import apply_selection, write_choices
 from ocaml_grpo.models.tiny import ensure_plumbing_model, plumbing_model_dir
 
@@ -76,6 +79,21 @@ def fail(message: str) -> int:
     """sys.exit(message) as main's return value: the message on stderr, status 1."""
     print(message, file=sys.stderr)
     return 1
+
+
+def model_folder(model_id: str) -> str:
+    """The folder `model_id` loads from, found without converting anything (named_models.resolve_model's rule)."""
+    folder = converted_folder(model_id, cache_dir(os.environ))
+    return str(folder) if folder else model_id
+
+
+def adapter_shape(lora, init_adapter: str) -> dict:
+    """The adapter a run trains, as peft's adapter_config.json records it: GRPO_INIT_ADAPTER's own, else LORA_*'s."""
+    if init_adapter:
+        saved = json.loads((Path(init_adapter) / "adapter_config.json").read_text())
+        return {"r": saved.get("r"), "lora_alpha": saved.get("lora_alpha"),
+                "target_modules": sorted(saved.get("target_modules") or []), "bias": saved.get("bias")}
+    return {"r": lora.r, "lora_alpha": lora.alpha, "target_modules": sorted(lora.target_modules.split(",")), "bias": lora.bias}
 
 
 def main(argv: list[str]) -> int:
@@ -113,6 +131,16 @@ def main(argv: list[str]) -> int:
         merge_adapter(adapter_dir, merged_dir)
         print(f"merged {adapter_dir} into {adapter_base(adapter_dir)} -> {merged_dir}")
         return 0
+    # --check: everything up to the memory estimate, then stop (nothing written to the output folder).
+    # --gpu GB sizes a GPU run on a machine without that GPU: bf16, checkpointing, GB free.
+    check, gpu_gb = bool(argv) and argv[0] == "--check", None
+    if check:
+        argv = argv[1:]
+        if argv[:1] == ["--gpu"]:
+            try:
+                gpu_gb, argv = float(argv[1]), argv[2:]
+            except (IndexError, ValueError):
+                return fail("usage: python train.py --check [--gpu GB]  (GB: the GPU's free memory, e.g. 80)")
     if argv:
         return fail(f"unknown argument {argv[0]!r}; see python train.py --help")
 
@@ -174,11 +202,16 @@ def main(argv: list[str]) -> int:
     if train.resume == "auto":
         last = run_dir.last_checkpoint(out_dir)
         resume_from = str(last) if last else None
-        if done := run_dir.finished(out_dir, last, values):
-            print(done)  # a finished run is left as it is: re-running the command is not a mistake
-            return 0
     elif train.resume != "never":
         resume_from = train.resume
+    # A checkpoint of another model (or LoRA shape) would fail to load only after the folder had
+    # been changed: it is refused here, before anything is written.
+    if resume_from and (why := run_dir.resume_error(Path(resume_from), train.base_model, model_folder(train.base_model),
+                                                    adapter_shape(train.lora, train.init_adapter))):
+        return fail(f"resume error: {why}")
+    if train.resume == "auto" and (done := run_dir.finished(out_dir, last, values)):
+        print(done)  # a finished run is left as it is: re-running the command is not a mistake
+        return 0
     width = max(len(k) for k in values)
     print("config:\n" + "\n".join(f"  {k.ljust(width)} = {v}" for k, v in values.items()))
     print(f"  resume from: {resume_from or '(fresh run)'}")
@@ -187,11 +220,13 @@ def main(argv: list[str]) -> int:
     # Every check comes before the output directory is touched (a failed start must not move or
     # overwrite the previous run's files), and before any model loads: a missing ocamlc/bwrap should
     # cost seconds, not a GPU hour.
-    try:
-        scorer = rewards.GuardedScorer(cfg.reward)  # a crash on one completion: reward None, not a dead run
-    except ToolchainError as e:
-        return fail(f"OCaml toolchain check failed, not training: {e}")
-    print(f"reward grader: {scorer.grader.sandbox.describe()}")
+    scorer = None
+    if not check:
+        try:
+            scorer = rewards.GuardedScorer(cfg.reward)  # a crash on one completion: reward None, not a dead run
+        except ToolchainError as e:
+            return fail(f"OCaml toolchain check failed, not training: {e}")
+        print(f"reward grader: {scorer.grader.sandbox.describe()}")
     try:
         problems = load_problems(train.dataset)
     except DatasetError as e:
@@ -199,7 +234,10 @@ def main(argv: list[str]) -> int:
     print(f"dataset: {len(problems)} problems from {train.dataset}")
 
     # Only now torch, TRL and the modules built on them: every check above answered without them.
+    # Its threads are set before it starts its thread pool (GRPO_TORCH_THREADS: why, in config/settings.py).
+    os.environ.setdefault("OMP_NUM_THREADS", str(train.torch_threads))
     import torch
+    torch.set_num_threads(train.torch_threads)
     quiet_library_warnings()
     from accelerate import PartialState
     from datasets import Dataset
@@ -224,13 +262,14 @@ def main(argv: list[str]) -> int:
     # TRL 1.16 has no max_prompt_length: prompts longer than GRPO_MAX_PROMPT are dropped here. The audit
     # also drops problems no answer could pass (tests that do not compile against a stub, missing
     # packages, duplicates); why goes to <output dir>/audit.jsonl once the run starts.
-    if train.audit_dataset:
+    if train.audit_dataset and not check:
         audited = audit.audit_problems(problems, None, cache_dir=cfg.audit.cache_dir, prompt_tokens=prompt_tokens,
                                        max_prompt_tokens=train.max_prompt, grader=scorer.grader)
         kept = audited.kept
         too_long = sum(r.reason == "prompt_too_long" for r in audited.records)
     else:
-        print("AUDIT_DATASET=0: dataset audit skipped; only the prompt length filter applies")
+        print("--check: dataset audit skipped; only the prompt length filter applies" if check else
+              "AUDIT_DATASET=0: dataset audit skipped; only the prompt length filter applies")
         kept = [p for p in problems if prompt_tokens(p) <= train.max_prompt]
         too_long = len(problems) - len(kept)
     print(f"prompts: dropped {too_long} longer than GRPO_MAX_PROMPT={train.max_prompt} tokens")
@@ -250,11 +289,43 @@ def main(argv: list[str]) -> int:
     if len(kept) < train.batch_size:
         return fail(f"dataset error: only {len(kept)} usable problems, fewer than GRPO_BATCH_SIZE={train.batch_size}")
 
+    # ------------------------------------------------------------------------- memory (ocaml_grpo/training/memory.py)
+    # A run that cannot fit stops here, before the model loads, with the settings that would fit.
+    on_gpu = torch.cuda.is_available() if gpu_gb is None else True
+    lora_shape = adapter_shape(train.lora, train.init_adapter)
+    completion_budget = rollout_budget(train.repair_turns, train.max_completion) if train.repair_turns else train.max_completion
+    run_shape = memory.RunShape(sequences=train.batch_size * train.num_generations, grad_accum=train.grad_accum_steps,
+                                prompt_tokens=max(prompt_tokens(p) for p in kept), completion_tokens=completion_budget,
+                                lora_r=lora_shape["r"], lora_modules=lora_shape["target_modules"], on_gpu=on_gpu,
+                                checkpointing=on_gpu, cache_prompt_tokens=train.max_prompt if train.compiled_generation else 0)
+    try:
+        shape = memory.read_shape(model_dir)
+    except ValueError as e:
+        return fail(f"model error: {e}")
+    estimate = memory.estimate(shape, run_shape)
+    free, where = (gpu_gb * memory.GB, "given by --gpu") if gpu_gb is not None else memory.available(on_gpu)
+    if train.use_vllm and train.vllm_mode == "colocate":
+        estimate.parts["vLLM"] = train.vllm_gpu_memory * free
+    print(memory.report(estimate, run_shape, free, where))
+    if not memory.fits(estimate, free):
+        ways = memory.suggestions(shape, run_shape, free * memory.HEADROOM, train.batch_size, train.num_generations,
+                                  train.prompt_examples)
+        message = (f"memory error: this run needs about {estimate.total / memory.GB:.1f} GB at its peak and "
+                   f"{free / memory.GB:.1f} GB is {where}: it would be killed, or swap, before its first step. "
+                   f"It would fit with {' or '.join(ways) if ways else 'a smaller model'}"
+                   + ("" if on_gpu else "; a GPU holds it in bf16 with gradient checkpointing (python train.py --check --gpu GB)")
+                   + ". GRPO_MEMORY_CHECK=0 starts it anyway.")
+        if check or train.memory_check:
+            return fail(message)
+        print(f"warning (GRPO_MEMORY_CHECK=0): {message}")
+    if check:
+        print(f"--check: the run fits ({estimate.total / memory.GB:.1f} GB of {free * memory.HEADROOM / memory.GB:.1f} GB); nothing was written")
+        return 0
+
     # `prompt` (chat messages) is what TRL generates from; the other columns go to the reward as kwargs.
     train_dataset = Dataset.from_list([{"prompt": chat_messages(p.prompt, train.prompt_examples), **p.to_row()} for p in kept])
 
     # ------------------------------------------------------------------------- model
-    on_gpu = torch.cuda.is_available()
     model = load_model(model_dir)
     peft_config = lora_config(train.lora)
     if train.init_adapter:  # continue the SFT adapter instead of starting a fresh one

@@ -89,7 +89,7 @@ def rows_to_problems(rows: list[dict], source: str) -> list[Problem]:
 def read_rows(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.exists():
-        raise DatasetError(f"{path}: no such file")
+        raise DatasetError(f"{path}: no such file{nearest_file(path)}")
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         rows = []
@@ -120,10 +120,26 @@ def is_hub_id(spec: str) -> bool:
     return not (spec in ("bundled", "", None) or Path(spec).suffix.lower() in LOCAL_SUFFIXES or Path(spec).exists())
 
 
+def nearest_file(path: Path) -> str:
+    """What the user probably meant by a file that does not exist: the closest name of a dataset
+    file in its folder (or the nearest folder that exists), and the bundled set."""
+    import difflib
+    folder = path.parent
+    while not folder.is_dir() and folder != folder.parent:
+        folder = folder.parent
+    names = [p.name for p in folder.iterdir() if p.suffix.lower() in LOCAL_SUFFIXES] if folder.is_dir() else []
+    close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
+    return ((f"; did you mean {folder / close[0]}?" if close else "")
+            + f" (or `bundled`: the project's own problems, {BUNDLED.relative_to(BUNDLED.parents[1])})")
+
+
 def load_problems(spec: str, split: str = "train") -> list[Problem]:
     """`spec`: a local file, `bundled`, or a hub dataset id."""
     if spec in ("bundled", "", None):
         return rows_to_problems(read_rows(BUNDLED), str(BUNDLED))
+    import difflib
+    if "/" not in spec and not Path(spec).exists() and difflib.SequenceMatcher(None, spec.lower(), "bundled").ratio() >= 0.75:
+        raise DatasetError(f"{spec}: no such file or dataset; did you mean bundled (the project's own problems)?")
     if not is_hub_id(spec):
         return rows_to_problems(read_rows(spec), spec)
     return rows_to_problems(_load_hub_rows(spec, split), f"{spec} (hub, split {split})")

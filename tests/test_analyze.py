@@ -153,6 +153,8 @@ def test_cli_writes_report_and_plots(seed_run):
     p = subprocess.run([sys.executable, str(ROOT / "analyze.py"), str(seed_run)], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert "RED" in p.stdout and "export GRPO_PROBLEM_STATS=probe.jsonl" in p.stdout
+    # the file the export names is made by a command printed just before it
+    assert "  python evaluate.py --probe probe.jsonl\n  export GRPO_PROBLEM_STATS=probe.jsonl" in p.stdout
     md = (seed_run / "analysis.md").read_text(encoding="utf-8")
     for section in ("## Executive Summary", "## Configuration in Use", "### Sample log lines", "### Metric ranges",
                     "## Reward Breakdown", "## What the Groups Taught", "## Issues Found", "## Recommended Actions", "## Stop Criteria",

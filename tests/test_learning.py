@@ -27,6 +27,8 @@ demo's 20 steps it gave +0.24, +0.15, +0.24, +0.20 (seeds 42, 1, 2, 3).
 """
 import functools
 import json
+import subprocess
+import sys
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
@@ -143,6 +145,13 @@ def test_grpo_raises_the_reward(sft_out, sft_reward, tmp_path, cache_home, repai
     assert after - before >= MARGIN
     # The reward TRL optimised is the graded one: learning.log (TRL's own metric) matches the grader's log.
     assert demo.learning_log_rewards(tmp_path / "run") == pytest.approx(rewards, abs=1e-3)
+    # ... and `rewards.py score` on the run folder reproduces every logged reward exactly (runaways included).
+    log = tmp_path / "run" / "reward_logs" / "completions.jsonl"
+    res = subprocess.run([sys.executable, str(TRAIN.parent / "rewards.py"), "score", str(sft_out / "train_problems.jsonl"),
+                          str(log)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    logged = [json.loads(line)["reward"] for line in log.read_text().splitlines()]
+    assert [json.loads(line)["reward"] for line in res.stdout.splitlines()] == logged
 
 
 @pytest.mark.slow

@@ -41,6 +41,7 @@ def no_torch(tmp: Path) -> dict:
     ("BASE_MODEL_ID", "/no/such/model", "BASE_MODEL_ID=/no/such/model: no such directory"),
     ("BASE_MODEL_ID", "{tmp}", "is not a model directory (no config.json in it)"),
     ("BASE_MODEL_ID", "someone/not-downloaded", "the hub is offline (HF_HUB_OFFLINE=1)"),
+    ("BASE_MODEL_ID", "smollm2-135m", "did you mean smollm2-135m-instruct"),  # a named model's typo, not a hub id
 ])
 def test_setting_errors_name_the_variable_before_torch_is_imported(tmp_path, cache_home, var, value, expected):
     env = run_env(tmp_path, cache_home, **{var: value.format(tmp=tmp_path)}, HF_HOME=tmp_path / "hf", **no_torch(tmp_path))
@@ -179,3 +180,15 @@ def test_rewards_score_names_a_bad_completions_file_without_a_traceback(tmp_path
     res = subprocess.run([sys.executable, str(ROOT / "rewards.py"), "score", "bundled", str(path)],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode != 0 and needle in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("spec,expected", [
+    ("{root}/data/ocaml_problem.jsonl", "did you mean {root}/data/ocaml_problems.jsonl?"),  # the nearest file
+    ("/no/such/problems.jsonl", "or `bundled`: the project's own problems"),
+    ("bundeld", "did you mean bundled"),
+])
+def test_a_dataset_typo_names_the_nearest_file_and_the_bundled_set(tmp_path, cache_home, spec, expected):
+    env = run_env(tmp_path, cache_home, TRAINING_DATASET=spec.format(root=ROOT), **no_torch(tmp_path))
+    res = subprocess.run([sys.executable, str(TRAIN)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and "dataset error" in res.stderr, res.stderr
+    assert expected.format(root=ROOT) in res.stderr, res.stderr

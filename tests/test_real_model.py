@@ -191,3 +191,18 @@ def test_train_py_trains_qwen_by_name_one_step(tmp_path):
     assert set(adapter["target_modules"]) >= {"q_proj", "v_proj", "down_proj"}
     completions = [json.loads(line) for line in (out / "reward_logs" / "completions.jsonl").read_text().splitlines()]
     assert len(completions) == 2 and all(c["completion"].strip() for c in completions)
+
+
+@installed(NAME)
+@pytest.mark.slow
+def test_the_readmes_real_model_command_runs_as_written(tmp_path):
+    """The README's SmolLM2 training command, exactly as printed, in a fresh folder: it must fit
+    this machine (it once grew to 23 GB and was killed) and finish in the time the README gives."""
+    readme = (ROOT / "README.md").read_text()
+    line = next(l for l in readme.splitlines() if l.startswith(f"BASE_MODEL_ID={NAME}") and "train.py" in l)
+    command = line.split("#")[0].split("python train.py")[0].split()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **dict(kv.split("=", 1) for kv in command)}
+    r = subprocess.run([sys.executable, str(ROOT / "train.py")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert (tmp_path / "grpo_runs" / "plumbing" / "finished.json").is_file()

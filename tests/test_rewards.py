@@ -104,3 +104,45 @@ def test_an_invalid_entry_point_is_replaced_by_the_prompts_signature():
         assert scorer.score_one(p, fenced(row["solution"])).reward == 1.0  # 0.075 while the row's name was bound
     finally:
         scorer.close()
+
+
+def test_rescoring_a_runs_log_reproduces_every_reward_training_gave(tmp_path):
+    """`rewards.py score` on a run folder applies every rule the run's reward function applied:
+    the completion limit (runaway: x0.3), the curriculum's weights for each completion's epoch, the
+    repair turns' discount. The log is written by the training reward function itself."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+    from conftest import ROOT
+    problem = Problem(id="add", prompt=ADD_PROMPT, tests=ADD_TESTS)
+    right, wrong = fenced("let add a b = a + b"), fenced("let add a b = a - b")
+    config = RewardConfig(min_lines=0, workers=2)
+    run = tmp_path / "run"
+    (run / "reward_logs").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"MIN_NON_EMPTY_LINES": 0, "GRPO_MAX_COMPLETION": 16,
+                                                 "REWARD_CURRICULUM": True, "GRPO_REPAIR_TURNS": 1,
+                                                 "GRPO_REPAIR_DISCOUNT": 0.5}))
+    scorer = rewards.RewardScorer(config)
+    try:
+        fn = rewards.make_reward_function(run, max_completion_tokens=16, curriculum=True, scorer=scorer,
+                                          repair_discount=0.5)
+        row = problem.to_row()
+        columns = {k: [v] * 4 for k, v in row.items()}
+        # four answers: right, right but cut at the limit, wrong, right after one repair turn
+        episodes = [{"answers": [a], "answer_tokens": [t], "turns": 1, "feedback": []}
+                    for a, t in [(right, 9), (right, 16), (wrong, 9)]]
+        episodes.append({"answers": [wrong, right], "answer_tokens": [9, 9], "turns": 2, "feedback": ["fix it"]})
+        for epoch in (0.2, 0.7, 1.2):  # the curriculum's three phases
+            asyncio.run(fn(["p"] * 4, [right, right, wrong, right], trainer_state=SimpleNamespace(epoch=epoch, global_step=1),
+                           repair=[dict(e) for e in episodes], **columns))
+    finally:
+        scorer.close()
+    logged = [json.loads(line) for line in (run / "reward_logs" / "completions.jsonl").read_text().splitlines()]
+    assert len({r["reward"] for r in logged}) >= 6  # the rules make a difference here
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text(json.dumps(row) + "\n")
+    res = subprocess.run([sys.executable, str(ROOT / "rewards.py"), "score", str(problems),
+                          str(run / "reward_logs" / "completions.jsonl")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert [json.loads(line)["reward"] for line in res.stdout.splitlines()] == [r["reward"] for r in logged]
+    assert "GRPO_MAX_COMPLETION=16" in res.stderr and "REWARD_CURRICULUM=1" in res.stderr

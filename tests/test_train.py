@@ -207,3 +207,14 @@ def test_activation_checkpointing_takes_the_name_this_transformers_knows():
 
     assert checkpointing_kwargs(OlderTrainingArguments, True) == {"gradient_checkpointing": True}
     assert checkpointing_kwargs(GRPOConfig, True) == {"activation_checkpointing": True}
+
+
+def test_torch_takes_half_the_cores_unless_told():
+    """GRPO_TORCH_THREADS=auto: torch's default (a thread per core) spin-waits against the grader and any
+    neighbour (bench/bench_load.py); OMP_NUM_THREADS, when exported, still decides."""
+    from ocaml_grpo.config import resolve
+    cores = os.cpu_count()
+    assert resolve({})[0].train.torch_threads == max(1, cores // 2)
+    assert resolve({"LOCAL_WORLD_SIZE": str(cores)})[0].train.torch_threads == 1
+    assert resolve({"OMP_NUM_THREADS": "3"})[0].train.torch_threads == 3
+    assert resolve({"GRPO_TORCH_THREADS": "2", "OMP_NUM_THREADS": "3"})[0].train.torch_threads == 2

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ocaml_grpo.config.settings import (AdapterDir, Auto, Choice, Flag, Float, Int, ModuleList, Resume, Text, cache_dir,
-                                        section, setting, settings_of)
+                                        default_torch_threads, section, setting, settings_of)
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")  # trl 1.16 GRPOConfig.loss_type
 LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
@@ -125,6 +125,13 @@ class TrainConfig:
                                         "then each step was 4x shorter)")
     audit_dataset: bool = setting("AUDIT_DATASET", "1", Flag,
                                   "1: drop problems whose tests cannot compile (cached); 0: only the prompt-length filter")
+    torch_threads: int = setting("GRPO_TORCH_THREADS", "auto",
+                                 Auto(Int(1), default_torch_threads, "OMP_NUM_THREADS when exported, else half the cores"),
+                                 "torch's CPU threads: fewer than the cores leaves room for the grader and other jobs, "
+                                 "which torch's threads would otherwise spin-wait against")
+    memory_check: bool = setting("GRPO_MEMORY_CHECK", "1", Flag,
+                                 "1: a run whose estimated peak memory (python train.py --check) exceeds 90% of the free "
+                                 "RAM (CPU) or GPU memory stops before the model loads, naming settings that fit; 0: only warn")
     plumbing: bool = setting("GRPO_PLUMBING", "0", Flag,
                              "1: the plumbing run: offline, CPU, a tiny random model, bundled problems, "
                              "~20 steps (proves the machinery runs; `train.py demo` is the one that learns)")

@@ -186,6 +186,16 @@ def default_workers(environ: Mapping[str, str]) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, int(environ.get("LOCAL_WORLD_SIZE") or 1)))
 
 
+def default_torch_threads(environ: Mapping[str, str]) -> int:
+    """torch's threads per training process: OMP_NUM_THREADS when exported, else half of the
+    process's cores (at least 1). torch's default, a thread per core, spin-waits for its slowest
+    thread at every operation: a neighbour on one core (an evaluation, the grader's compiles)
+    then stalls all of them (bench/bench_load.py)."""
+    if (environ.get("OMP_NUM_THREADS") or "").strip().isdigit() and int(environ["OMP_NUM_THREADS"]) > 0:
+        return int(environ["OMP_NUM_THREADS"])
+    return max(1, default_workers(environ) // 2)
+
+
 # ----------------------------------------------------------------------------- parsers
 
 def Int(lo: int, hi: int | None = None) -> Parser:

@@ -7,6 +7,7 @@ nothing (`train.py --help` and config errors answer in a second).
 """
 from __future__ import annotations
 
+import difflib
 import inspect
 import json
 import re
@@ -83,6 +84,9 @@ def model_error(name: str, model_id: str, environ: Mapping[str, str]) -> str | N
         return None
     if not is_hub_model(model_id):
         return f"{name}={model_id}: no such directory"
+    # A near miss of a named model (smollm2-135m) is a typo, not a hub id to download.
+    if "/" not in model_id and (named := difflib.get_close_matches(model_id.lower(), list(NAMED), n=1, cutoff=0.7)):
+        return f"{name}={model_id} is not a model here: did you mean {named[0]} (a named model, {NAMED[named[0]].pip})?"
     cached = any((hub_cache(environ) / f"models--{model_id.replace('/', '--')}" / "snapshots").glob("*/config.json"))
     if hub_offline(environ) and not cached:
         stand_in = hub_stand_in(model_id)

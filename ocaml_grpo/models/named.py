@@ -188,6 +188,21 @@ def model_key(model_id: str) -> list:
     return [model_id, *(w.stat().st_mtime_ns for w in sorted(Path(model_id).glob("*.safetensors")))]
 
 
+def converted_folder(model_id: str, cache: Path) -> Path | None:
+    """Where the converted folder of a name or a .gguf path lives (whether or not it exists yet:
+    nothing is checked or converted); None for anything else. A name's folder is keyed by its
+    file's pinned hash, a path's by the file's path, size and modification time."""
+    if model_id in NAMED:
+        named = NAMED[model_id]
+        return cache / "models" / f"{Path(named.gguf).stem}-{named.sha256[:12]}"
+    if model_id.endswith(".gguf") and Path(model_id).expanduser().is_file():
+        gguf = Path(model_id).expanduser().resolve()
+        st = gguf.stat()
+        key = hashlib.sha256(f"{gguf}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+        return cache / "models" / f"{gguf.stem}-{key}"
+    return None
+
+
 def resolve_model(model_id: str, cache: Path) -> str:
     """A folder from_pretrained can load for `model_id`: the converted folder for a name (its
     files verified every time) or a .gguf path (converted on first use), `model_id` itself otherwise."""
@@ -195,7 +210,7 @@ def resolve_model(model_id: str, cache: Path) -> str:
         named = NAMED[model_id]
         parts = part_paths(model_id)
         readable(model_id)
-        target = cache / "models" / f"{Path(named.gguf).stem}-{named.sha256[:12]}"
+        target = converted_folder(model_id, cache)
         if not (target / CONVERTED).is_file():
             if len(parts) == 1:
                 convert(parts[0], target, named.sha256)
@@ -204,9 +219,7 @@ def resolve_model(model_id: str, cache: Path) -> str:
                     convert(assemble(model_id, parts, Path(tmp) / named.gguf), target, named.sha256)
         return str(target)
     if gguf := gguf_file(model_id):
-        st = gguf.stat()
-        key = hashlib.sha256(f"{gguf}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
-        target = cache / "models" / f"{gguf.stem}-{key}"
+        target = converted_folder(str(gguf), cache)
         if not (target / CONVERTED).is_file():
             convert(gguf, target, None)
         return str(target)

@@ -25,6 +25,7 @@ class Action:
     var: str
     value: str
     reason: str
+    first: str = ""  # a command that must run before the export (the one that writes the file it names)
 
     @property
     def line(self) -> str:
@@ -101,8 +102,8 @@ def actions(findings: list[Finding], config: dict, bd: BreakdownStats | None, gr
                            f"0 of {bd.n} scored completions passed a test: weight syntax/compile first"))
     if zero_kind in ("too_hard", "too_easy"):
         if not config.get("GRPO_PROBLEM_STATS"):
-            acts.append(Action("GRPO_PROBLEM_STATS", "probe.jsonl", f"{zero}: first `python evaluate.py --probe "
-                               "probe.jsonl`, then train on the learnable problems"))
+            acts.append(Action("GRPO_PROBLEM_STATS", "probe.jsonl", f"{zero}: train on the learnable problems, which "
+                               "the probe finds", first="python evaluate.py --probe probe.jsonl"))
         if config.get("GRPO_TRACK_PROBLEMS") in (False, 0, "0"):
             acts.append(Action("GRPO_TRACK_PROBLEMS", "1", f"{zero}: draw the problems whose last group taught "
                                "nothing less often"))

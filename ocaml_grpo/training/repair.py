@@ -85,6 +85,11 @@ class FeedbackBlock:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def rollout_budget(turns: int, max_completion: int) -> int:
+    """An episode's completion tokens at most: every answer at the limit, and the feedback between them."""
+    return (turns + 1) * max_completion + turns * (FEEDBACK_TOKENS + FEEDBACK_OVERHEAD)
+
+
 class RepairRollout:
     """TRL's rollout_func for repair turns. `feedback(problem, answer)` is grading/feedback.py's
     feedback_for with the run's grader; `problems` maps a prompt's user message to its problem."""
@@ -93,7 +98,7 @@ class RepairRollout:
                  max_completion: int, tokenizer, pool: Executor, examples: int = ALL):
         self.by_message = {user_message(p.prompt, examples): p for p in problems}
         self.feedback, self.turns, self.max_completion = feedback, turns, max_completion
-        self.budget = (turns + 1) * max_completion + turns * (FEEDBACK_TOKENS + FEEDBACK_OVERHEAD)
+        self.budget = rollout_budget(turns, max_completion)
         self.block = FeedbackBlock(tokenizer)
         self.tokenizer, self.pool = tokenizer, pool
 

@@ -3,8 +3,12 @@ prepared only once every check has passed, marked when the run has finished.
 
 - `write_error`: a directory the run could not write is a config error, found before any model loads.
 - `last_checkpoint`: the checkpoint GRPO_RESUME=auto resumes from.
+- `resume_error`: a checkpoint of another model (base, LoRA shape, tokenizer) is refused before
+  anything is written: loading it would fail after the folder was already changed.
 - `finished`: a run that reached its end (GRPO_MAX_STEPS, its epochs, or the stop criteria) is
   not trained again by the same command; finished.json records where and why it ended.
+- `write_readme`: the folder's README.md says what the run is and where its files are (in place
+  of TRL's model card, written for a hub upload: "a fine-tuned version of [None]").
 - `prepare`: a fresh run moves the previous run's files (logs, config.json, reports) into
   previous_runs/<time>/, together, then writes its own config.json.
 
@@ -12,6 +16,7 @@ Nothing here imports torch.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -45,6 +50,53 @@ def last_checkpoint(out_dir: Path) -> Path | None:
     done = [p for p in out_dir.glob("checkpoint-*") if re.fullmatch(r"checkpoint-\d+", p.name)
             and (p / "trainer_state.json").exists()]
     return max(done, key=checkpoint_step) if done else None
+
+
+def resume_error(checkpoint: Path, model_id: str, model_dir: str, lora: dict[str, Any]) -> str | None:
+    """Why `checkpoint` cannot continue a run of `model_id` (loaded from `model_dir`) with this
+    LoRA shape (None: it can). Read from the checkpoint's adapter_config.json and tokenizer.json and
+    the model folder's tokenizer.json; nothing is loaded. `lora`: r, lora_alpha, target_modules, bias
+    as peft writes them (the LORA_* settings', or GRPO_INIT_ADAPTER's own)."""
+    way_out = ("keep that run and train this one elsewhere (another GRPO_OUTPUT_DIR), or start over in this "
+               f"folder with GRPO_RESUME=never (its logs move to previous_runs/, its checkpoints are replaced)")
+    try:
+        saved = json.loads((checkpoint / "adapter_config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        return f"cannot resume from {checkpoint}: no readable adapter_config.json there ({e}); {way_out}"
+    base = saved.get("base_model_name_or_path") or "(unrecorded)"
+    if not same_model(base, model_dir) and not same_model(base, model_id):
+        return (f"cannot resume from {checkpoint}: it was trained on the model {base}, and this run's BASE_MODEL_ID is "
+                f"{model_id}" + (f" ({model_dir})" if model_dir != model_id else "") + f"; {way_out}")
+    diff = [f"{k}={saved.get(k)!r} there, {v!r} here" for k, v in lora.items()
+            if (sorted(saved.get(k) or []) if k == "target_modules" else saved.get(k)) != v]
+    if diff:
+        return f"cannot resume from {checkpoint}: its LoRA adapter differs from this run's ({'; '.join(diff)}); {way_out}"
+    here, there = vocabulary(Path(model_dir)), vocabulary(checkpoint)
+    if here is not None and there is not None and here != there:
+        return (f"cannot resume from {checkpoint}: its tokenizer is not the one of {model_id} ({there[0]} tokens there, "
+                f"{here[0]} here, or the same number with other tokens); {way_out}")
+    return None
+
+
+def same_model(a: str, b: str) -> bool:
+    """Two model ids name the same model: the same string, or paths to the same folder."""
+    if a == b:
+        return True
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
+
+
+def vocabulary(folder: Path) -> tuple[int, str] | None:
+    """(size, hash) of the vocabulary in `folder`'s tokenizer.json, added tokens included; None
+    without one (a hub id, or a model saved with a slow tokenizer only)."""
+    try:
+        tok = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    vocab = (tok.get("model") or {}).get("vocab") or {}
+    added = sorted((t.get("id"), t.get("content")) for t in tok.get("added_tokens") or [])
+    pairs = sorted(vocab.items()) if isinstance(vocab, dict) else list(map(tuple, vocab))
+    return len(vocab) + len(added), hashlib.sha256(json.dumps([pairs, added]).encode()).hexdigest()
 
 
 def checkpoint_step(checkpoint: Path) -> int:
@@ -91,3 +143,21 @@ def prepare(out_dir: Path, cfg: dict[str, Any], resumed: bool) -> Path | None:
     tmp.write_text(json.dumps(cfg, indent=2) + "\n")
     os.replace(tmp, out_dir / "config.json")
     return archive
+
+
+def write_readme(out_dir: Path) -> None:
+    """README.md for the run folder, from its config.json."""
+    try:
+        cfg = json.loads((out_dir / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        cfg = {}
+    text = (f"# GRPO run: {cfg.get('BASE_MODEL_ID', 'a model')} + LoRA on {cfg.get('TRAINING_DATASET', 'OCaml problems')}\n\n"
+            "Written by ocaml-grpo's `python train.py`. Every setting is in `config.json`; the run step by step in "
+            "`learning.log` and `metrics.jsonl`; every completion and its reward in `reward_logs/`.\n\n"
+            f"- health report: `python analyze.py {out_dir}`\n"
+            f"- the adapter: `final_adapter/` at the end, `checkpoint-N/` on the way; "
+            f"`python train.py merge {out_dir}/final_adapter merged` folds it into the base model\n"
+            f"- re-score the completions as training did: `python rewards.py score PROBLEMS {out_dir}/reward_logs/completions.jsonl`\n")
+    tmp = out_dir / "README.md.tmp"
+    tmp.write_text(text)
+    os.replace(tmp, out_dir / "README.md")

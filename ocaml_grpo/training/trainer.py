@@ -11,6 +11,7 @@
 - Dynamic sampling (GRPO_DYNAMIC_SAMPLING, `dynamic_rounds`): a step's generation is repeated for
   newly drawn problems until the batch holds only groups that teach, or the cap; TRL then gets
   one step's batch of the kept groups (dynamic_sampling.py). None: TRL's generation, untouched.
+- The run folder's README.md is ours (run_dir.write_readme), not TRL's hub model card.
 - Before each generation, the input-embedding hooks that gradient checkpointing's toggling left
   behind are removed (engines.drop_orphaned_input_hooks): they pile up every step, and the compiled
   engine would recompile for each new one.
@@ -18,6 +19,7 @@
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 
 import torch
 from accelerate.utils import gather_object
@@ -28,6 +30,7 @@ from ocaml_grpo.training import dynamic_sampling as ds
 from ocaml_grpo.training.engines import drop_orphaned_input_hooks, end_turn_at_stop
 from ocaml_grpo.training.group_kinds import ProblemTracker
 from ocaml_grpo.training.repair import first_answer_advantages
+from ocaml_grpo.training.run_dir import write_readme
 from ocaml_grpo.training.tracking import TrackedSampler
 
 
@@ -47,6 +50,12 @@ class OcamlGRPOTrainer(GRPOTrainer):
         self.dynamic_rounds, self.group_log, self.min_std = dynamic_rounds, group_log, min_std
         self._round_rewards = self._round_lengths = None
         super().__init__(*args, **kwargs)
+
+    def create_model_card(self, *args, **kwargs) -> None:
+        """TRL's card is written for a hub upload ("a fine-tuned version of [None]", a quick start that
+        loads model "None"); the run folder gets a README that says what it holds instead."""
+        if self.is_world_process_zero():
+            write_readme(Path(self.args.output_dir))
 
     def _get_train_sampler(self, dataset=None) -> Sampler:
         if self.tracker is None:

@@ -1,0 +1,175 @@
+"""The memory estimate (ocaml_grpo/training/memory.py) against the peak a real run reaches.
+
+    python -m bench.bench_memory --json bench/results/memory_cpu.json                 # tiny + SmolLM2-135M shape
+    python -m bench.bench_memory --models smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct   # named models, when installed
+    python -m bench.bench_memory --models smollm2-shape-large        # two larger runs (~9 GB): on a machine with room
+
+Each row is one `python train.py` run of one optimizer step (GRPO_PLUMBING=1: bundled problems,
+offline; AUDIT_DATASET=0), in a fresh process: the estimate is the one train.py prints before the
+model loads, the peak is the process's maximum resident set (os.wait4's ru_maxrss: the libraries,
+the model, generation and the training pass; the grader's processes are counted apart). Goal:
+the estimate within 25% of the peak, never under it by more than 10%.
+
+Models: `tiny` (the plumbing model); `smollm2-shape` (SmolLM2-135M-Instruct's config, random
+weights, the plumbing tokenizer: no download, and random weights write every answer to the
+completion limit, the case the estimate sizes for); a named model (ocaml_grpo/training/
+named_models.py) when its package is installed, else the row is skipped with a note; or a local
+model folder (its rows: the named models'). The H200
+figures on record (bench/BENCHMARKS.md, "Generation on a GPU") are compared with the estimate for
+their configuration, printed last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from ocaml_grpo.config.settings import cache_dir
+from ocaml_grpo.training import memory
+from ocaml_grpo.models.named import NAMED, named_model_error
+
+ROOT = Path(__file__).resolve().parents[1]
+# SmolLM2-135M-Instruct's config.json (HuggingFaceTB), the fields the shape depends on.
+SMOLLM2_SHAPE = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                     num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
+                     tie_word_embeddings=True)
+# (label, settings) per model: small enough to leave this 24 GB machine room for its other jobs.
+RUNS = {
+    "tiny": [("2x4, 64-token answers", {}),
+             ("4x8, 256-token answers", {"GRPO_BATCH_SIZE": "4", "GRPO_NUM_GENERATIONS": "8", "GRPO_MAX_COMPLETION": "256"})],
+    "smollm2-shape": [("1x2, no examples, 32", {"GRPO_BATCH_SIZE": "1", "GRPO_NUM_GENERATIONS": "2",
+                                                "GRPO_PROMPT_EXAMPLES": "0", "GRPO_MAX_COMPLETION": "32"}),
+                      ("1x2, 1 example, 64", {"GRPO_BATCH_SIZE": "1", "GRPO_NUM_GENERATIONS": "2",
+                                              "GRPO_PROMPT_EXAMPLES": "1", "GRPO_MAX_COMPLETION": "64"})],
+    # larger runs, measured when the machine has ~10 GB to spare: --models smollm2-shape-large
+    "smollm2-shape-large": [("1x4, no examples, 64", {"GRPO_BATCH_SIZE": "1", "GRPO_NUM_GENERATIONS": "4",
+                                                      "GRPO_PROMPT_EXAMPLES": "0", "GRPO_MAX_COMPLETION": "64"}),
+                            ("1x2, 3 examples, 32", {"GRPO_BATCH_SIZE": "1", "GRPO_NUM_GENERATIONS": "2",
+                                                     "GRPO_MAX_COMPLETION": "32"})],
+}
+NAMED_RUNS = [("1x2, no examples, 32", {"GRPO_BATCH_SIZE": "1", "GRPO_NUM_GENERATIONS": "2",
+                                        "GRPO_PROMPT_EXAMPLES": "0", "GRPO_MAX_COMPLETION": "32"}),
+              ("1x2, 3 examples, 32", {"GRPO_BATCH_SIZE": "1", "GRPO_NUM_GENERATIONS": "2", "GRPO_MAX_COMPLETION": "32"})]
+# The H200 run on record: Qwen2.5-Coder-1.5B's shape, bf16, 4 prompts x 6 completions, prompts cut to
+# 704 tokens, 512-token completions, LoRA r=32 on the 7 projections, gradient checkpointing.
+H200 = dict(shape=memory.ModelShape(layers=28, hidden=1536, intermediate=8960, heads=12, kv_heads=2, head_dim=128,
+                                    vocab=151936, tied=True, source="Qwen2.5-Coder-1.5B config"),
+            run=memory.RunShape(sequences=24, grad_accum=1, prompt_tokens=704, completion_tokens=512, lora_r=32,
+                                lora_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                                on_gpu=True, checkpointing=True),
+            allocated_gb=12.1, device_gb=14.1)
+ESTIMATE_RE = re.compile(r"^memory: the run's peak is estimated at ([\d.]+) GB \((.*) GB\)", re.M)
+
+
+def smollm2_shape_dir() -> Path:
+    """SmolLM2-135M's shape with random weights and the plumbing tokenizer, built once."""
+    path = cache_dir(os.environ) / "bench-smollm2-135m-shape"
+    if not (path / "config.json").exists():
+        import torch
+        from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+        from ocaml_grpo.models.tiny import ensure_plumbing_model, plumbing_model_dir
+        print(f"building the random SmolLM2-135M-shaped model once into {path}", flush=True)
+        tok = AutoTokenizer.from_pretrained(ensure_plumbing_model(plumbing_model_dir(cache_dir(os.environ))))
+        torch.manual_seed(0)
+        LlamaForCausalLM(LlamaConfig(**SMOLLM2_SHAPE, bos_token_id=None, eos_token_id=tok.eos_token_id,
+                                     pad_token_id=tok.pad_token_id)).save_pretrained(path)
+        tok.save_pretrained(path)
+    return path
+
+
+def model_id(name: str) -> str | None:
+    """What BASE_MODEL_ID gets for `name`; None (with a note printed) when it is not available here."""
+    if name == "tiny":
+        return ""  # GRPO_PLUMBING's own
+    if name.startswith("smollm2-shape"):
+        return str(smollm2_shape_dir())
+    if Path(name).is_dir():
+        return name  # a local model folder
+    if name not in NAMED:
+        print(f"skipped {name}: not a named model in this checkout (ocaml_grpo/training/named_models.py)")
+        return None
+    if err := named_model_error("--model", name):
+        print(f"skipped {name}: {err}")
+        return None
+    return name
+
+
+def measure(model: str, settings: dict, timeout: int) -> dict:
+    """One step of train.py: its printed estimate and its peak resident memory."""
+    with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("GRPO_", "LORA_", "REWARD_"))}
+        env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", GRPO_PLUMBING="1", GRPO_MAX_STEPS="1",
+                   GRPO_SAVE_STEPS="1000", GRPO_OUTPUT_DIR=str(Path(tmp) / "run"), AUDIT_DATASET="0",
+                   GRPO_MEMORY_CHECK="0", GRPO_TRACK_PROBLEMS="0", **settings)
+        if model:
+            env["BASE_MODEL_ID"] = model
+        t0 = time.time()
+        log = Path(tmp) / "out.txt"
+        with open(log, "w") as f:
+            proc = subprocess.Popen([sys.executable, str(ROOT / "train.py")], cwd=tmp, env=env, stdout=f,
+                                    stderr=subprocess.STDOUT)
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        _, status, usage = os.wait4(proc.pid, 0)  # the child's own peak (ru_maxrss, KiB), not this process's
+        timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out = log.read_text()
+    peak_kb = usage.ru_maxrss
+    m = ESTIMATE_RE.search(out)
+    if proc.returncode or m is None:
+        raise SystemExit(f"train.py failed (exit {proc.returncode}):\n{out[-3000:]}")
+    estimate, peak = float(m.group(1)), peak_kb * 1024 / memory.GB
+    prompt = re.search(r"the longest prompt (\d+) tokens", out)
+    return {"estimate_gb": estimate, "parts": m.group(2), "peak_gb": round(peak, 2),
+            "error": round(estimate / peak - 1, 3), "seconds": round(time.time() - t0, 1),
+            "prompt_tokens": int(prompt.group(1)) if prompt else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="tiny,smollm2-shape,smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--timeout", type=int, default=900)
+    args = ap.parse_args(argv)
+    rows = []
+    for name in args.models.split(","):
+        mid = model_id(name)
+        if mid is None:
+            rows.append({"model": name, "skipped": True})
+            continue
+        for label, settings in RUNS.get(name, NAMED_RUNS):
+            r = {"model": name, "run": label, **measure(mid, settings, args.timeout)}
+            rows.append(r)
+            print(f"{name:30s} {label:26s} estimate {r['estimate_gb']:6.2f} GB  peak {r['peak_gb']:6.2f} GB  "
+                  f"{r['error']:+.0%}  ({r['parts']})  {r['seconds']:.0f} s", flush=True)
+    est = memory.estimate(H200["shape"], H200["run"])
+    runtime = est.parts["runtime"]
+    h200 = {"model": "qwen1.5b-shape on the H200 (on record)", "estimate_gb": round(est.total / memory.GB, 2),
+            "estimate_allocated_gb": round((est.total - runtime) / memory.GB, 2), "allocated_gb": H200["allocated_gb"],
+            "device_gb": H200["device_gb"], "error_allocated": round((est.total - runtime) / memory.GB / H200["allocated_gb"] - 1, 3),
+            "error_device": round(est.total / memory.GB / H200["device_gb"] - 1, 3), "parts": est.describe()}
+    rows.append(h200)
+    print(f"H200 on record: estimate {h200['estimate_allocated_gb']:.2f} GB allocated ({h200['error_allocated']:+.0%} of "
+          f"{H200['allocated_gb']}), {h200['estimate_gb']:.2f} GB on the device ({h200['error_device']:+.0%} of {H200['device_gb']})")
+    measured = [r for r in rows if "error" in r]
+    worst = [r["error"] for r in measured] + [h200["error_allocated"], h200["error_device"]]
+    ok = all(-0.10 <= e <= 0.25 for e in worst)
+    print(f"goal (within 25%, never under by more than 10%): {'met' if ok else 'NOT met'}; errors "
+          + " ".join(f"{e:+.0%}" for e in worst))
+    if args.json:
+        with open("/proc/loadavg") as f:
+            load = f.read().split()[:3]
+        Path(args.json).write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(),
+                                               "load": load, "rows": rows, "goal_met": ok}, indent=2) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
