@@ -12,7 +12,7 @@ the estimate within 25% of the peak, never under it by more than 10%.
 
 Models: `tiny` (the plumbing model); `smollm2-shape` (SmolLM2-135M-Instruct's config, random
 weights, the plumbing tokenizer: no download, and random weights write every answer to the
-completion limit, the case the estimate sizes for); a named model (ocaml_grpo/training/
+completion limit, the case the estimate sizes for); a named model (ocaml_grpo/
 models/named.py) when its package is installed, else the row is skipped with a note; or a local
 model folder (its rows: the named models'). The H200
 figures on record (bench/BENCHMARKS.md, "Generation on a GPU") are compared with the estimate for
