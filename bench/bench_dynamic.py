@@ -39,7 +39,8 @@ from bench.bench_selection import BATCH, MASTERED, NEVER_SEEN, PARTIAL, RECIPE, 
 from ocaml_grpo.config.settings import cache_dir
 from ocaml_grpo.jsonl import read_jsonl
 from ocaml_grpo.problems import load_problems
-from ocaml_grpo.training import demo, models
+from ocaml_grpo.training import demo
+from ocaml_grpo.models import loading as models
 from ocaml_grpo.training.dynamic_sampling import teaching_groups
 from ocaml_grpo.training.metrics import METRICS_FILE, StepRecord
 from ocaml_grpo.models.loading import quiet_library_warnings
