@@ -195,12 +195,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("bench_real: the probe of the pool needs --k 2 or more (--pool 0 evaluates the held-out problems alone)")
     reward = RewardConfig()
     stages = Stages(Path(a.stages) if a.stages else cache_dir(os.environ) / "bench_real",
-                    {"model": model_key(a.model), "held": [p.id for p in held], "pool": [p.id for p in pool], "k": a.k,
+                    # how every model is sampled and graded; what a model was trained on is in its recipe
+                    {"model": model_key(a.model), "k": a.k,
                      "budget": a.budget, "temperature": a.temperature, "seed": a.seed,
                      "reward": [reward.min_lines, reward.runaway_multiplier, asdict(reward.weights),
                                 asdict(reward.sandbox.limits)],
                      "prompt": chat_messages("x", a.examples), "stop_at_end": True})
-    work = stages.folder("split")
+    work = stages.folder("split", held=[p.id for p in held], pool=[p.id for p in pool])
     train_file, pool_file = write(work / "train_problems.jsonl", train), write(work / "pool_problems.jsonl", pool)
     print(f"bench_real: {a.model}; {len(train)} training problems ({len(pool)} in the GRPO pool), {len(held)} held out, "
           f"{len(multiple)} MultiPL-E rows; {len(problems) - len(train) - len(held)} longer than the budget of {a.budget} "
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def probe(arm: str) -> Path:
         """The probe a user runs before GRPO, on the pool, from `arm`'s model (resumable: evaluate.py)."""
-        folder = stages.folder(f"probe-{arm}", recipe=recipes[arm])
+        folder = stages.folder(f"probe-{arm}", recipe=recipes[arm], ids=[p.id for p in pool])
         stats = folder / "probe.jsonl"
         if not (folder / "done").is_file():
             t0 = time.time()
@@ -249,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     for arm in [x for x in ARMS if x in arms or x in (START.get(y) for y in arms)]:
         # ------------------------------------------------------------ build the arm's model
         if arm == "sft":
-            recipes[arm] = {"sft_steps": a.sft_steps, "sft_lr": a.sft_lr, "lora": True, "batch": 8}
+            recipes[arm] = {"sft_steps": a.sft_steps, "sft_lr": a.sft_lr, "lora": True, "batch": 8,
+                            "held_out": [p.id for p in held]}  # SFT trains on every other problem that fits
             folder = stages.folder("sft", recipe=recipes[arm])
             adapters[arm] = str(folder / "sft" / "final_adapter")
             if not (folder / "done").is_file():
@@ -265,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             start = START[arm]
             stats = probe(start)
             grpo_t = a.temperature if a.grpo_temperature is None else a.grpo_temperature
-            recipes[arm] = {"from": recipes[start], "steps": a.grpo_steps, "prompts": a.grpo_prompts, "lr": a.grpo_lr,
+            recipes[arm] = {"from": recipes[start], "pool": [p.id for p in pool], "steps": a.grpo_steps, "prompts": a.grpo_prompts, "lr": a.grpo_lr,
                             "temperature": grpo_t, "generations": a.grpo_generations or a.k,
                             "learnable_min_std": None if a.no_selection else a.min_std, "curriculum": a.curriculum}
             folder = stages.folder(f"grpo-{arm}", recipe=recipes[arm])

@@ -133,8 +133,10 @@ def nearest_file(path: Path) -> str:
             + f" (or `bundled`: the project's own problems, {BUNDLED.relative_to(BUNDLED.parents[1])})")
 
 
-def load_problems(spec: str, split: str = "train") -> list[Problem]:
+def load_problems(spec: str | Path, split: str = "train") -> list[Problem]:
     """`spec`: a local file, `bundled`, or a hub dataset id."""
+    if isinstance(spec, Path):
+        spec = str(spec)
     if spec in ("bundled", "", None):
         return rows_to_problems(read_rows(BUNDLED), str(BUNDLED))
     import difflib

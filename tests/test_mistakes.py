@@ -192,3 +192,9 @@ def test_a_dataset_typo_names_the_nearest_file_and_the_bundled_set(tmp_path, cac
     res = subprocess.run([sys.executable, str(TRAIN)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode != 0 and "dataset error" in res.stderr, res.stderr
     assert expected.format(root=ROOT) in res.stderr, res.stderr
+
+
+def test_a_dataset_given_as_a_path_object_loads():
+    """The typo check reads text: a Path (how the benchmarks name the bundled file) must still load."""
+    from ocaml_grpo.problems import BUNDLED, load_problems
+    assert len(load_problems(BUNDLED)) == len(load_problems("bundled")) == 128
