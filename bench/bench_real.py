@@ -156,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="prompts per GRPO step: one per backward pass (GRPO_GRAD_ACCUM_STEPS), to fit 24 GB")
     ap.add_argument("--grpo-lr", default="2e-4")
     ap.add_argument("--curriculum", action="store_true", help="REWARD_CURRICULUM=1 in the GRPO runs")
+    ap.add_argument("--grpo-min-lines", default="8", help="MIN_NON_EMPTY_LINES of the GRPO runs (the default's 8 gives "
+                                                           "a right 5-line answer 0); evaluations keep the default")
     ap.add_argument("--min-std", default="0.01", help="GRPO_LEARNABLE_MIN_STD for the probe's selection")
     ap.add_argument("--no-selection", action="store_true", help="GRPO trains on the whole pool, not the probe's selection")
     a = ap.parse_args(argv)
@@ -221,13 +223,16 @@ def main(argv: list[str] | None = None) -> int:
 
     def probe(arm: str) -> Path:
         """The probe a user runs before GRPO, on the pool, from `arm`'s model (resumable: evaluate.py)."""
-        folder = stages.folder(f"probe-{arm}", recipe=recipes[arm], ids=[p.id for p in pool])
+        # graded as the GRPO run it selects for will grade (its line gate)
+        folder = stages.folder(f"probe-{arm}", recipe=recipes[arm], ids=[p.id for p in pool],
+                               **({"min_lines": a.grpo_min_lines} if a.grpo_min_lines != "8" else {}))
         stats = folder / "probe.jsonl"
         if not (folder / "done").is_file():
             t0 = time.time()
             demo.run_stage(f"probe (evaluate.py --probe) of {arm} on the GRPO pool",
                            ["evaluate.py", "--probe", str(stats), "--k", str(a.k), "--batch-size", str(a.batch_problems),
-                            "--seed", str(a.seed)], {**env, "GRPO_INIT_ADAPTER": adapters[arm] or ""}, demo.ROOT,
+                            "--seed", str(a.seed)], {**env, "GRPO_INIT_ADAPTER": adapters[arm] or "",
+                                                     "MIN_NON_EMPTY_LINES": a.grpo_min_lines}, demo.ROOT,
                            folder / "probe.out", echo=lambda l: l.startswith(("probe", "wrote")))
             (folder / "done").touch()
             timed(f"probe_{arm}", t0)
@@ -269,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
             grpo_t = a.temperature if a.grpo_temperature is None else a.grpo_temperature
             recipes[arm] = {"from": recipes[start], "pool": [p.id for p in pool], "steps": a.grpo_steps, "prompts": a.grpo_prompts, "lr": a.grpo_lr,
                             "temperature": grpo_t, "generations": a.grpo_generations or a.k,
-                            "learnable_min_std": None if a.no_selection else a.min_std, "curriculum": a.curriculum}
+                            "learnable_min_std": None if a.no_selection else a.min_std, "curriculum": a.curriculum,
+                            **({"min_lines": a.grpo_min_lines} if a.grpo_min_lines != "8" else {})}
             folder = stages.folder(f"grpo-{arm}", recipe=recipes[arm])
             adapters[arm] = str(folder / "run" / "final_adapter")
             if not (folder / "done").is_file():
@@ -284,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "GRPO_LEARNING_RATE": a.grpo_lr, "GRPO_LR_SCHEDULER": "constant", "GRPO_SAVE_STEPS": "1",
                                 "GRPO_SAVE_TOTAL_LIMIT": "2", "GRPO_AUTO_STOP": "0", "GRPO_LOGGING_STEPS": "1",
                                 "GRPO_TEMPERATURE": str(grpo_t), "REWARD_CURRICULUM": "1" if a.curriculum else "0",
+                                "MIN_NON_EMPTY_LINES": a.grpo_min_lines,
                                 # a weak model's rewards are crumbs (structure, type checks): any spread teaches
                                 "GRPO_LEARNABLE_MIN_STD": a.min_std},
                                folder, folder / "grpo.out",
