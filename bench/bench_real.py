@@ -55,7 +55,7 @@ from ocaml_grpo.training.sampling import generate_hf, grade_completions
 
 ARMS = ("base", "base_grpo", "sft", "sft_grpo")
 START = {"base_grpo": "base", "sft_grpo": "sft"}  # where each GRPO arm starts
-MULTIPLE = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "multipl_e_ml.jsonl"
+MULTIPLE = "multipl_e_ml.jsonl"  # in BENCHMARKS_DIR (default: the external sets beside the clone)
 
 
 def stratified_split(problems: list[Problem], n: int, seed: int) -> tuple[list[Problem], list[Problem]]:
@@ -184,9 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     pool = random.Random(a.seed).sample(train, min(a.pool, len(train)))
     multiple: list[Problem] = []
     if a.multiple:
-        if not MULTIPLE.is_file():
-            sys.exit(f"bench_real: --multiple {a.multiple} needs {MULTIPLE} (the external sets); --multiple 0 skips it")
-        rows = load_problems(str(MULTIPLE))
+        multiple_file = Path(os.environ.get("BENCHMARKS_DIR") or Path(__file__).resolve().parents[2] / "shared" /
+                             "benchmarks") / MULTIPLE
+        if not multiple_file.is_file():
+            sys.exit(f"bench_real: --multiple {a.multiple} needs {multiple_file} (the external sets; BENCHMARKS_DIR "
+                     "says where they are); --multiple 0 skips MultiPL-E")
+        rows = load_problems(multiple_file)
         multiple = sorted(random.Random(a.seed).sample(rows, min(a.multiple, len(rows))), key=lambda p: p.id)
     if len(held) < a.heldout or (not pool and a.pool):
         sys.exit(f"bench_real: {len(held)} held-out and {len(pool)} pool problems fit the budget of {a.budget} tokens: "
