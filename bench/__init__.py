@@ -14,3 +14,14 @@ def fresh_run_dir(out: str | Path, mark: str) -> Path:
     out.mkdir(parents=True)
     (out / mark).touch()  # a rerun may start this directory over
     return out
+
+
+def matched_step(tokens_per_step: list[float], budget: float) -> int:
+    """The first step (from 1) by whose end a run has generated `budget` tokens; its last step if
+    it never does: where a run is compared with another at equal generated tokens."""
+    spent, matched = 0.0, 0
+    for matched, t in enumerate(tokens_per_step, 1):
+        spent += t
+        if spent >= budget:
+            break
+    return matched

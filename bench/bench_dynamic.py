@@ -34,7 +34,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench import fresh_run_dir
+from bench import fresh_run_dir, matched_step
 from bench.bench_selection import BATCH, MASTERED, NEVER_SEEN, PARTIAL, RECIPE, sft_start, write_problems
 from ocaml_grpo.config.settings import cache_dir
 from ocaml_grpo.jsonl import read_jsonl
@@ -128,11 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     # a dynamic round generates what a tracked step does: about as many steps as rounds, and a margin
     longest = int(sum((r.dynamic or {}).get("generation_rounds") or 1 for r in records(dynamic))) + 4
     tracked = grpo("tracked", longest, GRPO_SAVE_STEPS=1, GRPO_SAVE_TOTAL_LIMIT=longest)
-    spent, matched = 0.0, 0
-    for matched, t in enumerate(tokens_per_step(tracked, per_round), 1):
-        spent += t
-        if spent >= budget:
-            break
+    tracked_tokens = tokens_per_step(tracked, per_round)
+    matched = matched_step(tracked_tokens, budget)
+    spent = sum(tracked_tokens[:matched])
     tracked_model = str(models.merge_adapter(tracked / f"checkpoint-{matched}", tracked / "merged", fp32=True))
 
     print("\n== before/after, sampled as GRPO samples (same seed), training grader", flush=True)

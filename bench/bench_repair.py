@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from bench import fresh_run_dir
+from bench import fresh_run_dir, matched_step
 from ocaml_grpo.models.loading import quiet_library_warnings
 from ocaml_grpo.config.settings import cache_dir
 from ocaml_grpo.grading.feedback import feedback_for
@@ -131,11 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     repair = grpo("repair", args.steps, GRPO_REPAIR_TURNS=args.turns)
     budget = sum(tokens_per_step(repair, per_step))
     single = grpo("single", 3 * args.steps, GRPO_REPAIR_TURNS=0, GRPO_SAVE_STEPS=1, GRPO_SAVE_TOTAL_LIMIT=3 * args.steps)
-    spent, matched = 0.0, 0
-    for matched, t in enumerate(tokens_per_step(single, per_step), 1):
-        spent += t
-        if spent >= budget:
-            break
+    single_tokens = tokens_per_step(single, per_step)
+    matched = matched_step(single_tokens, budget)
+    spent = sum(single_tokens[:matched])
     single_model = str(models.merge_adapter(single / f"checkpoint-{matched}", single / "merged", fp32=True))
 
     print("\n== pass rates, sampled as GRPO samples (same seed), training grader", flush=True)
