@@ -13,9 +13,9 @@ the value pinned here each time the name is resolved (0.55 s a GB), and a mismat
 an error naming the file and the hash expected. The packages' own Python code is never imported
 (their folders are found with `find_spec`, which runs nothing); GGUF is data.
 
-transformers reads GGUF and dequantizes the weights to float32 (52 s for the 0.5B, 218 s for the 1.5B on 2 shared cores); the
-result is saved once as an ordinary model folder under the cache directory, keyed by the file's
-hash, which then loads in seconds. The assembled GGUF is only a step of that conversion and is
+transformers reads GGUF and dequantizes the weights to float32 (52 s for the 0.5B, 218 s for the
+1.5B, on 2 shared cores); the result is saved once as an ordinary model folder under the cache
+directory, keyed by the file's hash, which then loads in seconds. The assembled GGUF is only a step of that conversion and is
 removed after it. Every command resolves a model id through `resolve_model`, so a name or a .gguf
 path works wherever a model folder does. torch and transformers are imported only when a
 conversion runs.
