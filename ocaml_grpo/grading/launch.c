@@ -5,7 +5,7 @@
 
      launch CPU_S AS_BYTES FSIZE_BYTES NOFILE NPROC UID NICE -- PROGRAM [ARG...]
 
-   Sets the rlimits (soft = hard), then, when UID is not "-": the process limit, no supplementary
+   Sets the rlimits (soft = hard; no core files), then, when UID is not "-": the process limit, no supplementary
    groups, gid and uid UID (real, effective and saved); then no_new_privs and the nice value (0:
    unchanged), and execs PROGRAM (searched on PATH when it has no slash). Any failure is a message
    on stderr and exit status 127, before PROGRAM runs.
@@ -74,6 +74,7 @@ static int launch(int argc, char **argv) {
     return 127;
   }
   limit(RLIMIT_CPU, argv[1], "cpu limit");
+  limit(RLIMIT_CORE, "0", "core file limit");
   limit(RLIMIT_AS, argv[2], "address space limit");
   limit(RLIMIT_FSIZE, argv[3], "file size limit");
   limit(RLIMIT_NOFILE, argv[4], "open files limit");
