@@ -109,7 +109,8 @@ def evaluate(model: str, adapter: str | None, problems: list[Problem], a, comple
         texts, lens = json.loads(generated.read_text())
     else:
         texts, lens = generate_hf(model, adapter, [chat_messages(p.prompt, a.examples) for p in problems], a.k, a.budget,
-                                  a.temperature, a.batch_problems, a.seed, top_k=0, progress=False, stop_at_end=True)
+                                  a.temperature, a.batch_problems, a.seed, top_k=0, progress=False, stop_at_end=True,
+                                  partial=completions.with_name("generations.partial.json"))
         generated.write_text(json.dumps([texts, lens]) + "\n")
     # the reward's defaults, as in the training runs (base_env drops the caller's reward settings); the
     # sandbox's from the environment, as train.py reads them (OCAML_TOOLCHAIN_DIR of the offline bundle)

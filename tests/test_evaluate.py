@@ -92,3 +92,37 @@ def test_k_1_reports_pass_at_1_once_and_a_failed_run_leaves_no_report_dir(tmp_pa
                         "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--model=" in r.stderr and "no such directory" in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_killed_sampling_resumes_and_samples_what_one_run_would(tmp_path):
+    """generate_hf's partial file (the benchmark's evaluations): stopped after two batches and
+    started again, it samples the rest exactly as one uninterrupted run does, then removes the file."""
+    from ocaml_grpo.models.tiny import ensure_plumbing_model
+    from ocaml_grpo.training.sampling import generate_hf
+    model = str(ensure_plumbing_model(tmp_path / "plumbing"))
+    prompts = [[{"role": "user", "content": f"Write f{i}."}] for i in range(4)]
+    partial = tmp_path / "generations.partial.json"
+
+    def sample(seed: int, stop: bool = False) -> tuple[list, list[int]]:
+        seen: list[int] = []
+
+        def on_batch(start, texts, lens):
+            seen.append(start)
+            if stop and start == 2:
+                raise KeyboardInterrupt
+        out = generate_hf(model, None, prompts, 2, 12, 1.0, 1, seed, top_k=0, progress=False, partial=partial,
+                          on_batch=on_batch)
+        return out, seen
+
+    whole, _ = sample(7)
+    assert not partial.exists()
+    with pytest.raises(KeyboardInterrupt):
+        sample(7, stop=True)
+    assert len(json.loads(partial.read_text())["outs"]) == 2
+    resumed, seen = sample(7)
+    assert resumed == whole and seen == [2, 3] and not partial.exists()
+    # a partial file of other sampling (another seed) is not resumed from
+    with pytest.raises(KeyboardInterrupt):
+        sample(8, stop=True)
+    again, seen = sample(7)
+    assert again == whole and seen == [0, 1, 2, 3]

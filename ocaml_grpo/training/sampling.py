@@ -3,7 +3,10 @@ per-difficulty table. evaluate.py (the command), its probe and the learning demo
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
 import sys
 from collections import defaultdict
 from dataclasses import asdict
@@ -42,13 +45,18 @@ def verdict(pass1: float) -> str:
 
 def generate_hf(model_id: str, adapter: str | None, prompts: list[list[dict]], samples: int, max_new_tokens: int,
                 temperature: float, batch_size: int, seed: int, top_k: int | None = None,
-                progress: bool = True, on_batch=None, stop_at_end: bool = False) -> tuple[list[list[str]], list[list[int]]]:
+                progress: bool = True, on_batch=None, stop_at_end: bool = False,
+                partial: Path | None = None) -> tuple[list[list[str]], list[list[int]]]:
     """`samples` completions per prompt (top_k=0 samples as TRL's GRPO does, repetition penalty
     off; None keeps the model's generation config). `on_batch(start, texts, lens)` sees each batch as it is done.
-    stop_at_end: each answer ends at the END marker, as training's do (GRPO_STOP_AT_END)."""
+    stop_at_end: each answer ends at the END marker, as training's do (GRPO_STOP_AT_END).
+    partial: a file that holds the batches done so far and the sampler's state after them, so a
+    killed run, started again with the same arguments, goes on where it stopped and samples exactly
+    what one uninterrupted run would have."""
     import torch
 
     torch.manual_seed(seed)
+    done = _read_partial(partial, prompts, samples, max_new_tokens, temperature, batch_size, seed)
     on_gpu = torch.cuda.is_available()
     # decoder-only: pad on the left so generation continues the prompt
     tokenizer = load_tokenizer(adapter if adapter and (Path(adapter) / "tokenizer_config.json").exists() else model_id,
@@ -59,10 +67,14 @@ def generate_hf(model_id: str, adapter: str | None, prompts: list[list[dict]], s
         model = PeftModel.from_pretrained(model, adapter)
     model.to("cuda" if on_gpu else "cpu").eval()
     texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in prompts]
-    outs: list[list[str]] = []
-    lens: list[list[int]] = []
+    outs: list[list[str]] = done["outs"] if done else []
+    lens: list[list[int]] = done["lens"] if done else []
+    if done:
+        torch.set_rng_state(torch.tensor(done["rng"], dtype=torch.uint8))
+        if progress:
+            print(f"resumed after {len(outs)}/{len(texts)} problems ({partial})", flush=True)
     do_sample = temperature > 0
-    for start in range(0, len(texts), batch_size):
+    for start in range(len(outs), len(texts), batch_size):
         batch = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True,
                           add_special_tokens=False).to(model.device)
         with torch.no_grad():
@@ -81,7 +93,34 @@ def generate_hf(model_id: str, adapter: str | None, prompts: list[list[dict]], s
             print(f"generated {min(start + batch_size, len(texts))}/{len(texts)} problems", flush=True)
         if on_batch is not None:
             on_batch(start, outs[start:], lens[start:])
+        if partial is not None and start + batch_size < len(texts):
+            _write_partial(partial, prompts, samples, max_new_tokens, temperature, batch_size, seed, outs, lens,
+                           torch.get_rng_state().tolist())
+    if partial is not None:
+        partial.unlink(missing_ok=True)
     return outs, lens
+
+
+def _partial_key(prompts, samples, max_new_tokens, temperature, batch_size, seed) -> str:
+    return hashlib.sha256(json.dumps([prompts, samples, max_new_tokens, temperature, batch_size, seed]).encode()).hexdigest()
+
+
+def _read_partial(partial: Path | None, *args) -> dict | None:
+    """The batches a killed generate_hf left in `partial`, if it sampled the same thing."""
+    if partial is None or not partial.is_file():
+        return None
+    try:
+        done = json.loads(partial.read_text())
+    except ValueError:
+        return None  # cut off mid-write by the kill: start over
+    return done if done.get("key") == _partial_key(*args) else None
+
+
+def _write_partial(partial: Path, prompts, samples, max_new_tokens, temperature, batch_size, seed, outs, lens, rng) -> None:
+    tmp = partial.with_name(partial.name + ".tmp")
+    tmp.write_text(json.dumps({"key": _partial_key(prompts, samples, max_new_tokens, temperature, batch_size, seed),
+                               "outs": outs, "lens": lens, "rng": rng}))
+    os.replace(tmp, partial)  # whole or not at all
 
 
 def generate_vllm(model_id: str, adapter: str | None, prompts: list[list[dict]], samples: int, max_new_tokens: int,
