@@ -107,3 +107,10 @@ def test_the_run_folders_readme_says_what_the_run_is(populated):
     base = json.loads((populated / "config.json").read_text())["BASE_MODEL_ID"]
     assert "[None]" not in text and "huggingface.co/None" not in text
     assert base in text and f"python analyze.py {populated}" in text
+    # and each adapter folder's is ours, not peft's empty card
+    folders = sorted(populated.glob("checkpoint-*")) + [populated / "final_adapter"]
+    assert len(folders) >= 2
+    for folder in folders:
+        card = (folder / "README.md").read_text()
+        assert "Model Card for Model ID" not in card and "More Information Needed" not in card, folder
+        assert f"--adapter {folder}" in card and f"merge {folder}" in card

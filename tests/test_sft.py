@@ -124,6 +124,7 @@ def test_lora_sft_then_grpo_continues_the_adapter(tmp_path, cache_home):
     adapter = sft / "final_adapter"
     assert (adapter / "adapter_config.json").exists() and (adapter / "tokenizer_config.json").exists()
     assert f"GRPO_INIT_ADAPTER={adapter}" in res.stdout
+    assert "Model Card for Model ID" not in (adapter / "README.md").read_text()  # ours, not peft's empty card
 
     # GRPO on the training split only, continuing the SFT adapter.
     run = tmp_path / "run"

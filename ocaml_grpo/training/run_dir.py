@@ -161,3 +161,19 @@ def write_readme(out_dir: Path) -> None:
     tmp = out_dir / "README.md.tmp"
     tmp.write_text(text)
     os.replace(tmp, out_dir / "README.md")
+
+
+def write_adapter_readme(folder: Path, made_by: str) -> None:
+    """README.md for an adapter folder (a checkpoint, final_adapter), in place of peft's empty hub
+    card ("Model Card for Model ID", every field "More Information Needed")."""
+    try:
+        base = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path") or "a model"
+    except (OSError, json.JSONDecodeError):
+        return  # not an adapter: nothing of peft's to replace
+    text = (f"# A LoRA adapter of {base}\n\n{made_by}\n\n"
+            f"- continue training from it: `GRPO_INIT_ADAPTER={folder} python train.py`\n"
+            f"- evaluate it: `python evaluate.py --model {base} --adapter {folder}`\n"
+            f"- fold it into the base model: `python train.py merge {folder} merged`\n")
+    tmp = folder / "README.md.tmp"
+    tmp.write_text(text)
+    os.replace(tmp, folder / "README.md")

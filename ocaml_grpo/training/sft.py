@@ -39,6 +39,7 @@ from ocaml_grpo.prompting import answer_text, chat_messages, prompt_token_count
 from ocaml_grpo.config import RETIRED, SFT_SETTINGS, VARIABLES, Config, recorded, resolve
 from ocaml_grpo.config.settings import cache_dir, describe, unknown_variables
 from ocaml_grpo.models.named import resolve_model
+from ocaml_grpo.training.run_dir import write_adapter_readme
 
 
 def split_problems(problems: list, holdout, seed: int) -> tuple[list, list]:
@@ -194,6 +195,7 @@ def run(cfg: Config, train: list, held: list, skipped_no_solution: int) -> int:
     final = out / ("final_adapter" if cfg.sft.lora else "final_model")
     trainer.save_model(str(final))
     tokenizer.save_pretrained(str(final))
+    write_adapter_readme(final, f"Trained by `python train.py sft` in {out.resolve()} (sft_summary.json, sft_log.jsonl).")
     summary = {"steps": result.global_step, "train_loss": result.training_loss, "seconds": round(time.time() - t0, 1),
                "heldout_loss_before": held_before, "heldout_loss_after": held_after, "output": str(final)}
     (out / "sft_summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -11,7 +11,8 @@
 - Dynamic sampling (GRPO_DYNAMIC_SAMPLING, `dynamic_rounds`): a step's generation is repeated for
   newly drawn problems until the batch holds only groups that teach, or the cap; TRL then gets
   one step's batch of the kept groups (dynamic_sampling.py). None: TRL's generation, untouched.
-- The run folder's README.md is ours (run_dir.write_readme), not TRL's hub model card.
+- The run folder's README.md is ours (run_dir.write_readme), not TRL's hub model card; so is each
+  adapter folder's, not peft's.
 - Before each generation, the input-embedding hooks that gradient checkpointing's toggling left
   behind are removed (engines.drop_orphaned_input_hooks): they pile up every step, and the compiled
   engine would recompile for each new one.
@@ -30,7 +31,7 @@ from ocaml_grpo.training import dynamic_sampling as ds
 from ocaml_grpo.training.engines import drop_orphaned_input_hooks, end_turn_at_stop
 from ocaml_grpo.training.group_kinds import ProblemTracker
 from ocaml_grpo.training.repair import first_answer_advantages
-from ocaml_grpo.training.run_dir import write_readme
+from ocaml_grpo.training.run_dir import write_adapter_readme, write_readme
 from ocaml_grpo.training.tracking import TrackedSampler
 
 
@@ -56,6 +57,13 @@ class OcamlGRPOTrainer(GRPOTrainer):
         loads model "None"); the run folder gets a README that says what it holds instead."""
         if self.is_world_process_zero():
             write_readme(Path(self.args.output_dir))
+
+    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        super()._save(output_dir, state_dict)
+        if self.args.should_save:
+            out = Path(output_dir or self.args.output_dir)
+            write_adapter_readme(out, f"Saved at step {self.state.global_step} by the GRPO run in "
+                                      f"{Path(self.args.output_dir).resolve()} (its README.md says what the run holds).")
 
     def _get_train_sampler(self, dataset=None) -> Sampler:
         if self.tracker is None:
