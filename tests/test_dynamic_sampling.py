@@ -1,6 +1,7 @@
 """Dynamic sampling (GRPO_DYNAMIC_SAMPLING): the keep decision alone, on two real processes
 (torch.distributed over gloo), inside a real TRL trainer with the tiny plumbing model, and in
 plumbing runs of train.py."""
+import json
 import math
 import os
 import socket
@@ -237,7 +238,34 @@ def test_dynamic_sampling_runs_with_the_other_switches(tmp_path, cache_home, ext
         assert any(line.startswith("[Curriculum]") for line in lines)
 
 
-def test_the_benchmark_names_the_real_model_row_pending():
-    res = subprocess.run([sys.executable, "-m", "bench.bench_dynamic", "--model", "qwen2.5-coder-0.5b-instruct"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert res.returncode != 0 and "pending" in res.stderr and "tiny learner" in res.stderr, res.stderr
+def test_the_benchmark_refuses_a_real_model_row_without_its_tracked_run(tmp_path):
+    """The real model's row replays bench_real's base + GRPO run: without one, it says how to make it."""
+    res = subprocess.run([sys.executable, "-m", "bench.bench_dynamic", "--model", "qwen2.5-coder-0.5b-instruct",
+                          "--tracked", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert res.returncode != 0 and f"--tracked {tmp_path}: not a finished GRPO run folder" in res.stderr, res.stderr
+
+
+@pytest.mark.slow
+def test_the_real_model_row_replays_the_tracked_run_with_dynamic_sampling(tmp_path, cache_home):
+    """bench_dynamic --model M --tracked RUN: the run again from its config.json, dynamic sampling on,
+    compared with the tracked run at equal generated tokens (here with the plumbing model)."""
+    train(tmp_path, run_env(tmp_path, cache_home, GRPO_MAX_STEPS="3", GRPO_SAVE_STEPS="10"))
+    tracked = tmp_path / "run"
+    model = json.loads((tracked / "config.json").read_text())["BASE_MODEL_ID"]
+    out, result = tmp_path / "bench", tmp_path / "dynamic.json"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(cache_home)}
+    res = subprocess.run([sys.executable, "-m", "bench.bench_dynamic", "--model", model, "--tracked", str(tracked),
+                          "--steps", "1", "--rounds", "1", "--out", str(out), "--json", str(result)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    row = json.loads(result.read_text())[model]
+    replayed = json.loads((out / "dynamic" / "config.json").read_text())
+    assert replayed == {**json.loads((tracked / "config.json").read_text()), "GRPO_OUTPUT_DIR": str(out / "dynamic"),
+                        "GRPO_MAX_STEPS": 1, "GRPO_SAVE_STEPS": 1, "GRPO_SAVE_TOTAL_LIMIT": 2,
+                        "GRPO_DYNAMIC_SAMPLING": True, "GRPO_DYNAMIC_SAMPLING_ROUNDS": 1}
+    d, t = row["dynamic"], row["tracked"]
+    assert d["steps"] == 1 and d["rounds_per_step"][0] in (1, 2) and d["steps_below_cap_with_zero_std"] == 0
+    assert d["groups_generated"] == row["setup"]["prompts_per_step"] * d["rounds_per_step"][0] and d["tokens"] > 0
+    assert 1 <= row["setup"]["tracked_steps_matched"] <= 3 and t["steps"] == row["setup"]["tracked_steps_matched"]
+    assert "| dynamic | 1 |" in res.stdout
