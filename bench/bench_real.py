@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.k < 2 and pool:
         sys.exit("bench_real: the probe of the pool needs --k 2 or more (--pool 0 evaluates the held-out problems alone)")
     reward = RewardConfig()
-    stages = Stages(Path(a.stages) if a.stages else cache_dir(os.environ) / "bench_real",
+    stages = Stages((Path(a.stages) if a.stages else cache_dir(os.environ) / "bench_real").resolve(),
                     # how every model is sampled and graded; what a model was trained on is in its recipe
                     {"model": model_key(a.model), "k": a.k,
                      "budget": a.budget, "temperature": a.temperature, "seed": a.seed,
