@@ -148,7 +148,9 @@ def real_model_row(args) -> dict:
         out.mkdir(parents=True, exist_ok=True)
         env = {**demo.base_env(), **replay_env(config), "GRPO_OUTPUT_DIR": str(dynamic), "GRPO_RESUME": "auto",
                "GRPO_MAX_STEPS": str(args.steps), "GRPO_SAVE_STEPS": "1", "GRPO_SAVE_TOTAL_LIMIT": "2",
-               "GRPO_DYNAMIC_SAMPLING": "1", "GRPO_DYNAMIC_SAMPLING_ROUNDS": str(args.rounds)}
+               "GRPO_DYNAMIC_SAMPLING": "1", "GRPO_DYNAMIC_SAMPLING_ROUNDS": str(args.rounds),
+               # the threads the tracked run had (base_env would give one)
+               "OMP_NUM_THREADS": str(config.get("GRPO_TORCH_THREADS") or os.environ.get("OMP_NUM_THREADS", "1"))}
         demo.run_stage("GRPO with dynamic sampling (the tracked run's settings)", [str(demo.TRAIN)], env, out,
                        out / "dynamic.out", lambda l: l.startswith(("dynamic sampling", "done in", "warning")),
                        tail=dynamic / "learning.log")
