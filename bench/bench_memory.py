@@ -137,14 +137,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="tiny,smollm2-shape,smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--json", default=None)
     ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each row (the CPU peak varies from one run to the next)")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                    help="an environment variable every run gets (e.g. an allocator setting); repeatable")
     args = ap.parse_args(argv)
+    for pair in args.env:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            ap.error(f"--env {pair}: expected NAME=VALUE")
+        os.environ[name] = value
     rows = []
     for name in args.models.split(","):
         mid = model_id(name)
         if mid is None:
             rows.append({"model": name, "skipped": True})
             continue
-        for label, settings in RUNS.get(name, NAMED_RUNS):
+        for label, settings in [run for run in RUNS.get(name, NAMED_RUNS) for _ in range(args.repeat)]:
             r = {"model": name, "run": label, **measure(mid, settings, args.timeout)}
             rows.append(r)
             print(f"{name:30s} {label:26s} estimate {r['estimate_gb']:6.2f} GB  peak {r['peak_gb']:6.2f} GB  "
@@ -167,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         with open("/proc/loadavg") as f:
             load = f.read().split()[:3]
         Path(args.json).write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(),
-                                               "load": load, "rows": rows, "goal_met": ok}, indent=2) + "\n")
+                                               "load": load, "env": args.env, "repeat": args.repeat, "rows": rows,
+                                               "goal_met": ok}, indent=2) + "\n")
     return 0 if ok else 1
 
 
