@@ -125,6 +125,13 @@ def mark_finished(out_dir: Path, step: int, epoch: float, why: str, cfg: dict[st
     (out_dir / FINISHED).write_text(json.dumps(record, indent=2) + "\n")
 
 
+def write_whole(path: Path, text: str) -> None:
+    """Write the file whole or not at all: a crash mid-write leaves the old one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def prepare(out_dir: Path, cfg: dict[str, Any], resumed: bool) -> Path | None:
     """Create the directory and write config.json. A fresh run first moves the previous run's
     files into previous_runs/<time>/ (returned), so it never appends to another run's logs and
@@ -139,9 +146,7 @@ def prepare(out_dir: Path, cfg: dict[str, Any], resumed: bool) -> Path | None:
             p.rename(archive / p.name)
     elif resumed and (out_dir / FINISHED).exists():
         (out_dir / FINISHED).unlink()  # it trains on: finished again only when it ends again
-    tmp = out_dir / "config.json.tmp"
-    tmp.write_text(json.dumps(cfg, indent=2) + "\n")
-    os.replace(tmp, out_dir / "config.json")
+    write_whole(out_dir / "config.json", json.dumps(cfg, indent=2) + "\n")
     return archive
 
 
@@ -158,9 +163,7 @@ def write_readme(out_dir: Path) -> None:
             f"- the adapter: `final_adapter/` at the end, `checkpoint-N/` on the way; "
             f"`python train.py merge {out_dir}/final_adapter merged` folds it into the base model\n"
             f"- re-score the completions as training did: `python rewards.py score PROBLEMS {out_dir}/reward_logs/completions.jsonl`\n")
-    tmp = out_dir / "README.md.tmp"
-    tmp.write_text(text)
-    os.replace(tmp, out_dir / "README.md")
+    write_whole(out_dir / "README.md", text)
 
 
 def write_adapter_readme(folder: Path, made_by: str) -> None:
@@ -174,6 +177,4 @@ def write_adapter_readme(folder: Path, made_by: str) -> None:
             f"- continue training from it: `GRPO_INIT_ADAPTER={folder} python train.py`\n"
             f"- evaluate it: `python evaluate.py --model {base} --adapter {folder}`\n"
             f"- fold it into the base model: `python train.py merge {folder} merged`\n")
-    tmp = folder / "README.md.tmp"
-    tmp.write_text(text)
-    os.replace(tmp, folder / "README.md")
+    write_whole(folder / "README.md", text)
