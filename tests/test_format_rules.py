@@ -59,6 +59,26 @@ def test_the_filibuster_scores_as_a_runaway_without_the_marker(scorer):
     assert b.runaway and b.reward == pytest.approx(0.95 * 0.3)
 
 
+@pytest.mark.parametrize("text", [
+    f"{END}\n",  # what a GRPO run of Qwen2.5-Coder-0.5B with the line gate off collapsed to in 4 steps
+    f"```ocaml\n```\n{END}",  # an empty block
+    f"```ocaml\n(* add a b = a + b *)\n```\n{END}",  # comments are not code
+    f"(* nothing *)\n{END}",
+])
+def test_an_answer_without_code_earns_nothing_even_with_the_line_gate_off(text):
+    """The END marker is the format of an answer, not an answer: with MIN_NON_EMPTY_LINES=0 it
+    earned 0.05 alone, more than an honest attempt with a syntax error. A one-line answer still counts."""
+    s = RewardScorer(from_env(RewardConfig, {"MIN_NON_EMPTY_LINES": "0"}))
+    try:
+        empty = s.score_one(ADD, text)
+        assert empty.reward == 0.0 and empty.structural == 0.0 and empty.gated_min_lines, empty
+        assert s.feedback(ADD, text).text.startswith("Your answer has no OCaml code.")
+        short = s.score_one(ADD, f"{BLOCK}\n{END}")
+        assert short.reward == 1.0 and short.code_lines == 1
+    finally:
+        s.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # (b) A completion that reached the maximum length is a runaway, marker or not.
 

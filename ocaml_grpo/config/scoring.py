@@ -18,7 +18,7 @@ WEIGHT_SETTINGS = {p.name: Setting(p.setting, str(p.weight), Float(0), f"reward 
 class RewardConfig:
     """The reward's settings. The END marker is not a setting: it is prompting.END_MARKER, the one
     the prompt asks for."""
-    min_lines: int = setting("MIN_NON_EMPTY_LINES", "8", Int(0), "fewer code lines than this -> reward 0")
+    min_lines: int = setting("MIN_NON_EMPTY_LINES", "8", Int(0), "fewer code lines than this -> reward 0 (no code at all always scores 0)")
     runaway_multiplier: float = setting("RUNAWAY_PENALTY_MULTIPLIER", "0.3", Float(0, 1),
                                         "reward x this when a completion hits the max length without END")
     weights: Weights = group(Weights, WEIGHT_SETTINGS)

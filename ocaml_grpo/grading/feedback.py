@@ -88,13 +88,13 @@ def feedback_for(grader: OcamlGrader, problem: Problem, completion, min_lines: i
     is the rule the reward applies, so a right but short answer must not end its episode unexplained)."""
     examples = public_examples(problem.prompt)
     code = extract_code(completion_text(completion))
-    if not code.strip():
+    lines = count_code_lines(code)
+    if not lines:  # nothing, or comments only: no answer (the reward's rule too)
         return Feedback("Your answer has no OCaml code. " + ASK_AGAIN, False, 0, len(examples))
     solution, entries = assemble_solution(code, problem.prompt, problem.entry_point)
     grade = grader.grade(solution, examples_as_tests(examples), problem.requires, entries, problem.prompt)
     offset = solution[:len(solution) - len(code)].count("\n")  # the answer's code ends the unit
     fb = render(grade, examples, offset)
-    lines = count_code_lines(code)
     if lines >= min_lines:
         return fb
     short = (f"Your answer has {lines} line{'' if lines == 1 else 's'} of code; an answer shorter than "

@@ -151,7 +151,7 @@ def grade_completions(chosen: list[Problem], texts: list[list[str]], lens: list[
     graded = scorer.score_batch([f[0] for f in flat], [f[1] for f in flat], [f[2] for f in flat], max_new_tokens)
 
     def train_reward(b) -> float:  # the training reward, line gate included
-        return 0.0 if b.code_lines < min_lines else b.reward
+        return 0.0 if b.code_lines < max(1, min_lines) else b.reward
 
     rows = [{"problem_id": p.id, "completion": text, "completion_tokens": ntok, "max_completion_tokens": max_new_tokens,
              "solved": b.solved, "graded_reward": b.reward, "train_reward": train_reward(b),
