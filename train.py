@@ -222,6 +222,9 @@ def main(argv: list[str]) -> int:
     # cost seconds, not a GPU hour.
     scorer = None
     if not check:
+        # before the grader's and torch's threads start their arenas
+        if train.steady_memory and (why := memory.steady_allocator()):
+            print(f"warning: GRPO_STEADY_MEMORY=1 but the allocator was left as it is: {why}")
         try:
             scorer = rewards.GuardedScorer(cfg.reward)  # a crash on one completion: reward None, not a dead run
         except ToolchainError as e:
@@ -297,7 +300,8 @@ def main(argv: list[str]) -> int:
     run_shape = memory.RunShape(sequences=train.batch_size * train.num_generations, grad_accum=train.grad_accum_steps,
                                 prompt_tokens=max(prompt_tokens(p) for p in kept), completion_tokens=completion_budget,
                                 lora_r=lora_shape["r"], lora_modules=lora_shape["target_modules"], on_gpu=on_gpu,
-                                checkpointing=on_gpu, cache_prompt_tokens=train.max_prompt if train.compiled_generation else 0)
+                                checkpointing=on_gpu, cache_prompt_tokens=train.max_prompt if train.compiled_generation else 0,
+                                steady_allocator=train.steady_memory)
     try:
         shape = memory.read_shape(model_dir)
     except ValueError as e:

@@ -57,6 +57,9 @@ RUNS = {
 NAMED_RUNS = [("1x2, no examples, 32", {"GRPO_BATCH_SIZE": "1", "GRPO_NUM_GENERATIONS": "2",
                                         "GRPO_PROMPT_EXAMPLES": "0", "GRPO_MAX_COMPLETION": "32"}),
               ("1x2, 3 examples, 32", {"GRPO_BATCH_SIZE": "1", "GRPO_NUM_GENERATIONS": "2", "GRPO_MAX_COMPLETION": "32"})]
+# The README's SmolLM2 command (2 prompts x 2 answers of 64 tokens, no worked examples), beside the named runs.
+RUNS["smollm2-135m-instruct"] = NAMED_RUNS + [("2x2, no examples, 64 (the README's)", {
+    "GRPO_BATCH_SIZE": "2", "GRPO_NUM_GENERATIONS": "2", "GRPO_PROMPT_EXAMPLES": "0", "GRPO_MAX_COMPLETION": "64"})]
 # The H200 run on record: Qwen2.5-Coder-1.5B's shape, bf16, 4 prompts x 6 completions, prompts cut to
 # 704 tokens, 512-token completions, LoRA r=32 on the 7 projections, gradient checkpointing.
 H200 = dict(shape=memory.ModelShape(layers=28, hidden=1536, intermediate=8960, heads=12, kv_heads=2, head_dim=128,
@@ -101,13 +104,13 @@ def model_id(name: str) -> str | None:
     return name
 
 
-def measure(model: str, settings: dict, timeout: int) -> dict:
+def measure(model: str, settings: dict, timeout: int, extra_env: dict | None = None) -> dict:
     """One step of train.py: its printed estimate and its peak resident memory."""
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GRPO_", "LORA_", "REWARD_"))}
         env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", GRPO_PLUMBING="1", GRPO_MAX_STEPS="1",
                    GRPO_SAVE_STEPS="1000", GRPO_OUTPUT_DIR=str(Path(tmp) / "run"), AUDIT_DATASET="0",
-                   GRPO_MEMORY_CHECK="0", GRPO_TRACK_PROBLEMS="0", **settings)
+                   GRPO_MEMORY_CHECK="0", GRPO_TRACK_PROBLEMS="0", **settings, **(extra_env or {}))
         if model:
             env["BASE_MODEL_ID"] = model
         t0 = time.time()
@@ -141,11 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                     help="an environment variable every run gets (e.g. an allocator setting); repeatable")
     args = ap.parse_args(argv)
+    extra_env = {}
     for pair in args.env:
         name, sep, value = pair.partition("=")
         if not sep or not name:
             ap.error(f"--env {pair}: expected NAME=VALUE")
-        os.environ[name] = value
+        extra_env[name] = value
     rows = []
     for name in args.models.split(","):
         mid = model_id(name)
@@ -153,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"model": name, "skipped": True})
             continue
         for label, settings in [run for run in RUNS.get(name, NAMED_RUNS) for _ in range(args.repeat)]:
-            r = {"model": name, "run": label, **measure(mid, settings, args.timeout)}
+            r = {"model": name, "run": label, **measure(mid, settings, args.timeout, extra_env)}
             rows.append(r)
             print(f"{name:30s} {label:26s} estimate {r['estimate_gb']:6.2f} GB  peak {r['peak_gb']:6.2f} GB  "
                   f"{r['error']:+.0%}  ({r['parts']})  {r['seconds']:.0f} s", flush=True)

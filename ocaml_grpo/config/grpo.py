@@ -129,6 +129,9 @@ class TrainConfig:
                                  Auto(Int(1), default_torch_threads, "OMP_NUM_THREADS when exported, else half the cores"),
                                  "torch's CPU threads: fewer than the cores leaves room for the grader and other jobs, "
                                  "which torch's threads would otherwise spin-wait against")
+    steady_memory: bool = setting("GRPO_STEADY_MEMORY", "1", Flag,
+                                  "1: glibc's malloc gives freed blocks back (a fixed mmap threshold, 2 arenas): a CPU "
+                                  "run peaks the same from one run to the next, up to 20% lower; 0: glibc's defaults")
     memory_check: bool = setting("GRPO_MEMORY_CHECK", "1", Flag,
                                  "1: a run whose estimated peak memory (python train.py --check) exceeds 90% of the free "
                                  "RAM (CPU) or GPU memory stops before the model loads, naming settings that fit; 0: only warn")

@@ -31,17 +31,23 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 GB = 1e9
-CPU_RUNTIME_GB = 1.0  # torch, transformers, TRL and datasets imported, the tokenizer and dataset loaded (measured: 1.0-1.1)
-# Measured peaks / the count of saved values (bench/bench_memory.py). On a CPU the training pass holds
-# 0.8-1.55x the count (temporaries the allocator keeps) over SmolLM2-135M and its shape with torch on
-# one thread (GRPO_TORCH_THREADS=auto on 2 cores): the same run's peak varies by up to 25% from one
-# run to the next, so the factor sits near the top of the range (an estimate under the peak is the
-# costly error). Two threads held up to 1.3x more (bench/BENCHMARKS.md).
-CPU_ACTIVATION_FACTOR = 1.4
+CPU_RUNTIME_GB = 0.95  # torch, transformers, TRL and datasets imported, the tokenizer and dataset loaded (measured: 0.93 in all for the tiny model's smallest run)
+# Measured peaks / the count of saved values (bench/bench_memory.py), with GRPO_STEADY_MEMORY=1 and
+# torch on one thread (GRPO_TORCH_THREADS=auto on 2 cores). With glibc's defaults the same run
+# peaked up to 25% apart from one run to the next (freed blocks kept on the heap or not), so no
+# factor kept every run within 25%; with the steady allocator each repeat peaks the same, at the low
+# end of that spread, and 1.1 keeps the runs measured within -10%..+25% (bench/BENCHMARKS.md).
+CPU_ACTIVATION_FACTOR = 1.1
+CPU_ACTIVATION_FACTOR_GLIBC = 1.4  # GRPO_STEADY_MEMORY=0: near the top of the measured 0.8-1.55x (an estimate under the peak is the costly error)
 GPU_ACTIVATION_FACTOR = 1.0  # the H200 run on record: 12.1 GB allocated
 GPU_CONTEXT_GB = 0.5  # the CUDA context, outside PyTorch's allocations
 GPU_RESERVE = 0.15  # PyTorch's caching allocator reserves more than it allocates (H200: 14.1 GB used for 12.1 allocated)
 EXAMPLE_TOKENS = 150  # a worked example's share of a prompt, at the least (ocaml_grpo/prompting.py: ~200 in Qwen's tokenizer)
+# glibc's malloc under GRPO_STEADY_MEMORY (steady_allocator): blocks from this size up are mapped
+# and unmapped on their own; mallopt's parameter numbers, from malloc.h
+STEADY_MMAP_THRESHOLD = 128 << 10
+STEADY_ARENAS = 2
+M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8
 HEADROOM = 0.9  # a run may plan on 90% of what is free: the grader's processes and the page cache need the rest
 
 
@@ -138,6 +144,7 @@ class RunShape:
     on_gpu: bool
     checkpointing: bool  # on a GPU (models.checkpointing_kwargs)
     cache_prompt_tokens: int = 0  # the compiled engine's static KV cache is sized to GRPO_MAX_PROMPT (0: the longest prompt)
+    steady_allocator: bool = True  # GRPO_STEADY_MEMORY
 
     @property
     def bytes_per_value(self) -> int:
@@ -160,7 +167,9 @@ def estimate(shape: ModelShape, run: RunShape) -> Estimate:
     b = run.bytes_per_value
     tokens = run.sequences * (run.prompt_tokens + run.completion_tokens)
     lora = shape.lora_params(run.lora_r, run.lora_modules)
-    layer = shape.saved_per_token(run.lora_modules) * tokens * b * (GPU_ACTIVATION_FACTOR if run.on_gpu else CPU_ACTIVATION_FACTOR)
+    factor = (GPU_ACTIVATION_FACTOR if run.on_gpu else
+              CPU_ACTIVATION_FACTOR if run.steady_allocator else CPU_ACTIVATION_FACTOR_GLIBC)
+    layer = shape.saved_per_token(run.lora_modules) * tokens * b * factor
     if run.checkpointing:
         activations = shape.layers * shape.hidden * tokens * b + layer
     else:
@@ -172,6 +181,25 @@ def estimate(shape: ModelShape, run: RunShape) -> Estimate:
     allocated = sum(parts.values())
     parts["runtime"] = GPU_CONTEXT_GB * GB + GPU_RESERVE * allocated if run.on_gpu else CPU_RUNTIME_GB * GB
     return Estimate(parts)
+
+
+def steady_allocator(mmap_threshold: int = STEADY_MMAP_THRESHOLD, arenas: int = STEADY_ARENAS) -> str | None:
+    """Make glibc's malloc give freed blocks back (GRPO_STEADY_MEMORY): None when set, else why not.
+
+    By default glibc raises its mmap threshold each time a large block is freed (up to 32 MB), after
+    which blocks under it come from the heap and stay there when freed; and it keeps an arena per
+    thread. A CPU run's tensors are such blocks, so its peak depended on the order of earlier frees:
+    the same run peaked at 3.67 or 4.54 GB. A fixed threshold (which also turns the adapting off)
+    and two arenas made every repeat of a run peak the same, at the low end of that spread
+    (bench/BENCHMARKS.md, "Memory before it is spent"). Set before torch loads and the threads start."""
+    import ctypes
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # the process's own C library
+    except (OSError, AttributeError):
+        return "not glibc (no mallopt)"
+    if mallopt(M_MMAP_THRESHOLD, mmap_threshold) != 1 or mallopt(M_ARENA_MAX, arenas) != 1:
+        return "mallopt refused the setting"
+    return None
 
 
 def available(on_gpu: bool) -> tuple[float, str]:
