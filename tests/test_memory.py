@@ -3,13 +3,14 @@
 naming settings that would fit. How close the estimate comes to measured peaks is
 bench/bench_memory.py's job (bench/BENCHMARKS.md), not a test's."""
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import preloaded
-from conftest import TRAIN, run_env
+from conftest import ROOT, TRAIN, run_env
 from ocaml_grpo.training import memory
 from ocaml_grpo.models.tiny import ensure_plumbing_model, plumbing_model_dir
 
@@ -94,3 +95,31 @@ def test_a_gguf_files_metadata_gives_the_shape_its_converted_config_gives():
     folder = converted_folder("smollm2-135m-instruct", cache_dir(os.environ))
     if (folder / "config.json").is_file():
         assert memory.read_shape(folder).params == shape.params
+
+
+FREED_BLOCKS = r"""
+import sys
+from ocaml_grpo.training import memory
+if sys.argv[1] == "steady":
+    assert memory.steady_allocator() is None
+def rss_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 1e6
+block = bytearray(16 << 20)  # a large block, freed: glibc's default threshold rises to its size
+del block
+blocks = [bytearray(1 << 20) for _ in range(200)]  # 200 MB in 1 MB blocks
+before = rss_mb()
+del blocks[::2]
+print(before - rss_mb())
+"""
+
+
+def test_the_steady_allocator_gives_freed_blocks_back():
+    """GRPO_STEADY_MEMORY: after a large block was freed, glibc's defaults keep freed 1 MB blocks
+    on the heap (the resident set stays); the steady allocator gives them back, as a run's tensors."""
+    given_back = {}
+    for mode in ("glibc", "steady"):
+        res = subprocess.run([sys.executable, "-c", FREED_BLOCKS, mode], cwd=ROOT, capture_output=True, text=True,
+                             timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert res.returncode == 0, res.stderr
+        given_back[mode] = float(res.stdout)
+    assert given_back["glibc"] < 10 and given_back["steady"] > 90, given_back
