@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import sys
 from collections import defaultdict
 from dataclasses import asdict
@@ -15,6 +14,7 @@ from pathlib import Path
 from ocaml_grpo.models.loading import load_model, load_tokenizer
 from ocaml_grpo.problems import Problem
 from ocaml_grpo.prompting import END_MARKER
+from ocaml_grpo.training.run_dir import write_whole
 
 CAPABILITY_THRESHOLD = 0.20  # the original training analysis: under 20% solved -> the base model is not ready for GRPO
 # Share of completions with each Breakdown flag set, and what the flag means.
@@ -117,10 +117,8 @@ def _read_partial(partial: Path | None, *args) -> dict | None:
 
 
 def _write_partial(partial: Path, prompts, samples, max_new_tokens, temperature, batch_size, seed, outs, lens, rng) -> None:
-    tmp = partial.with_name(partial.name + ".tmp")
-    tmp.write_text(json.dumps({"key": _partial_key(prompts, samples, max_new_tokens, temperature, batch_size, seed),
-                               "outs": outs, "lens": lens, "rng": rng}))
-    os.replace(tmp, partial)  # whole or not at all
+    write_whole(partial, json.dumps({"key": _partial_key(prompts, samples, max_new_tokens, temperature, batch_size, seed),
+                                     "outs": outs, "lens": lens, "rng": rng}))
 
 
 def generate_vllm(model_id: str, adapter: str | None, prompts: list[list[dict]], samples: int, max_new_tokens: int,
