@@ -10,6 +10,12 @@ model loads, the peak is the process's maximum resident set (os.wait4's ru_maxrs
 the model, generation and the training pass; the grader's processes are counted apart). Goal:
 the estimate within 25% of the peak, never under it by more than 10%.
 
+The estimate sizes the worst step: every prompt as long as the longest, every answer to the limit.
+So each run trains on the bundled set's GRPO_BATCH_SIZE longest prompts (in the model's own
+tokenizer, with the row's worked examples): its one step draws exactly those. Each row records the
+longest prompt and answer the step had (`step_prompt_tokens`, `step_completion_tokens`, from the
+run's completions log); a pretrained model may stop before the limit.
+
 Models: `tiny` (the plumbing model); `smollm2-shape` (SmolLM2-135M-Instruct's config, random
 weights, the plumbing tokenizer: no download, and random weights write every answer to the
 completion limit, the case the estimate sizes for); a named model (ocaml_grpo/
@@ -104,13 +110,39 @@ def model_id(name: str) -> str | None:
     return name
 
 
+def longest_prompts(model: str, settings: dict, out: Path) -> dict[str, int]:
+    """Write the bundled problems with the GRPO_BATCH_SIZE longest prompts (as train.py counts them)
+    to `out`; their ids and token counts."""
+    from ocaml_grpo.models.loading import load_tokenizer
+    from ocaml_grpo.models.named import resolve_model
+    from ocaml_grpo.models.tiny import ensure_plumbing_model, plumbing_model_dir
+    from ocaml_grpo.problems import BUNDLED
+    from ocaml_grpo.prompting import ALL, prompt_token_count
+    folder = resolve_model(model, cache_dir(os.environ)) if model else ensure_plumbing_model(plumbing_model_dir(cache_dir(os.environ)))
+    tokenizer = load_tokenizer(folder)
+    examples = int(settings.get("GRPO_PROMPT_EXAMPLES", ALL))
+    rows = [json.loads(line) for line in BUNDLED.read_text().splitlines() if line.strip()]
+    counted = sorted(((prompt_token_count(tokenizer, r["prompt"], examples), r) for r in rows), key=lambda t: -t[0])
+    chosen = counted[:int(settings.get("GRPO_BATCH_SIZE", memory_plumbing_default("GRPO_BATCH_SIZE")))]
+    out.write_text("".join(json.dumps(r) + "\n" for _, r in chosen))
+    return {r["id"]: n for n, r in chosen}
+
+
+def memory_plumbing_default(name: str) -> str:
+    from ocaml_grpo.config import PLUMBING_DEFAULTS
+    return PLUMBING_DEFAULTS[name]
+
+
 def measure(model: str, settings: dict, timeout: int, extra_env: dict | None = None) -> dict:
-    """One step of train.py: its printed estimate and its peak resident memory."""
+    """One step of train.py on the longest prompts: its printed estimate, its peak resident memory
+    and the longest prompt and answer the step had."""
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
+        prompts = longest_prompts(model, settings, Path(tmp) / "longest.jsonl")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GRPO_", "LORA_", "REWARD_"))}
         env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", GRPO_PLUMBING="1", GRPO_MAX_STEPS="1",
                    GRPO_SAVE_STEPS="1000", GRPO_OUTPUT_DIR=str(Path(tmp) / "run"), AUDIT_DATASET="0",
-                   GRPO_MEMORY_CHECK="0", GRPO_TRACK_PROBLEMS="0", **settings, **(extra_env or {}))
+                   GRPO_MEMORY_CHECK="0", GRPO_TRACK_PROBLEMS="0", TRAINING_DATASET=str(Path(tmp) / "longest.jsonl"),
+                   **settings, **(extra_env or {}))
         if model:
             env["BASE_MODEL_ID"] = model
         t0 = time.time()
@@ -124,6 +156,8 @@ def measure(model: str, settings: dict, timeout: int, extra_env: dict | None = N
         timer.cancel()
         proc.returncode = os.waitstatus_to_exitcode(status)
         out = log.read_text()
+        logged = Path(tmp) / "run" / "reward_logs" / "completions.jsonl"
+        answers = [json.loads(line) for line in logged.read_text().splitlines()] if logged.exists() else []
     peak_kb = usage.ru_maxrss
     m = ESTIMATE_RE.search(out)
     if proc.returncode or m is None:
@@ -132,7 +166,9 @@ def measure(model: str, settings: dict, timeout: int, extra_env: dict | None = N
     prompt = re.search(r"the longest prompt (\d+) tokens", out)
     return {"estimate_gb": estimate, "parts": m.group(2), "peak_gb": round(peak, 2),
             "error": round(estimate / peak - 1, 3), "seconds": round(time.time() - t0, 1),
-            "prompt_tokens": int(prompt.group(1)) if prompt else None}
+            "prompt_tokens": int(prompt.group(1)) if prompt else None,
+            "step_prompt_tokens": max((prompts.get(a["problem_id"], 0) for a in answers), default=None),
+            "step_completion_tokens": max((int(a["completion_tokens"] or 0) for a in answers), default=None)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             r = {"model": name, "run": label, **measure(mid, settings, args.timeout, extra_env)}
             rows.append(r)
             print(f"{name:30s} {label:26s} estimate {r['estimate_gb']:6.2f} GB  peak {r['peak_gb']:6.2f} GB  "
+                  f"(step: prompt {r['step_prompt_tokens']}, answer {r['step_completion_tokens']} tokens)  "
                   f"{r['error']:+.0%}  ({r['parts']})  {r['seconds']:.0f} s", flush=True)
     est = memory.estimate(H200["shape"], H200["run"])
     runtime = est.parts["runtime"]

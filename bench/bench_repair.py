@@ -101,9 +101,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="GRPO_NUM_GENERATIONS of both runs (the demo's 12 leave no group without variance)")
     ap.add_argument("--model", default="", help="a named model, a .gguf file or a model folder (default: the demo's learner)")
     ap.add_argument("--eval-samples", type=int, default=EVAL_SAMPLES, help="samples per training problem and model")
+    ap.add_argument("--lr", default=None, help="GRPO_LEARNING_RATE of both runs (default: the recipe's; 2e-4 for a "
+                                               "real model broke Qwen2.5-Coder-0.5B in two steps, use 5e-5 there)")
     args = ap.parse_args(argv)
     real = bool(args.model)
     recipe = replace(REAL_RECIPE if real else RECIPE, generations=str(args.generations))
+    if args.lr:
+        recipe = replace(recipe, learning_rate=str(args.lr))
     extra_env = REAL_ENV if real else {}
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("OMP_NUM_THREADS", "2" if real else "1")  # a 135M model wants both cores
