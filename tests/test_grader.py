@@ -353,9 +353,45 @@ def test_the_launcher_sets_every_limit_then_drops_to_the_job_uid(tmp_path):
     assert limits == [[3, 3], [lim.memory_mb << 20] * 2, [lim.file_mb << 20] * 2, [lim.max_files] * 2,
                       [lim.max_procs] * 2]
     assert len(set(uids)) == 1 and UID_POOL_BASE <= uids[0] < UID_POOL_BASE + UID_POOL_SIZE
-    assert gids == uids and groups == [] and nice == 7
+    assert gids == uids and groups == [] and nice == max(7, os.getpriority(os.PRIO_PROCESS, 0))  # at least 7
     bad = subprocess.run([sb.launcher, "1", "x", "1", "1", "1", "-", "0", "--", "true"], capture_output=True, text=True)
     assert bad.returncode == 127 and "address space limit: not a number: x" in bad.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop needs root")
+def test_a_grader_started_under_nice_keeps_its_nice_value_and_grades(tmp_path):
+    """A user who runs training under `nice -n 19`: model code asks for nice 15 (RUN_NICE), which
+    the job's uid may not lower to; the launcher keeps the higher value and the run goes on (it
+    used to fail every run with `setpriority: Permission denied`)."""
+    sb = Sandbox()
+    probe = subprocess.run([sb.launcher, "3", str(256 << 20), str(1 << 20), "64", "32", str(UID_POOL_BASE), "7", "--",
+                            sys.executable, "-c", "import os; print(os.getpriority(os.PRIO_PROCESS, 0))"],
+                           capture_output=True, text=True, preexec_fn=lambda: os.setpriority(os.PRIO_PROCESS, 0, 12))
+    assert probe.returncode == 0 and probe.stdout.strip() == "12", probe.stderr
+    script = ("from conftest import ADD, fenced\nfrom rewards import RewardConfig, RewardScorer\n"
+              "from dataclasses import replace\ns = RewardScorer(replace(RewardConfig(), min_lines=0))\n"
+              "b = s.score_one(ADD, fenced('let add a b = a + b'))\ns.close()\n"
+              "print(b.reward, b.tests_passed, b.tests_total)")
+    r = subprocess.run(["nice", "-n", "19", sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                       cwd=ROOT, env={**os.environ, "PYTHONPATH": f"{ROOT / 'tests'}:{ROOT}"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    reward, passed, total = r.stdout.split()[-3:]
+    assert float(reward) == 1.0 and passed == total != "0", r.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop needs root")
+def test_a_launcher_that_cannot_start_the_tests_stops_the_grader_instead_of_failing_the_answer(monkeypatch):
+    """A launcher that fails before the trusted program runs (here on a nice value it refuses) is a
+    broken sandbox: raised, never a right answer graded as failing (it used to score 0.35)."""
+    from ocaml_grpo.grading import grader as grader_module
+    from ocaml_grpo.grading.toolcache import ToolchainError
+    monkeypatch.setattr(grader_module, "RUN_NICE", -5)
+    s = RewardScorer(from_env(RewardConfig, {"MIN_NON_EMPTY_LINES": "0", "REWARD_WORKERS": "1"}))
+    try:
+        with pytest.raises(ToolchainError, match="could not start the trusted test program: launch: "):
+            s.score_one(ADD, fenced(f"let add a b = a + b (* {time.time()} *)"))
+    finally:
+        s.close()
 
 
 def test_explicit_no_isolation_mode_still_grades_and_says_so(monkeypatch):

@@ -544,6 +544,10 @@ class OcamlGrader:
         results_path.unlink()
         if "res" not in box:
             raise ToolchainError("the oracle's sandbox could not be started")
+        if tres.returncode == 127 and tres.stderr.startswith("launch: "):
+            # the launcher failed before the trusted program ran (its own status and message; the
+            # trusted program never exits 127): a broken sandbox, not a failing answer
+            raise ToolchainError(f"the sandbox could not start the trusted test program: {tres.stderr.strip()}")
         return run, box["res"], tres
 
     def _count_errors(self, steps: Steps, phrases: list[src.Phrase], first: CompileError, grade: Grade,

@@ -6,9 +6,10 @@
      launch CPU_S AS_BYTES FSIZE_BYTES NOFILE NPROC UID NICE -- PROGRAM [ARG...]
 
    Sets the rlimits (soft = hard; no core files), then, when UID is not "-": the process limit, no supplementary
-   groups, gid and uid UID (real, effective and saved); then no_new_privs and the nice value (0:
-   unchanged), and execs PROGRAM (searched on PATH when it has no slash). Any failure is a message
-   on stderr and exit status 127, before PROGRAM runs.
+   groups, gid and uid UID (real, effective and saved); then no_new_privs and the nice value (at
+   least NICE: a higher one it inherited is kept; 0: unchanged), and execs PROGRAM (searched on
+   PATH when it has no slash). Any failure is a message on stderr and exit status 127, before
+   PROGRAM runs.
 
      launch --serve CONTROL_FD
 
@@ -92,7 +93,14 @@ static int launch(int argc, char **argv) {
   }
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) fail("no_new_privs");
   long long nice_value = number(argv[7], "nice");
-  if (nice_value != 0 && setpriority(PRIO_PROCESS, 0, (int)nice_value) != 0) fail("setpriority");
+  if (nice_value != 0) {
+    /* At least NICE: a grader started under `nice -n 19` keeps 19. Lowering it would need a
+       privilege the job's uid does not have, and every run would fail. */
+    errno = 0;
+    int current = getpriority(PRIO_PROCESS, 0);
+    if (current == -1 && errno != 0) fail("getpriority");
+    if (nice_value > current && setpriority(PRIO_PROCESS, 0, (int)nice_value) != 0) fail("setpriority");
+  }
   if (exec_fd >= 0) {
     syscall(SYS_execveat, exec_fd, "", argv + 9, environ, AT_EMPTY_PATH);
     fail(argv[9]);
