@@ -103,12 +103,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-samples", type=int, default=EVAL_SAMPLES, help="samples per training problem and model")
     ap.add_argument("--lr", default=None, help="GRPO_LEARNING_RATE of both runs (default: the recipe's; 2e-4 for a "
                                                "real model broke Qwen2.5-Coder-0.5B in two steps, use 5e-5 there)")
+    ap.add_argument("--min-lines", default=None, help="MIN_NON_EMPTY_LINES of both GRPO runs (default: the project's 8)")
+    ap.add_argument("--grad-accum", type=int, default=1,
+                    help="split each step's prompts over this many accumulated passes (same step, less memory)")
     args = ap.parse_args(argv)
     real = bool(args.model)
     recipe = replace(REAL_RECIPE if real else RECIPE, generations=str(args.generations))
     if args.lr:
         recipe = replace(recipe, learning_rate=str(args.lr))
-    extra_env = REAL_ENV if real else {}
+    extra_env = dict(REAL_ENV if real else {})
+    if args.min_lines is not None:
+        extra_env["MIN_NON_EMPTY_LINES"] = str(args.min_lines)
+    if args.grad_accum > 1:
+        prompts = int(recipe.batch_size)
+        if prompts % args.grad_accum:
+            ap.error(f"--grad-accum {args.grad_accum} does not divide the {prompts} prompts of a step")
+        extra_env |= {"GRPO_BATCH_SIZE": str(prompts // args.grad_accum), "GRPO_GRAD_ACCUM_STEPS": str(args.grad_accum)}
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("OMP_NUM_THREADS", "2" if real else "1")  # a 135M model wants both cores
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
