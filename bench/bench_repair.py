@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-samples", type=int, default=EVAL_SAMPLES, help="samples per training problem and model")
     ap.add_argument("--lr", default=None, help="GRPO_LEARNING_RATE of both runs (default: the recipe's; 2e-4 for a "
                                                "real model broke Qwen2.5-Coder-0.5B in two steps, use 5e-5 there)")
+    ap.add_argument("--sft-lr", default=None, help="SFT_LEARNING_RATE of the warm start (default: the recipe's; a "
+                                                   "real model's 1e-4 broke Qwen2.5-Coder-0.5B in one full step)")
     ap.add_argument("--min-lines", default=None, help="MIN_NON_EMPTY_LINES of both GRPO runs (default: the project's 8)")
     ap.add_argument("--grad-accum", type=int, default=1,
                     help="split each step's prompts over this many accumulated passes (same step, less memory)")
@@ -111,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     recipe = replace(REAL_RECIPE if real else RECIPE, generations=str(args.generations))
     if args.lr:
         recipe = replace(recipe, learning_rate=str(args.lr))
+    if args.sft_lr:
+        recipe = replace(recipe, sft_learning_rate=str(args.sft_lr))
     extra_env = dict(REAL_ENV if real else {})
     if args.min_lines is not None:
         extra_env["MIN_NON_EMPTY_LINES"] = str(args.min_lines)
