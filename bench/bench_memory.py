@@ -113,24 +113,20 @@ def model_id(name: str) -> str | None:
 def longest_prompts(model: str, settings: dict, out: Path) -> dict[str, int]:
     """Write the bundled problems with the GRPO_BATCH_SIZE longest prompts (as train.py counts them)
     to `out`; their ids and token counts."""
+    from ocaml_grpo.config import PLUMBING_DEFAULTS
     from ocaml_grpo.models.loading import load_tokenizer
     from ocaml_grpo.models.named import resolve_model
     from ocaml_grpo.models.tiny import ensure_plumbing_model, plumbing_model_dir
-    from ocaml_grpo.problems import BUNDLED
+    from ocaml_grpo.problems import BUNDLED, read_rows
     from ocaml_grpo.prompting import ALL, prompt_token_count
     folder = resolve_model(model, cache_dir(os.environ)) if model else ensure_plumbing_model(plumbing_model_dir(cache_dir(os.environ)))
     tokenizer = load_tokenizer(folder)
     examples = int(settings.get("GRPO_PROMPT_EXAMPLES", ALL))
-    rows = [json.loads(line) for line in BUNDLED.read_text().splitlines() if line.strip()]
-    counted = sorted(((prompt_token_count(tokenizer, r["prompt"], examples), r) for r in rows), key=lambda t: -t[0])
-    chosen = counted[:int(settings.get("GRPO_BATCH_SIZE", memory_plumbing_default("GRPO_BATCH_SIZE")))]
+    counted = sorted(((prompt_token_count(tokenizer, r["prompt"], examples), r) for r in read_rows(BUNDLED)),
+                     key=lambda t: -t[0])
+    chosen = counted[:int(settings.get("GRPO_BATCH_SIZE", PLUMBING_DEFAULTS["GRPO_BATCH_SIZE"]))]
     out.write_text("".join(json.dumps(r) + "\n" for _, r in chosen))
     return {r["id"]: n for n, r in chosen}
-
-
-def memory_plumbing_default(name: str) -> str:
-    from ocaml_grpo.config import PLUMBING_DEFAULTS
-    return PLUMBING_DEFAULTS[name]
 
 
 def measure(model: str, settings: dict, timeout: int, extra_env: dict | None = None) -> dict:

@@ -17,11 +17,12 @@ import argparse
 import os
 import sys
 
+from ocaml_grpo.config.grpo import LoRA
 from ocaml_grpo.config.settings import cache_dir
 from ocaml_grpo.models.named import resolve_model
 from ocaml_grpo.training import memory
 
-MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+MODULES = LoRA().target_modules.split(",")  # the default LORA_TARGET_MODULES
 
 
 def saved_bytes(folder: str, layers: int, tokens: int, sequences: int = 2) -> int:
