@@ -56,7 +56,8 @@ from ocaml_grpo.prompting import END_MARKER, chat_messages, prompt_token_count
 from ocaml_grpo.training import demo as demo_command
 from ocaml_grpo.training import run_dir
 from ocaml_grpo.training import sft as sft_command
-from ocaml_grpo.training.engines import compile_problem, enable_compiled_generation, engine_kwargs
+from ocaml_grpo.training import llamacpp
+from ocaml_grpo.training.engines import choose_engine, compile_problem, engine_variable, enable_compiled_generation, engine_kwargs
 from ocaml_grpo.training.group_kinds import TRACKING_FILE, ProblemTracker
 from ocaml_grpo.training.learning_log import header_lines
 from ocaml_grpo.training import memory
@@ -94,6 +95,33 @@ def adapter_shape(lora, init_adapter: str) -> dict:
         return {"r": saved.get("r"), "lora_alpha": saved.get("lora_alpha"),
                 "target_modules": sorted(saved.get("target_modules") or []), "bias": saved.get("bias")}
     return {"r": lora.r, "lora_alpha": lora.alpha, "target_modules": sorted(lora.target_modules.split(",")), "bias": lora.bias}
+
+
+def llamacpp_errors(train) -> list[str]:
+    """Why GRPO_ENGINE=llamacpp cannot run this config (before any model loads): the engine missing,
+    a model without a GGUF file, LoRA on a module llama.cpp's adapter has no tensor for, an initial
+    adapter trained on another model."""
+    if why := llamacpp.missing():
+        return [f"GRPO_ENGINE=llamacpp but {why}; or choose another engine (GRPO_ENGINE=default)"]
+    errors = []
+    if not (train.plumbing and train.base_model == str(PLUMBING_MODEL_DIR)):
+        try:
+            named_models.gguf_source(train.base_model, cache_dir(os.environ))
+        except named_models.NamedModelError as e:
+            errors.append(f"GRPO_ENGINE=llamacpp: BASE_MODEL_ID={train.base_model}: {e}")
+    else:
+        errors.append("GRPO_ENGINE=llamacpp: the plumbing run's tiny model has no GGUF file; set BASE_MODEL_ID to a "
+                      "GGUF model (e.g. smollm2-135m-instruct, `make model`)")
+    modules = adapter_shape(train.lora, train.init_adapter)["target_modules"]
+    if odd := sorted(set(modules) - set(llamacpp.GGUF_MODULES)):
+        errors.append(f"GRPO_ENGINE=llamacpp: LoRA on {', '.join(odd)}, which llama.cpp's adapter has no tensor for "
+                      f"(LORA_TARGET_MODULES: any of {','.join(llamacpp.GGUF_MODULES)})")
+    if train.init_adapter:
+        trained_on = adapter_base(train.init_adapter)
+        if trained_on and trained_on not in (train.base_model, model_folder(train.base_model)):
+            errors.append(f"GRPO_INIT_ADAPTER={train.init_adapter} was trained on {trained_on}, not on BASE_MODEL_ID="
+                          f"{train.base_model}: llama.cpp cannot apply another model's adapter")
+    return errors
 
 
 def main(argv: list[str]) -> int:
@@ -159,21 +187,23 @@ def main(argv: list[str]) -> int:
     cfg, errors = resolve(os.environ, SETTINGS)
     errors += unknown_variables(os.environ, VARIABLES, RETIRED)
     train = cfg.train
-    # Optional engines: asked for but missing must stop here, with the way to get them.
-    if train.use_vllm and importlib.util.find_spec("vllm") is None:
-        errors.append("GRPO_USE_VLLM=1 but vLLM is not installed: `pip install -r requirements-vllm.txt` on a CUDA machine "
-                      "(server mode also needs `trl vllm-serve --model $BASE_MODEL_ID` running), or set GRPO_USE_VLLM=0")
-    engines_asked = [name for name, on in [("GRPO_USE_VLLM", train.use_vllm), ("GRPO_CONTINUOUS_BATCHING",
-                     train.continuous_batching), ("GRPO_COMPILED_GENERATION", train.compiled_generation)] if on]
-    if len(engines_asked) > 1:
-        errors.append(f"{'=1 and '.join(engines_asked)}=1: choose one generation engine")
-    if train.stop_at_end and train.continuous_batching:
-        errors.append("GRPO_STOP_AT_END=1 and GRPO_CONTINUOUS_BATCHING=1: continuous batching cannot stop an answer at "
+    # The generation engine: GRPO_ENGINE, or one of its older flags. Asked for but missing must stop here,
+    # with the way to get it.
+    engine, why = choose_engine(train)
+    errors += [why] if why else []
+    asked = engine_variable(train, engine)  # the variable that chose it, for the messages
+    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        errors.append(f"{asked} but vLLM is not installed: `pip install -r requirements-vllm.txt` on a CUDA machine "
+                      "(server mode also needs `trl vllm-serve --model $BASE_MODEL_ID` running), or choose another engine")
+    if train.stop_at_end and engine == "paged":
+        errors.append(f"GRPO_STOP_AT_END=1 and {asked}: continuous batching cannot stop an answer at "
                       "the END marker; set GRPO_STOP_AT_END=0, or choose another engine")
+    if engine == "llamacpp":
+        errors += llamacpp_errors(train)
     # (the one check here that loads torch: compiling a one-line function, only when asked for)
-    if train.compiled_generation and not errors and (problem := compile_problem()):
-        errors.append(f"GRPO_COMPILED_GENERATION=1 but torch.compile cannot build kernels here ({problem}): install a "
-                      "C compiler (apt-get install -y gcc g++), or set GRPO_COMPILED_GENERATION=0")
+    if engine == "compiled" and not errors and (problem := compile_problem()):
+        errors.append(f"{asked} but torch.compile cannot build kernels here ({problem}): install a "
+                      "C compiler (apt-get install -y gcc g++), or choose another engine")
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and importlib.util.find_spec("deepspeed") is None:
         errors.append("the accelerate config asks for DeepSpeed (configs/zero*.yaml) but it is not installed: "
                       "`pip install deepspeed`, or launch without --config_file configs/zero*.yaml")
@@ -300,7 +330,7 @@ def main(argv: list[str]) -> int:
     run_shape = memory.RunShape(sequences=train.batch_size * train.num_generations, grad_accum=train.grad_accum_steps,
                                 prompt_tokens=max(prompt_tokens(p) for p in kept), completion_tokens=completion_budget,
                                 lora_r=lora_shape["r"], lora_modules=lora_shape["target_modules"], on_gpu=on_gpu,
-                                checkpointing=on_gpu, cache_prompt_tokens=train.max_prompt if train.compiled_generation else 0,
+                                checkpointing=on_gpu, cache_prompt_tokens=train.max_prompt if engine == "compiled" else 0,
                                 steady_allocator=train.steady_memory)
     try:
         shape = memory.read_shape(model_dir)
@@ -308,8 +338,16 @@ def main(argv: list[str]) -> int:
         return fail(f"model error: {e}")
     estimate = memory.estimate(shape, run_shape)
     free, where = (gpu_gb * memory.GB, "given by --gpu") if gpu_gb is not None else memory.available(on_gpu)
-    if train.use_vllm and train.vllm_mode == "colocate":
+    if engine == "vllm" and train.vllm_mode == "colocate":
         estimate.parts["vLLM"] = train.vllm_gpu_memory * free
+    if engine == "llamacpp":  # generation's KV cache is llama.cpp's, beside the GGUF file it runs
+        gguf = named_models.gguf_source(train.base_model, cache_dir(os.environ))
+        generation_batch = train.batch_size * train.num_generations * train.grad_accum_steps
+        llama_ctx = llamacpp.context_tokens(generation_batch // train.num_generations, generation_batch,
+                                            run_shape.prompt_tokens, completion_budget)
+        del estimate.parts["KV cache"]
+        estimate.parts["llama.cpp"] = llamacpp.memory_bytes(gguf, llama_ctx, generation_batch,
+                                                            shape.lora_params(run_shape.lora_r, run_shape.lora_modules))
     print(memory.report(estimate, run_shape, free, where))
     if not memory.fits(estimate, free):
         ways = memory.suggestions(shape, run_shape, free * memory.HEADROOM, train.batch_size, train.num_generations,
@@ -380,8 +418,6 @@ def main(argv: list[str]) -> int:
 
     # ------------------------------------------------------------------------- trainer
     G = train.num_generations
-    engine = ("vllm" if train.use_vllm else "paged" if train.continuous_batching
-              else "compiled" if train.compiled_generation else "default")
     args = GRPOConfig(
         output_dir=str(out_dir),
         # TRL counts completions per device; the generation batch (this x grad accum) is then a whole
@@ -428,11 +464,17 @@ def main(argv: list[str]) -> int:
     callback = LearningLog(out_dir / "learning.log", header, resumed=resume_from is not None,
                            auto_stop=train.auto_stop, echo=is_main, stop=stop,
                            curriculum=cfg.reward.weights if train.curriculum else None)
+    llama = None
+    if engine == "llamacpp":  # the rollouts' engine, over the GGUF file the trainer's weights came from
+        llama = llamacpp.LlamaEngine(gguf, threads=len(os.sched_getaffinity(0)), sequences=generation_batch,
+                                     context=llama_ctx)
+        print(f"generation: llama.cpp over {gguf} ({llama.shape['arch']}, {llama.threads} threads, "
+              f"a {llama.n_ctx}-token KV cache shared by {generation_batch} sequences)")
     trainer = OcamlGRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=train_dataset,
                                processing_class=tokenizer, peft_config=peft_config, callbacks=[callback, stop],
                                tracker=tracker, rollout_func=rollout, stop=END_MARKER if train.stop_at_end else None,
                                dynamic_rounds=train.dynamic_rounds if train.dynamic_sampling else None,
-                               group_log=group_log, min_std=train.selection.min_std)
+                               group_log=group_log, min_std=train.selection.min_std, llama=llama)
     if engine == "compiled":
         enable_compiled_generation(trainer)
     trainer.remove_callback(PrinterCallback)  # its ~1,000-character metrics dict per step: LearningLog prints instead
@@ -446,6 +488,8 @@ def main(argv: list[str]) -> int:
         trainer.train(resume_from_checkpoint=resume_from)
     finally:
         scorer.close()
+        if llama:
+            llama.close()
         if tracker:
             tracker.close()
     if tracker and is_main:

@@ -14,7 +14,8 @@ length as train.py does. Seed config on CUDA: 4 prompts x 6 generations, prompts
 
 Engines: `default` (TRL's transformers generate), `compiled` (the same with a static KV cache and
 a compiled decode step: engines.py), `paged` (transformers continuous batching),
-`vllm` (TRL's colocated vLLM, when installed). Each engine runs in a fresh process, so its peak
+`vllm` (TRL's colocated vLLM, when installed), `llamacpp` (llama.cpp from the model's GGUF file with
+the live LoRA adapter: training/llamacpp.py; a named model or a .gguf file). Each engine runs in a fresh process, so its peak
 memory is its own and one engine's failure is reported without stopping the others (the exit
 status is then non-zero).
 
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import resource
 import importlib.util
 import json
 import multiprocessing
@@ -54,6 +56,7 @@ from ocaml_grpo.models import named as named_models
 from ocaml_grpo.models.named import NAMED, named_model_error
 from ocaml_grpo.config.settings import cache_dir, from_env
 from ocaml_grpo.training.engines import ENGINES, compiled_graphs, enable_compiled_generation, engine_kwargs
+from ocaml_grpo.training.metrics import METRIC_IS_CLIPPED
 from ocaml_grpo.problems import Problem, load_problems
 from ocaml_grpo.prompting import END_MARKER, chat_messages, prompt_ids, prompt_token_count
 from rewards import RewardConfig, RewardScorer, make_reward_function
@@ -134,10 +137,16 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
             ids = prompt_ids(tokenizer, p.prompt)[:a.max_prompt]
             rows.append({"prompt": tokenizer.decode(ids), **p.to_row()})
             prompt_lens.append(len(ids))
-        elif (n := prompt_token_count(tokenizer, p.prompt)) <= a.max_prompt:
-            rows.append({"prompt": chat_messages(p.prompt), **p.to_row()})
+        elif (n := prompt_token_count(tokenizer, p.prompt, a.examples)) <= a.max_prompt:
+            rows.append({"prompt": chat_messages(p.prompt, a.examples), **p.to_row()})
             prompt_lens.append(n)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if on_gpu else torch.float32)
+    llama = None
+    if engine == "llamacpp":
+        from ocaml_grpo.training.llamacpp import LlamaEngine, context_tokens
+        sequences = a.prompts * a.generations
+        llama = LlamaEngine(named_models.gguf_source(a.model, cache_dir(os.environ)), threads=len(os.sched_getaffinity(0)),
+                            sequences=sequences, context=context_tokens(a.prompts, sequences, max(prompt_lens), a.completion))
     scorer = RewardScorer(replace(from_env(RewardConfig, os.environ), min_lines=0))  # stand-ins are short; grade them all
     reward_fn = make_reward_function(None, a.completion, scorer=scorer)
     reward_times: list[float] = []
@@ -159,15 +168,19 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
     sequences = a.prompts * a.generations
     args = GRPOConfig(
         output_dir=str(Path(a.out) / engine), per_device_train_batch_size=sequences,
-        num_generations=a.generations, max_completion_length=a.completion, max_steps=a.warmup + a.steps,
-        learning_rate=5e-6, temperature=0.9, beta=0.0, logging_steps=10**6, save_strategy="no", report_to=[],
+        num_generations=a.generations, max_completion_length=a.completion, max_steps=a.warmup + steps_of(a, engine),
+        learning_rate=a.lr, temperature=0.9, beta=0.0, logging_steps=10**6, save_strategy="no", report_to=[],
         bf16=on_gpu, use_cpu=not on_gpu, **checkpointing_kwargs(GRPOConfig, on_gpu), remove_unused_columns=False, seed=0,
         **engine_kwargs(engine, sequences, a.max_prompt, a.completion, vllm_gpu_memory=vllm_memory))
     # LoRA as train.py's defaults (LORA_R, LORA_ALPHA, LORA_DROPOUT, LORA_TARGET_MODULES)
-    peft = LoraConfig(r=32, lora_alpha=64, lora_dropout=0.05, target_modules=[
+    peft = LoraConfig(r=32, lora_alpha=64, lora_dropout=a.lora_dropout, target_modules=[
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], task_type="CAUSAL_LM")
     step_times: list[float] = []
     graphs_after_warmup = [0]
+    # TRL's step metrics, read at each step's end (its logs would average and clear them)
+    watched = {"logp_gap": "sampling/sampling_logp_difference/mean", "is_ratio": "sampling/importance_sampling_ratio/mean",
+               "clipped_share": METRIC_IS_CLIPPED, "entropy": "entropy"}
+    per_step: dict[str, list] = {k: [] for k in watched}
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, *args, **kw):
@@ -175,6 +188,9 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
 
         def on_step_end(self, *args, **kw):
             step_times.append(time.perf_counter() - self.t0)
+            for k, key in watched.items():
+                values = trainer._metrics["train"].get(key)
+                per_step[k].append(values[-1] if values else None)
             if on_gpu:
                 peak_used[0] = max(peak_used[0], device_used_gb())
             # progress, for a run cut off by a time limit: what each step took so far
@@ -185,7 +201,8 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
 
     trainer = OcamlGRPOTrainer(model=model, reward_funcs=[syntax_aware_reward], args=args,
                                train_dataset=Dataset.from_list(rows), processing_class=tokenizer, peft_config=peft,
-                               callbacks=[StepTimer()], tracker=None)
+                               callbacks=[StepTimer()], tracker=None, llama=llama,
+                               stop=END_MARKER if a.stop_at_end else None)
     if engine == "compiled":
         enable_compiled_generation(trainer, a.compile_backend)
     gen_times: list[float] = []
@@ -209,6 +226,8 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
     scorer.close()
+    if llama is not None:
+        llama.close()
     w = a.warmup
     steps, gens, toks, rews = step_times[w:], gen_times[w:], gen_tokens[w:], reward_times[w:]
     mean = lambda xs: sum(xs) / max(1, len(xs))  # noqa: E731
@@ -222,7 +241,10 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
             "prompts_kept": len(rows), "prompt_tokens_max": max(prompt_lens, default=0),
             "peak_alloc_gb": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
             "peak_used_gb": peak_used[0] if on_gpu else None,
-            "vllm_gpu_memory": vllm_memory if engine == "vllm" else None}
+            "vllm_gpu_memory": vllm_memory if engine == "vllm" else None,
+            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            "completion_tokens_per_step": toks, "step_times_s": step_times,
+            **{f"{k}_per_step": v for k, v in per_step.items()}}
 
 
 def run_isolated(engine: str, model_dir: Path, random_weights: bool, a: argparse.Namespace) -> dict:
@@ -248,7 +270,11 @@ def main() -> None:
     ap.add_argument("--completion", type=int, default=base["completion"], help="max completion tokens")
     ap.add_argument("--max-prompt", type=int, default=base["max_prompt"],
                     help="prompt token budget: longer prompts are dropped (random weights: cut to it)")
-    ap.add_argument("--steps", type=int, default=3, help="measured steps")
+    ap.add_argument("--steps", default="3", help="measured steps: N, or per engine (default=2,llamacpp=10)")
+    ap.add_argument("--examples", type=int, default=3, help="worked examples in each prompt (GRPO_PROMPT_EXAMPLES)")
+    ap.add_argument("--lr", type=float, default=5e-6, help="learning rate")
+    ap.add_argument("--lora-dropout", type=float, default=0.05, help="LoRA dropout (LORA_DROPOUT)")
+    ap.add_argument("--stop-at-end", action="store_true", help="answers end at the END marker (GRPO_STOP_AT_END=1)")
     ap.add_argument("--warmup", type=int, default=1, help="steps run first and not measured")
     ap.add_argument("--vllm-gpu-memory", type=float, default=None,
                     help="vLLM's share of the GPU (default: 12 GiB worth, at most 0.3)")
@@ -291,6 +317,14 @@ def main() -> None:
     write_json(a, results, failed)
     if failed:
         sys.exit(f"failed engines: {', '.join(failed)} (the error is printed above the table)")
+
+
+def steps_of(a: argparse.Namespace, engine: str) -> int:
+    """--steps for `engine`: one number for all, or engine=N pairs (an engine not named: the `default` pair's)."""
+    if "=" not in a.steps:
+        return int(a.steps)
+    pairs = dict(kv.split("=") for kv in a.steps.split(","))
+    return int(pairs.get(engine, pairs.get("default", 3)))
 
 
 def row(r: dict, results: list[dict]) -> str:

@@ -127,6 +127,7 @@ DYNAMIC_RE = re.compile(r"^\[Dynamic\] epoch \d+\.\d{2}  groups_generated=\d+\.\
                         r"generation_rounds=\d+\.\d{2}  frac_zero_std_trained=\d\.\d{2}  dropped_too_hard=\d+\.\d{2}  "
                         r"dropped_too_easy=\d+\.\d{2}  dropped_identical=\d+\.\d{2}  dropped_surplus=\d+\.\d{2}  "
                         r"tokens_trained=\d\.\d{2}$")
+ENGINE_RE = re.compile(r"^\[Engine\] epoch \d+\.\d{2}  is_ratio=\d+\.\d{3}  clipped_share=\d\.\d{3}  logp_gap=\d+\.\d{3}$")
 
 
 def small_dataset(path: Path, n: int) -> Path:
@@ -164,7 +165,8 @@ def check_log_wellformed(lines: list[str]) -> list[str]:
     """Every line is a header, a health/stop line, or an exact metric line; returns the metric lines."""
     for line in lines:
         assert (line.startswith(("# ", "[Health] ", "[Stop] ", "[Curriculum] ")) or METRIC_RE.match(line)
-                or GROUPS_RE.match(line) or REPAIR_RE.match(line) or DYNAMIC_RE.match(line)), repr(line)
+                or GROUPS_RE.match(line) or REPAIR_RE.match(line) or DYNAMIC_RE.match(line)
+                or ENGINE_RE.match(line)), repr(line)
     return [line for line in lines if line.startswith("[Epoch")]
 
 

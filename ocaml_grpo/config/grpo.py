@@ -11,6 +11,7 @@ from ocaml_grpo.config.settings import (AdapterDir, Auto, Choice, Flag, Float, I
                                         default_torch_threads, section, setting, settings_of)
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")  # trl 1.16 GRPOConfig.loss_type
+ENGINES = ("default", "compiled", "paged", "vllm", "llamacpp")  # training/engines.py
 LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
                  "inverse_sqrt", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay")
 
@@ -109,6 +110,12 @@ class TrainConfig:
                               "1: at epoch >= 1.0 save and stop when the stop criteria hold; 0: only warn")
     resume: str = setting("GRPO_RESUME", "auto", Resume,
                           "auto: resume from the last checkpoint-* in the output dir; never; or a path")
+    engine: str = setting(
+        "GRPO_ENGINE", "default", Choice(*ENGINES),
+        "what generates the answers: default (transformers' generate), compiled (the same with a static KV cache and a "
+        "compiled decode step), paged (transformers' continuous batching), vllm (TRL's vLLM; CUDA), llamacpp (llama.cpp "
+        "from the model's GGUF file with the trainer's LoRA adapter swapped in each step; CPU; `make engine`). "
+        "GRPO_USE_VLLM=1, GRPO_CONTINUOUS_BATCHING=1 and GRPO_COMPILED_GENERATION=1 are aliases")
     use_vllm: bool = setting("GRPO_USE_VLLM", "0", Flag,
                              "1: generate with vLLM through TRL (pip install -r requirements-vllm.txt; CUDA only)")
     vllm_mode: str = setting("GRPO_VLLM_MODE", "colocate", Choice("colocate", "server"),

@@ -226,6 +226,36 @@ def resolve_model(model_id: str, cache: Path) -> str:
     return model_id
 
 
+def gguf_source(model_id: str, cache: Path) -> Path:
+    """The GGUF file `model_id` stands for, for llama.cpp (GRPO_ENGINE=llamacpp): a one-part name's
+    file where its package put it, a split name's parts assembled once into the cache and kept (its
+    hash checked as it is written), a .gguf path as it is. Anything else raises NamedModelError
+    saying how to get a GGUF file."""
+    if model_id in NAMED:
+        named = NAMED[model_id]
+        parts = part_paths(model_id)
+        if len(parts) == 1:
+            return parts[0]
+        target = ensure(cache / "models") / f"{Path(named.gguf).stem}-{named.sha256[:12]}.gguf"
+        if not target.is_file():
+            tmp = target.with_name(f".{target.name}.{os.getpid()}")
+            try:
+                os.replace(assemble(model_id, parts, tmp), target)
+            finally:
+                tmp.unlink(missing_ok=True)
+        return target
+    if path := gguf_file(model_id):
+        return path
+    folder = Path(model_id).expanduser()
+    if folder.is_dir() and (folder / CONVERTED).is_file():
+        raise NamedModelError(f"{model_id} was converted from a GGUF file ({json.loads((folder / CONVERTED).read_text())['gguf']}): "
+                              "give that file (or the model's name) instead, so llama.cpp runs the same weights")
+    raise NamedModelError(f"{model_id} is not a GGUF file, and llama.cpp runs only GGUF: convert it once with llama.cpp's "
+                          "converter (python convert_hf_to_gguf.py MODEL_DIR --outtype q8_0 --outfile model.gguf, in "
+                          "llama.cpp's source tree) and set BASE_MODEL_ID to the .gguf file, or use a named model "
+                          f"({', '.join(sorted(NAMED))})")
+
+
 def ensure(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     return folder

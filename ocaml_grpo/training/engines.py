@@ -19,8 +19,29 @@ from __future__ import annotations
 
 import math
 
-ENGINES = ("default", "compiled", "paged", "vllm")
+from ocaml_grpo.config.grpo import ENGINES
 PAGE_TOKENS = 256  # transformers' continuous-batching page size (its default)
+
+
+ALIASES = (("GRPO_USE_VLLM", "use_vllm", "vllm"), ("GRPO_CONTINUOUS_BATCHING", "continuous_batching", "paged"),
+           ("GRPO_COMPILED_GENERATION", "compiled_generation", "compiled"))
+
+
+def choose_engine(train) -> tuple[str, str | None]:
+    """The engine a TrainConfig asks for, GRPO_ENGINE or one of the flags that name an engine, and
+    why that is contradictory (None: it is not)."""
+    flagged = [(var, name) for var, attr, name in ALIASES if getattr(train, attr)]
+    if len(flagged) > 1:
+        return train.engine, f"{'=1 and '.join(v for v, _ in flagged)}=1: choose one generation engine (GRPO_ENGINE)"
+    if flagged and train.engine not in ("default", flagged[0][1]):
+        return train.engine, f"GRPO_ENGINE={train.engine} and {flagged[0][0]}=1: choose one generation engine"
+    return (flagged[0][1] if flagged else train.engine), None
+
+
+def engine_variable(train, engine: str) -> str:
+    """The setting that chose `engine`, as the user wrote it (for messages)."""
+    return next((f"{var}=1" for var, attr, name in ALIASES if name == engine and getattr(train, attr)),
+                f"GRPO_ENGINE={engine}")
 
 
 def engine_kwargs(engine: str, sequences: int, max_prompt: int, max_completion: int, *,
@@ -59,7 +80,8 @@ def engine_kwargs(engine: str, sequences: int, max_prompt: int, max_completion: 
 
 
 def end_turn_at_stop(ids: list[list[int]], logprobs: list[list[float]] | None, decode, stop: str,
-                     end_ids: set[int], eos_id: int) -> tuple[list[list[int]], list[list[float]] | None]:
+                     end_ids: set[int], eos_id: int, unsampled_logprob: float = 0.0
+                     ) -> tuple[list[list[int]], list[list[float]] | None]:
     """Answers that stopped at `stop` end their turn with `eos_id`, as if the model had written it.
 
     generate pads an answer that stopped early (TRL keeps the pads up to its first end-of-turn id,
@@ -67,8 +89,9 @@ def end_turn_at_stop(ids: list[list[int]], logprobs: list[list[float]] | None, d
     never adds one. TRL counts an answer without an end-of-turn token as cut off at the budget
     (its clipped ratio, GRPO_MASK_TRUNCATED), and a repair turn's conversation must close the
     answer, so each answer whose text ends with `stop` gets exactly one `eos_id` after it. That
-    token was not sampled: its vLLM log-probability is 0 (certain). `end_ids`: the pad and
-    end-of-turn ids that may trail an answer."""
+    token was not sampled: its log-probability is `unsampled_logprob` (vLLM's: 0, certain; the
+    llama.cpp engine's: NaN, which TRL's importance-sampling correction leaves out). `end_ids`: the
+    pad and end-of-turn ids that may trail an answer."""
     ids, logprobs = [list(x) for x in ids], None if logprobs is None else [list(x) for x in logprobs]
     for i, x in enumerate(ids):
         n = len(x)
@@ -78,7 +101,7 @@ def end_turn_at_stop(ids: list[list[int]], logprobs: list[list[float]] | None, d
             continue
         ids[i] = x[:n] + [eos_id]
         if logprobs is not None:
-            logprobs[i] = logprobs[i][:n] + ([logprobs[i][n]] if len(logprobs[i]) > n else [0.0])
+            logprobs[i] = logprobs[i][:n] + ([logprobs[i][n]] if len(logprobs[i]) > n else [unsampled_logprob])
     return ids, logprobs
 
 

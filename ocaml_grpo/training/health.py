@@ -43,6 +43,10 @@ class Thresholds:
     max_temperature: float = 1.3        # don't advise raising temperature past this: code turns to noise
     checkpoint_window: float = 0.05     # lines within +-this of a checkpoint epoch are judged
     recent_lines: int = 10              # the "recent window": the last this many log lines
+    # GRPO_ENGINE=llamacpp: the engine's sampling policy and the trainer's are one policy in two
+    # implementations; past these the rollouts are no longer the trainer's own
+    engine_gap_max: float = 0.10        # recent mean per-token |logp gap|
+    engine_clipped_max: float = 0.05    # recent mean share of importance ratios masked or clipped
 
 
 THRESHOLDS = Thresholds()
@@ -59,6 +63,8 @@ class Point:
     entropy: float | None = None
     grad: float | None = None
     loss: float | None = None
+    logp_gap: float | None = None       # GRPO_ENGINE=llamacpp: engine vs trainer (metrics.ENGINE_KEYS)
+    clipped_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -176,6 +182,14 @@ def findings(points: Sequence[Point], th: Thresholds = THRESHOLDS) -> list[Findi
     elif r_z and mean(r_z) >= th.zero_std_healthy:
         add("zero_std", "Low reward diversity", "warning", f"recent mean frac_zero_std {mean(r_z):.2f} "
             f"≥ {th.zero_std_healthy}.")
+
+    r_gap, r_clip = values(win, "logp_gap"), values(win, "clipped_share")
+    if (r_gap and mean(r_gap) > th.engine_gap_max) or (r_clip and mean(r_clip) > th.engine_clipped_max):
+        add("engine", "Engine and trainer drifted apart", "warning",
+            f"recent mean per-token |logp gap| {mean(r_gap) if r_gap else float('nan'):.3f} (healthy ≤ "
+            f"{th.engine_gap_max}), importance ratios masked or clipped {mean(r_clip) if r_clip else float('nan'):.1%} "
+            f"(healthy ≤ {th.engine_clipped_max:.0%}): the llama.cpp engine no longer samples the trainer's policy "
+            "(a stale adapter, or a quantization too coarse for it); the bound drops those samples from the loss.")
     return out
 
 

@@ -4,7 +4,7 @@ the hand-written training analysis this project grew out of
 
     [Epoch 0.28]  loss=-0.0469  grad=0.0838  lr=3.58e-06  reward=0.102±0.077  syntax_rew=0.102±0.078  entropy=0.155  frac_zero_std=0.00
 
-and [Health], [Stop], [Curriculum], [Groups], [Repair] and [Dynamic] lines. `frac_zero_std` is the share of GRPO groups
+and [Health], [Stop], [Curriculum], [Groups], [Repair], [Dynamic] and [Engine] lines. `frac_zero_std` is the share of GRPO groups
 whose rewards were all equal (the reward function's own count, group_kinds.py), whatever
 GRPO_SCALE_REWARDS is; TRL's `frac_reward_zero_std` is the fallback (batch-wide under "batch").
 A [Groups] line follows each metric line with the share of groups of each kind:
@@ -28,7 +28,7 @@ from ocaml_grpo.reward.parts import PARTS, Weights, weight
 from ocaml_grpo.training.dynamic_sampling import DYNAMIC_KEYS
 from ocaml_grpo.training.group_kinds import KINDS
 from ocaml_grpo.training.health import Point
-from ocaml_grpo.training.metrics import REPAIR_KEYS, StepRecord
+from ocaml_grpo.training.metrics import ENGINE_KEYS, REPAIR_KEYS, StepRecord
 
 METRIC_RE = re.compile(r"^\[Epoch\s+([-+0-9.eE]+)\]\s+(.*)$")
 FIELD_RE = re.compile(r"^([A-Za-z_][\w.]*)=(.*)$")
@@ -82,10 +82,21 @@ def dynamic_line(r: StepRecord) -> str | None:
     return f"[Dynamic] epoch {r.epoch:.2f}  " + "  ".join(f"{k}={_fmt(r.dynamic.get(k), '.2f')}" for k in DYNAMIC_KEYS)
 
 
+def engine_line(r: StepRecord) -> str | None:
+    """The [Engine] line of a log step (GRPO_ENGINE=llamacpp): the mean importance-sampling ratio of
+    the trainer's to the engine's probabilities, the share of ratios masked or clipped by its bound,
+    and the mean per-token |log-probability gap|. None with another engine."""
+    if r.engine is None:
+        return None
+    return f"[Engine] epoch {r.epoch:.2f}  " + "  ".join(
+        f"{k}={_fmt(r.engine.get(k), '.3f')}" for k in ENGINE_KEYS)
+
+
 def metric_lines(r: StepRecord) -> list[str]:
     """A log step's metrics as learning.log shows them: its [Epoch] line, its [Groups] line and,
-    with repair turns, its [Repair] line, with dynamic sampling its [Dynamic] line."""
-    return [metric_line(r)] + [g for g in [groups_line(r), repair_line(r), dynamic_line(r)] if g]
+    with repair turns, its [Repair] line, with dynamic sampling its [Dynamic] line, with the
+    llama.cpp engine its [Engine] line."""
+    return [metric_line(r)] + [g for g in [groups_line(r), repair_line(r), dynamic_line(r), engine_line(r)] if g]
 
 
 def render(records: list[StepRecord]) -> list[str]:
@@ -113,6 +124,9 @@ class LogLine:
             for suffix in ("", "_std"):
                 if getattr(r, attr + suffix, None) is not None:
                     values[name + suffix] = float(getattr(r, attr + suffix))
+        for k in ("logp_gap", "clipped_share"):
+            if r.engine and r.engine.get(k) is not None:
+                values[f"engine_{k}"] = float(r.engine[k])
         return cls(r.epoch, metric_line(r), values, session=r.session)
 
     @property
@@ -124,7 +138,8 @@ class LogLine:
             return None if v is None or math.isnan(v) else v
 
         return Point(self.epoch, logged("reward"), logged("reward_std"), logged("frac_zero_std"), logged("entropy"),
-                     self.values.get("grad"), self.values.get("loss"))
+                     self.values.get("grad"), self.values.get("loss"), logged("engine_logp_gap"),
+                     logged("engine_clipped_share"))
 
 
 # The other line kinds, written by the trainer's callback (ocaml_grpo/training/callbacks.py decides when).

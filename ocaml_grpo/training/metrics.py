@@ -6,7 +6,9 @@ renders them), the live health monitor's points, analyze.py's report and plots. 
 TRL's and the reward function's as logged (unrounded; a NaN stays NaN, a metric not logged is
 null). pandas reads the file as it is: `pd.read_json(path, lines=True)`, a column per field, the
 group kinds as `groups_<kind>` and the reward's parts as `part_<name>`; with dynamic sampling, its
-figures under their own names (`groups_generated`, `frac_zero_std_trained`, ...: dynamic_sampling.DYNAMIC_KEYS).
+figures under their own names (`groups_generated`, `frac_zero_std_trained`, ...: dynamic_sampling.DYNAMIC_KEYS);
+with the llama.cpp engine, its agreement with the trainer as `engine_is_ratio`, `engine_clipped_share`
+and `engine_logp_gap`.
 """
 from __future__ import annotations
 
@@ -40,6 +42,14 @@ REPAIR_FROM_LOGS = {"pass_turn1": METRIC_REPAIR_PASS_FIRST, "pass_final": METRIC
                     "too_hard_to_mixed": METRIC_REPAIR_RESCUED}
 REPAIR_KEYS = tuple(REPAIR_FROM_LOGS)
 
+# The llama.cpp engine's agreement with the trainer (GRPO_ENGINE=llamacpp), as `engine_<key>` columns:
+# TRL's mean importance-sampling ratio and mean per-token |log-probability gap|, and the share of
+# ratios its bound masked or clipped (trainer.clipped_share).
+METRIC_IS_CLIPPED = "sampling/importance_sampling_ratio/clipped_share"
+ENGINE_FROM_LOGS = {"is_ratio": "sampling/importance_sampling_ratio/mean", "clipped_share": METRIC_IS_CLIPPED,
+                    "logp_gap": "sampling/sampling_logp_difference/mean"}
+ENGINE_KEYS = tuple(ENGINE_FROM_LOGS)
+
 
 @dataclass
 class StepRecord:
@@ -70,6 +80,7 @@ class StepRecord:
     repair: dict[str, float | None] | None = None  # REPAIR_KEYS -> value; None: no repair turns
     # dynamic_sampling.DYNAMIC_KEYS -> value (GRPO_DYNAMIC_SAMPLING=1); None: every generated group trained on
     dynamic: dict[str, float | None] | None = None
+    engine: dict[str, float | None] | None = None  # ENGINE_KEYS -> value (GRPO_ENGINE=llamacpp); None: not logged
     notes: list[str] = field(default_factory=list)  # the monitor's lines after the metrics ([Health] ...)
 
     @classmethod
@@ -87,23 +98,27 @@ class StepRecord:
                    parts={p.name: value(p.metric) for p in PARTS if p.metric in logs},
                    repair={k: value(m) for k, m in REPAIR_FROM_LOGS.items()} if METRIC_REPAIR_TURNS in logs else None,
                    dynamic={k: value(m) for k, m in METRIC_DYNAMIC.items()}
-                   if METRIC_DYNAMIC["generation_rounds"] in logs else None)
+                   if METRIC_DYNAMIC["generation_rounds"] in logs else None,
+                   engine={k: value(m) for k, m in ENGINE_FROM_LOGS.items()}
+                   if ENGINE_FROM_LOGS["is_ratio"] in logs else None)
 
     def to_json(self) -> dict[str, Any]:
         """One metrics.jsonl line: flat, so that each group kind and each part is a column."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("groups", "parts", "repair", "dynamic", "notes")}
+        out = {k: v for k, v in asdict(self).items() if k not in ("groups", "parts", "repair", "dynamic", "engine", "notes")}
         out |= {f"groups_{k}": v for k, v in (self.groups or {}).items()}
         out |= {f"part_{k}": v for k, v in self.parts.items()}
         out |= {f"repair_{k}": v for k, v in (self.repair or {}).items()}
         out |= self.dynamic or {}  # as they are named: groups_generated, frac_zero_std_trained, ...
+        out |= {f"engine_{k}": v for k, v in (self.engine or {}).items()}
         return out | {"notes": self.notes}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "StepRecord":
-        known = {f.name for f in fields(cls)} - {"groups", "parts", "repair", "dynamic"}
+        known = {f.name for f in fields(cls)} - {"groups", "parts", "repair", "dynamic", "engine"}
         groups = {k: d[f"groups_{k}"] for k in KINDS} if all(f"groups_{k}" in d for k in KINDS) else None
         repair = {k: d.get(f"repair_{k}") for k in REPAIR_KEYS} if "repair_turns" in d else None
         dynamic = {k: d.get(k) for k in DYNAMIC_KEYS} if "generation_rounds" in d else None
+        engine = {k: d.get(f"engine_{k}") for k in ENGINE_KEYS} if "engine_is_ratio" in d else None
         return cls(**{k: v for k, v in d.items() if k in known}, groups=groups,
                    parts={p.name: d[f"part_{p.name}"] for p in PARTS if f"part_{p.name}" in d}, repair=repair,
-                   dynamic=dynamic)
+                   dynamic=dynamic, engine=engine)

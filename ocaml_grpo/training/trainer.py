@@ -13,6 +13,12 @@
   one step's batch of the kept groups (dynamic_sampling.py). None: TRL's generation, untouched.
 - The run folder's README.md is ours (run_dir.write_readme), not TRL's hub model card; so is each
   adapter folder's, not peft's.
+- The llama.cpp engine (GRPO_ENGINE=llamacpp, `llama`): before each step's generation the live LoRA
+  weights go to the engine as a GGUF adapter; the engine samples every answer, and TRL's
+  importance-sampling correction for vLLM's rollouts (its `use_vllm` branches: the ratio of the
+  trainer's to the engine's log-probabilities, masked or clipped as GRPOConfig's
+  vllm_importance_sampling_* say) weighs the loss, as it would for vLLM. The share of ratios that
+  bound masks or clips is logged beside TRL's ratio and log-probability gap.
 - Before each generation, the input-embedding hooks that gradient checkpointing's toggling left
   behind are removed (engines.drop_orphaned_input_hooks): they pile up every step, and the compiled
   engine would recompile for each new one.
@@ -30,6 +36,8 @@ from trl import GRPOTrainer
 from ocaml_grpo.training import dynamic_sampling as ds
 from ocaml_grpo.training.engines import drop_orphaned_input_hooks, end_turn_at_stop
 from ocaml_grpo.training.group_kinds import ProblemTracker
+from ocaml_grpo.training.llamacpp import LlamaEngine, Sampling, lora_tensors
+from ocaml_grpo.training.metrics import METRIC_IS_CLIPPED
 from ocaml_grpo.training.repair import first_answer_advantages
 from ocaml_grpo.training.run_dir import write_adapter_readme, write_readme
 from ocaml_grpo.training.tracking import TrackedSampler
@@ -41,16 +49,25 @@ class OcamlGRPOTrainer(GRPOTrainer):
     dynamic_rounds: with dynamic sampling, the extra generation rounds a step may take (None: off);
     group_log: the reward function's gathered groups (dynamic_sampling.GroupLog), to log the kinds
     of the groups dropped (None: not logged); min_std: a group teaches when its rewards' std is at
-    least this (GRPO_LEARNABLE_MIN_STD; 0: any difference)."""
+    least this (GRPO_LEARNABLE_MIN_STD; 0: any difference); llama: the llama.cpp engine that
+    generates every answer (None: TRL's own engines)."""
 
     def __init__(self, *args, tracker: ProblemTracker | None, stop: str | None = None,
                  dynamic_rounds: int | None = None, group_log: ds.GroupLog | None = None, min_std: float = 0.0,
-                 **kwargs):
+                 llama: LlamaEngine | None = None, **kwargs):
         self.tracker = tracker
         self.stop = stop
         self.dynamic_rounds, self.group_log, self.min_std = dynamic_rounds, group_log, min_std
         self._round_rewards = self._round_lengths = None
+        self.llama, self._llama_step, self._llama_calls = llama, None, 0
         super().__init__(*args, **kwargs)
+        if llama is not None:
+            if self.args.use_vllm:
+                raise ValueError("the llama.cpp engine and vLLM: choose one")
+            # TRL corrects vLLM's rollouts in its `use_vllm` branches; vLLM itself is reached only
+            # through `_generate_single_turn` and the weight sync in `_generate`, both taken over here.
+            self.use_vllm = True
+            self._last_loaded_step = -1
 
     def create_model_card(self, *args, **kwargs) -> None:
         """TRL's card is written for a hub upload ("a fine-tuned version of [None]", a quick start that
@@ -74,9 +91,41 @@ class OcamlGRPOTrainer(GRPOTrainer):
                               repeat_count=self.num_iterations * self.args.steps_per_generation,
                               shuffle=self.shuffle_dataset, seed=self.args.seed)
 
+    def sync_llama(self) -> None:
+        """Give the engine the trainer's current LoRA weights (once per optimizer step)."""
+        model = self.accelerator.unwrap_model(self.model)
+        config = model.peft_config[model.active_adapter]
+        if getattr(config, "use_rslora", False) or getattr(config, "use_dora", False):
+            raise ValueError("the llama.cpp engine runs plain LoRA (scale alpha / r): no rsLoRA or DoRA")
+        shape = self.llama.shape
+        self.llama.set_lora(lora_tensors(model.named_parameters(), shape["arch"], shape["n_head"], shape["n_head_kv"]),
+                            config.lora_alpha)
+        self._llama_step = self._last_loaded_step = self.state.global_step
+
+    def _llama_generate(self, prompt_ids: list[list[int]]):
+        if self._llama_step != self.state.global_step:
+            self.sync_llama()
+        args, tok = self.args, self._tokenizer
+        sampling = Sampling(args.temperature, args.top_p if args.top_p is not None else 1.0, args.top_k or 0,
+                            args.min_p or 0.0)
+        if (args.repetition_penalty or 1.0) != 1.0:
+            raise ValueError("the llama.cpp engine samples without a repetition penalty")
+        self._llama_calls += 1
+        decode = partial(tok.decode, skip_special_tokens=True)
+        answers = self.llama.generate(prompt_ids, self.max_completion_length, sampling, stop_ids=set(self.eos_token_ids),
+                                      decode=decode, stop=self.stop,
+                                      seed=hash((args.seed, self.state.global_step, self._llama_calls)) % 2**32)
+        if self.stop is None:
+            return answers.ids, answers.logprobs
+        # the end-of-turn token added after the END marker was not sampled: NaN, which TRL's correction ignores
+        return end_turn_at_stop(answers.ids, answers.logprobs, decode, self.stop, {*self.eos_token_ids, tok.pad_token_id},
+                                tok.eos_token_id, unsampled_logprob=float("nan"))
+
     def _generate_single_turn(self, *args, **kwargs):
         model = self.accelerator.unwrap_model(self.model)
         drop_orphaned_input_hooks(model)
+        if self.llama is not None:
+            return self._llama_generate(args[0] if args else kwargs["prompt_ids"])
         if self.stop is None:
             return super()._generate_single_turn(*args, **kwargs)
         if "generate" not in vars(model):  # transformers' stop strings need the tokenizer; TRL passes none
@@ -93,6 +142,11 @@ class OcamlGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_round(self, inputs):
         out = super()._generate_and_score_completions(inputs)
+        if self.llama is not None and "importance_sampling_ratio" in out:
+            mode = "train" if self.model.training else "eval"
+            self._metrics[mode][METRIC_IS_CLIPPED].append(clipped_share(
+                out["importance_sampling_ratio"], out["completion_mask"], self.vllm_importance_sampling_mode,
+                self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max, self.accelerator))
         if not inputs or "repair" not in inputs[0]:
             return out
         episodes = [row["repair"] for row in inputs]
@@ -111,6 +165,8 @@ class OcamlGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------- dynamic sampling
 
     def _generate(self, prompts):
+        if self.llama is not None and self._llama_step != self.state.global_step:
+            self.sync_llama()  # before TRL's own check, which would sync vLLM
         out = super()._generate(prompts)
         if self.dynamic_rounds is not None:  # each completion's own tokens (feedback left out): the step's cost
             ids, mask = out[1], out[2]
@@ -168,3 +224,24 @@ class OcamlGRPOTrainer(GRPOTrainer):
         for key, value in ds.step_figures(plan, kinds if self.group_log is not None else None, tokens).items():
             self._metrics["train"][ds.METRIC_DYNAMIC[key]].append(value)
         return out
+
+
+
+def clipped_share(ratio: torch.Tensor, completion_mask: torch.Tensor, mode: str, clip_min: float | None,
+                  clip_max: float | None, accelerator) -> float:
+    """The share of the engine's samples (sequences, or tokens in the token modes) whose importance
+    ratio the bound masked (set to 0) or clipped (held at a bound), over every process."""
+    if mode.startswith("sequence"):
+        values = ratio.flatten()
+    else:
+        values = ratio[completion_mask.bool()]
+    if mode.endswith("mask"):
+        out = values == 0
+    else:
+        out = torch.zeros_like(values, dtype=torch.bool)
+        if clip_max is not None:
+            out |= values >= clip_max
+        if clip_min is not None:
+            out |= values <= clip_min
+    counts = accelerator.gather(torch.tensor([float(out.sum()), float(out.numel())], device=ratio.device)).view(-1, 2).sum(0)
+    return (counts[0] / counts[1]).item() if counts[1] > 0 else 0.0
