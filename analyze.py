@@ -283,7 +283,12 @@ def _ranges(lines: list[LogLine], level: dict[str, str], config: dict, sched: st
         rng("frac_zero_std", series(lines, "frac_zero_std"),
             f"< {th.zero_std_healthy} (critical ≥ {th.zero_std_critical})",
             *judged("zero_std", {"ok": "healthy", "warning": "elevated", "critical": "critical"}), ".2f"),
-    ]
+    ] + ([  # GRPO_ENGINE=llamacpp: the engine's policy against the trainer's
+        rng("Engine logp gap (mean)", series(lines, "engine_logp_gap"), f"≤ {th.engine_gap_max}",
+            *judged("engine", {"ok": "agree", "warning": "drifted apart"})),
+        rng("Engine ratios masked/clipped", series(lines, "engine_clipped_share"), f"≤ {th.engine_clipped_max}",
+            *judged("engine", {"ok": "agree", "warning": "drifted apart"})),
+    ] if series(lines, "engine_logp_gap") else [])
 
 
 def _lr_finding(lines: list[LogLine], config: dict, sched: str, epoch: float) -> list[Finding]:

@@ -36,9 +36,10 @@ from pathlib import Path
 
 from ocaml_grpo.training import probe
 from ocaml_grpo.models.tiny import ensure_plumbing_model, plumbing_model_dir
-from ocaml_grpo.training.sampling import RATES, generate_hf, generate_vllm, grade_completions
-from ocaml_grpo.models.loading import go_offline_unless_needed, model_error
-from ocaml_grpo.models.named import resolve_model
+from ocaml_grpo.training.sampling import RATES, generate_hf, generate_llamacpp, generate_vllm, grade_completions
+from ocaml_grpo.models.loading import adapter_base, go_offline_unless_needed, model_error
+from ocaml_grpo.models.named import NamedModelError, converted_folder, gguf_source, resolve_model
+from ocaml_grpo.training import llamacpp
 from ocaml_grpo.training.repair import sample_episodes
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo import prompting
@@ -48,6 +49,22 @@ from ocaml_grpo.config.settings import cache_dir, from_env
 from rewards import RewardScorer
 
 atexit.register(gc.freeze)  # skips ~1.7 s of collecting torch's and transformers' objects at exit (see train.py)
+
+def llamacpp_error(model: str, adapter: str | None) -> str | None:
+    """Why llama.cpp cannot sample `model` with `adapter` (None: it can), before any model loads."""
+    if why := llamacpp.missing():
+        return why
+    try:
+        gguf_source(model, cache_dir(os.environ))
+    except NamedModelError as e:
+        return str(e)
+    if adapter:
+        trained_on = adapter_base(adapter)
+        folder = converted_folder(model, cache_dir(os.environ))
+        if trained_on and trained_on not in (model, str(folder)):
+            return f"the adapter {adapter} was trained on {trained_on}, not on {model}: llama.cpp cannot apply it"
+    return None
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -69,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=512)
     ap.add_argument("--batch-size", type=int, default=8, help="problems per generate() call")
     ap.add_argument("--vllm", action="store_true", help="generate with vLLM (must be installed)")
+    ap.add_argument("--engine", default="default", choices=["default", "llamacpp"],
+                    help="default: transformers' generate; llamacpp: llama.cpp from the model's GGUF file with the "
+                         "adapter set on it (`make engine`; a named model or a .gguf file)")
     ap.add_argument("--repair-turns", type=int, default=0, metavar="N",
                     help="after an answer that does not compile or fails the prompt's examples, show the model the "
                          "feedback training shows (GRPO_REPAIR_TURNS) and let it answer again, up to N times; "
@@ -89,8 +109,10 @@ def main(argv: list[str] | None = None) -> int:
                                (samples < args.k, f"--samples {samples} must be >= --k {args.k}"),
                                (args.max_new_tokens < 1, "--max-new-tokens must be >= 1"),
                                (args.repair_turns < 0, "--repair-turns must be >= 0"),
-                               (args.repair_turns > 0 and args.vllm, "--repair-turns samples each turn with "
-                                "transformers: drop --vllm")] if bad]
+                               (args.repair_turns > 0 and (args.vllm or args.engine != "default"),
+                                "--repair-turns samples each turn with transformers: drop --vllm / --engine"),
+                               (args.vllm and args.engine != "default", "--vllm or --engine llamacpp: choose one")]
+              if bad]
     if errors:
         ap.error("; ".join(errors))
     temperature = args.temperature if args.temperature is not None else (0.0 if samples == 1 else 0.8)
@@ -107,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.model != "plumbing" and (error := model_error("--model", args.model, os.environ)):
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.engine == "llamacpp" and (error := llamacpp_error(args.model, args.adapter)):
+        print(f"error: --engine llamacpp: {error}", file=sys.stderr)
         return 2
     rng = random.Random(args.seed)
     chosen: list[Problem] = rng.sample(problems, min(args.n, len(problems)))
@@ -129,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
                                    examples=examples, stop_at_end=stop_at_end)
         texts = [[e.answers[0] for e in eps] for eps in episodes]
         lens = [[e.answer_tokens[0] for e in eps] for eps in episodes]
+    elif args.engine == "llamacpp":
+        texts, lens = generate_llamacpp(args.model, args.adapter, prompts, samples, args.max_new_tokens, temperature,
+                                        args.batch_size, args.seed, cache_dir(os.environ), stop_at_end)
     elif args.vllm:
         texts, lens = generate_vllm(model_id, args.adapter, prompts, samples, args.max_new_tokens, temperature, args.seed,
                                     stop_at_end)

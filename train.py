@@ -474,7 +474,8 @@ def main(argv: list[str]) -> int:
                                processing_class=tokenizer, peft_config=peft_config, callbacks=[callback, stop],
                                tracker=tracker, rollout_func=rollout, stop=END_MARKER if train.stop_at_end else None,
                                dynamic_rounds=train.dynamic_rounds if train.dynamic_sampling else None,
-                               group_log=group_log, min_std=train.selection.min_std, llama=llama)
+                               group_log=group_log, min_std=train.selection.min_std, llama=llama,
+                               share_prompts=train.shared_prefix)
     if engine == "compiled":
         enable_compiled_generation(trainer)
     trainer.remove_callback(PrinterCallback)  # its ~1,000-character metrics dict per step: LearningLog prints instead

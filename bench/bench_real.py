@@ -51,7 +51,7 @@ from ocaml_grpo.models.named import model_key, resolve_model
 from ocaml_grpo.problems import BUNDLED, Problem, load_problems
 from ocaml_grpo.prompting import answer_text, chat_messages
 from ocaml_grpo.training import demo
-from ocaml_grpo.training.sampling import generate_hf, grade_completions
+from ocaml_grpo.training.sampling import generate_hf, generate_llamacpp, grade_completions
 
 ARMS = ("base", "base_grpo", "sft", "sft_grpo")
 START = {"base_grpo": "base", "sft_grpo": "sft"}  # where each GRPO arm starts
@@ -107,6 +107,11 @@ def evaluate(model: str, adapter: str | None, problems: list[Problem], a, comple
     generated = completions.with_name("generations.json")  # kept apart: a grading that fails costs no sampling
     if generated.is_file():
         texts, lens = json.loads(generated.read_text())
+    elif a.engine == "llamacpp":  # the GGUF file by name, with the adapter set on it
+        texts, lens = generate_llamacpp(a.model, adapter, [chat_messages(p.prompt, a.examples) for p in problems], a.k,
+                                        a.budget, a.temperature, a.batch_problems, a.seed, cache_dir(os.environ),
+                                        stop_at_end=True, progress=False)
+        generated.write_text(json.dumps([texts, lens]) + "\n")
     else:
         texts, lens = generate_hf(model, adapter, [chat_messages(p.prompt, a.examples) for p in problems], a.k, a.budget,
                                   a.temperature, a.batch_problems, a.seed, top_k=0, progress=False, stop_at_end=True,
@@ -150,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=0, help="completion tokens (0: from the reference solutions)")
     ap.add_argument("--examples", type=int, default=0, help="worked examples in every prompt (GRPO_PROMPT_EXAMPLES)")
     ap.add_argument("--batch-problems", type=int, default=4, help="problems per generate() call in evaluations")
+    ap.add_argument("--engine", default="default", choices=["default", "llamacpp"],
+                    help="what samples every evaluation, the probe and GRPO (GRPO_ENGINE): llamacpp runs the model's "
+                         "GGUF file (`make engine`)")
     ap.add_argument("--sft-steps", default="12", help="SFT optimizer steps of 8 examples (SFT_MAX_STEPS)")
     ap.add_argument("--sft-lr", default="5e-4")
     ap.add_argument("--grpo-steps", type=int, default=12)
@@ -206,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                      "budget": a.budget, "temperature": a.temperature, "seed": a.seed,
                      "reward": [reward.min_lines, reward.runaway_multiplier, asdict(reward.weights),
                                 asdict(reward.sandbox.limits)],
-                     "prompt": chat_messages("x", a.examples), "stop_at_end": True})
+                     "prompt": chat_messages("x", a.examples), "stop_at_end": True,
+                     **({"engine": a.engine} if a.engine != "default" else {})})
     work = stages.folder("split", held=[p.id for p in held], pool=[p.id for p in pool])
     train_file, pool_file = write(work / "train_problems.jsonl", train), write(work / "pool_problems.jsonl", pool)
     print(f"bench_real: {a.model}; {len(train)} training problems ({len(pool)} in the GRPO pool), {len(held)} held out, "
@@ -216,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {**demo.base_env(), "OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"], "GRPO_PROMPT_EXAMPLES": str(a.examples),
            "BASE_MODEL_ID": a.model, "GRPO_SEED": str(a.seed), "GRPO_MAX_COMPLETION": str(a.budget),
            "GRPO_MAX_PROMPT": "2048", "GRPO_TEMPERATURE": str(a.temperature), "GRPO_STOP_AT_END": "1",
-           "TRAINING_DATASET": str(pool_file), "GRPO_NUM_GENERATIONS": str(a.k)}
+           "TRAINING_DATASET": str(pool_file), "GRPO_NUM_GENERATIONS": str(a.k), "GRPO_ENGINE": a.engine}
     minutes: dict[str, float] = {}
     adapters: dict[str, str | None] = {"base": None}
     recipes: dict[str, dict] = {"base": {}}

@@ -112,8 +112,11 @@ def device_used_gb() -> float:
     return (total - free) / 2**30
 
 
-def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Namespace) -> dict:
-    """One engine's warm-up and measured steps, in this (fresh) process."""
+def run_engine(spec: str, model_dir: str, random_weights: bool, a: argparse.Namespace) -> dict:
+    """One engine's warm-up and measured steps, in this (fresh) process. `spec`: the engine's name,
+    `+prefix` after it: with the shared-prefix log-probability passes (GRPO_SHARED_PREFIX=1)."""
+    engine, _, options = spec.partition("+")
+    shared = options == "prefix"
     quiet_library_warnings()
     from datasets import Dataset
     from peft import LoraConfig
@@ -168,7 +171,7 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
     sequences = a.prompts * a.generations
     args = GRPOConfig(
         output_dir=str(Path(a.out) / engine), per_device_train_batch_size=sequences,
-        num_generations=a.generations, max_completion_length=a.completion, max_steps=a.warmup + steps_of(a, engine),
+        num_generations=a.generations, max_completion_length=a.completion, max_steps=a.warmup + steps_of(a, spec),
         learning_rate=a.lr, temperature=0.9, beta=0.0, logging_steps=10**6, save_strategy="no", report_to=[],
         bf16=on_gpu, use_cpu=not on_gpu, **checkpointing_kwargs(GRPOConfig, on_gpu), remove_unused_columns=False, seed=0,
         **engine_kwargs(engine, sequences, a.max_prompt, a.completion, vllm_gpu_memory=vllm_memory))
@@ -197,11 +200,12 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
             kind = "warm-up" if len(step_times) <= a.warmup else "measured"
             if len(step_times) == a.warmup:
                 graphs_after_warmup[0] = compiled_graphs()
-            print(f"{engine}: step {len(step_times)} ({kind}) {step_times[-1]:.1f} s", flush=True)
+            print(f"{spec}: step {len(step_times)} ({kind}) {step_times[-1]:.1f} s", flush=True)
 
     trainer = OcamlGRPOTrainer(model=model, reward_funcs=[syntax_aware_reward], args=args,
                                train_dataset=Dataset.from_list(rows), processing_class=tokenizer, peft_config=peft,
                                callbacks=[StepTimer()], tracker=None, llama=llama,
+                               share_prompts=shared,
                                stop=END_MARKER if a.stop_at_end else None)
     if engine == "compiled":
         enable_compiled_generation(trainer, a.compile_backend)
@@ -233,7 +237,7 @@ def run_engine(engine: str, model_dir: str, random_weights: bool, a: argparse.Na
     mean = lambda xs: sum(xs) / max(1, len(xs))  # noqa: E731
     step, gen, rew = mean(steps), mean(gens), mean(rews)
     device = torch.cuda.get_device_name(0) if on_gpu else f"CPU ({os.cpu_count()} cores), no CUDA device"
-    return {"engine": engine, "device": device, "steps": len(steps), "step_s": step, "generation_s": gen,
+    return {"engine": spec, "shared_prefix": shared, "device": device, "steps": len(steps), "step_s": step, "generation_s": gen,
             "generation_tokens_per_step": mean(toks), "generation_tok_per_s": sum(toks) / max(1e-9, sum(gens)),
             "reward_s": rew, "reward_share": rew / step if step else 0.0, "train_s": step - gen - rew,
             "reward_mean": mean(reward_means[w:]), "warmup_step_s": mean(step_times[:w]) if w else None,
@@ -260,7 +264,9 @@ def main() -> None:
     on_gpu = torch.cuda.is_available()
     base = SEED_CONFIG if on_gpu else CPU_CONFIG
     ap.add_argument("--engines", default=None,
-                    help="comma list of default,compiled,paged,vllm (default: all available)")
+                    help="comma list of default,compiled,paged,vllm,llamacpp, each optionally with +prefix (the shared-prefix "
+                         "log-probability passes, GRPO_SHARED_PREFIX=1), e.g. default,llamacpp+prefix (default: all "
+                         "available but llamacpp)")
     ap.add_argument("--compile-backend", default="inductor", choices=["inductor", "cudagraphs"],
                     help="the compiled engine's torch.compile backend (cudagraphs: CUDA graphs without Triton)")
     ap.add_argument("--model", default="qwen1.5b-shape" if on_gpu else "tiny",
@@ -281,16 +287,17 @@ def main() -> None:
     ap.add_argument("--out", default="grpo_runs/bench_train", help="trainer output folders (nothing is saved)")
     ap.add_argument("--json", default=None, help="also write the results here")
     a = ap.parse_args()
-    engines = (a.engines or ",".join(e for e in ENGINES if e != "vllm" or importlib.util.find_spec("vllm"))).split(",")
+    engines = (a.engines or ",".join(e for e in ENGINES if e not in ("vllm", "llamacpp")
+                                     or (e == "vllm" and importlib.util.find_spec("vllm")))).split(",")
     for e in engines:
-        if e not in ENGINES:
+        if e.partition("+")[0] not in ENGINES or e.partition("+")[2] not in ("", "prefix"):
             raise SystemExit(f"--engines: unknown engine {e!r} (choose from {', '.join(ENGINES)})")
     model_dir, random_weights = resolve_model(a.model)
     graded = "random weights, stand-in answers graded" if random_weights else "own answers graded"
     print(f"device: {'CUDA' if on_gpu else 'CPU'}; model: {a.model} ({graded}, {'bf16' if on_gpu else 'fp32'}); "
           f"{a.prompts} prompts x {a.generations} generations, completion {a.completion} tokens, prompts <= "
           f"{a.max_prompt} tokens, LoRA r=32; {a.warmup} warm-up + {a.steps} measured steps", flush=True)
-    header = (f"{'engine':<9}{'step s':>8}{'gen s':>8}{'gen tok/s':>11}{'vs default':>11}{'reward s':>10}"
+    header = (f"{'engine':<16}{'step s':>8}{'gen s':>8}{'gen tok/s':>11}{'vs default':>11}{'reward s':>10}"
               f"{'reward %':>10}{'train s':>9}{'alloc GB':>10}{'used GB':>9}{'warm-up s':>11}{'recompiles':>11}")
     results, failed = [], []
     for engine in engines:
@@ -329,10 +336,10 @@ def steps_of(a: argparse.Namespace, engine: str) -> int:
 
 def row(r: dict, results: list[dict]) -> str:
     """One engine's line of the table; `vs default`: its generation speed over the default engine's."""
-    base = next((b for b in results if b["engine"] == "default"), None)
+    base = next((b for b in results if b["engine"] == "default"), None)  # today's path
     ratio = r["generation_tok_per_s"] / base["generation_tok_per_s"] if base else float("nan")
     gb = lambda v: f"{v:.1f}" if v is not None else "-"  # noqa: E731
-    return (f"{r['engine']:<9}{r['step_s']:>8.2f}{r['generation_s']:>8.2f}{r['generation_tok_per_s']:>11.1f}"
+    return (f"{r['engine']:<16}{r['step_s']:>8.2f}{r['generation_s']:>8.2f}{r['generation_tok_per_s']:>11.1f}"
             f"{ratio:>10.2f}x{r['reward_s']:>10.3f}{100 * r['reward_share']:>9.1f}%{r['train_s']:>9.2f}"
             f"{gb(r['peak_alloc_gb']):>10}{gb(r['peak_used_gb']):>9}"
             f"{r['warmup_step_s'] or float('nan'):>11.1f}{r['recompiles_after_warmup']:>11}")

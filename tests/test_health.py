@@ -165,3 +165,26 @@ def test_learning_log_is_rendered_from_the_records_and_the_report_reads_them(tmp
     assert [l.raw for l in report.lines] == [l for l in lines if l.startswith("[Epoch ")]
     table = pd.read_json(run / METRICS_FILE, lines=True)
     assert list(table["step"]) == list(range(1, 17)) and table["reward"].iloc[0] == 0.10
+
+
+def test_an_engine_that_drifts_from_the_trainer_is_reported_from_its_logged_record():
+    """GRPO_ENGINE=llamacpp: TRL's ratio and gap and our masked share go from the trainer's logs into
+    metrics.jsonl, the [Engine] line and the health rule; a run without the engine has none of them."""
+    def record(gap: float, clipped: float, step: int) -> StepRecord:
+        return StepRecord.from_logs(step, step / 10, {
+            "loss": 0.0, "reward": 0.3, "sampling/importance_sampling_ratio/mean": 0.98,
+            "sampling/importance_sampling_ratio/clipped_share": clipped, "sampling/sampling_logp_difference/mean": gap})
+
+    healthy = [record(0.03, 0.0, i) for i in range(1, 6)]
+    drifted = healthy + [record(0.25, 0.125, i) for i in range(6, 11)]
+    for records, expected in ((healthy, False), (drifted, True)):
+        back = [StepRecord.from_json(json.loads(json.dumps(r.to_json()))) for r in records]  # metrics.jsonl and back
+        assert back == records and back[-1].engine == records[-1].engine
+        assert any(line.startswith("[Engine] epoch") and "clipped_share=" in line for line in render(back))
+        points = [analyze.LogLine.from_record(r).point for r in back]
+        found = [f for f in health.findings(points) if f.key == "engine"]
+        assert bool(found) == expected, found
+    assert "engine_logp_gap" in healthy[0].to_json()
+    plain = StepRecord.from_logs(1, 0.1, {"loss": 0.0, "reward": 0.3})
+    assert plain.engine is None and not any(k.startswith("engine_") for k in plain.to_json())
+    assert not any(line.startswith("[Engine]") for line in render([plain]))

@@ -270,3 +270,54 @@ def test_the_trainer_gives_the_engine_its_weights_after_each_optimizer_step(smol
     assert gap(base, trained) > 0.15  # the steps moved the policy
     assert gap(sampled, trained) < gap(sampled, base) / 2 and gap(sampled, trained) < 0.1
     engine.clear_lora()
+
+
+@needs_engine
+@needs_model
+def test_a_saved_adapter_is_what_the_engine_runs_for_evaluate(smol, tmp_path):
+    """A peft adapter folder as evaluate.py --adapter gives it (bf16, names without the adapter's
+    name): the engine's log-probabilities follow the adapted model."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from ocaml_grpo.training.llamacpp import saved_lora
+    engine, tok, folder, prompt = smol
+    engine.clear_lora()
+    answers = engine.generate([prompt] * 2, 16, Sampling(1.0), stop_ids={tok.eos_token_id}, seed=5).ids
+    torch.manual_seed(1)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "down_proj"], lora_dropout=0.0))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            p.data.normal_(0, 0.05)
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "adapter")
+    model = model.float().eval()
+    adapted = trainer_logps(model, prompt, answers, 1.0)
+    shape = engine.shape
+    tensors, alpha = saved_lora(tmp_path / "adapter", shape["arch"], shape["n_head"], shape["n_head_kv"])
+    assert alpha == 8 and len(tensors) == 2 * 3 * shape["n_layer"]
+    before = gap(engine.score([prompt] * 2, answers, 1.0), adapted)
+    engine.set_lora(tensors, alpha)
+    after = gap(engine.score([prompt] * 2, answers, 1.0), adapted)
+    assert after < 0.1 < before, (after, before)
+    engine.clear_lora()
+
+
+@needs_engine
+@needs_model
+def test_evaluate_samples_with_the_engine(tmp_path, cache_home):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(cache_home), "PYTHONPATH": str(ROOT)}
+    out = tmp_path / "eval"
+    r = subprocess.run([sys.executable, "evaluate.py", "--model", MODEL, "--engine", "llamacpp", "--n", "3", "--k", "2",
+                        "--max-new-tokens", "24", "--prompt-examples", "0", "--out", str(out)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = read_jsonl(out / "completions.jsonl")
+    assert len(rows) == 6 and all(0 < row["completion_tokens"] <= 24 for row in rows)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "someone/other-model"}))
+    r = subprocess.run([sys.executable, "evaluate.py", "--model", MODEL, "--engine", "llamacpp", "--adapter", str(adapter)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "was trained on someone/other-model" in r.stderr, r.stderr

@@ -116,6 +116,12 @@ class TrainConfig:
         "compiled decode step), paged (transformers' continuous batching), vllm (TRL's vLLM; CUDA), llamacpp (llama.cpp "
         "from the model's GGUF file with the trainer's LoRA adapter swapped in each step; CPU; `make engine`). "
         "GRPO_USE_VLLM=1, GRPO_CONTINUOUS_BATCHING=1 and GRPO_COMPILED_GENERATION=1 are aliases")
+    shared_prefix: bool = setting(
+        "GRPO_SHARED_PREFIX", "auto",
+        Auto(Flag, lambda env: env.get("GRPO_ENGINE", "").strip() == "llamacpp", "1 with GRPO_ENGINE=llamacpp, else 0"),
+        "1: the loss's forward and backward and TRL's other log-probability passes encode each group's prompt once "
+        "(a shared-prefix forward: the same values and gradients, fewer tokens, no padding); 0: TRL's forward, each "
+        "prompt G times")
     use_vllm: bool = setting("GRPO_USE_VLLM", "0", Flag,
                              "1: generate with vLLM through TRL (pip install -r requirements-vllm.txt; CUDA only)")
     vllm_mode: str = setting("GRPO_VLLM_MODE", "colocate", Choice("colocate", "server"),

@@ -66,12 +66,13 @@ class Answers:
 
 def lora_tensors(named_parameters, arch: str, n_head: int, n_head_kv: int) -> dict[str, np.ndarray]:
     """The adapter's tensors under llama.cpp's names, from peft's parameters (name, tensor) of the
-    active adapter ("default"). A is (r, in), B is (out, r), as convert_lora_to_gguf.py writes them;
-    for the llama architecture B's rows of q and k are permuted as the converter permutes the base
-    weights (GGUF stores them in another order than transformers)."""
+    active adapter ("default"; a saved adapter's names have no adapter name). A is (r, in), B is
+    (out, r), as convert_lora_to_gguf.py writes them; for the llama architecture B's rows of q and k
+    are permuted as the converter permutes the base weights (GGUF stores them in another order than
+    transformers)."""
     out = {}
     for name, p in named_parameters:
-        if ".lora_A.default." not in name and ".lora_B.default." not in name:
+        if not any(f".lora_{x}.{tail}" in name for x in "AB" for tail in ("default.", "weight")):
             continue
         parts = name.split(".")
         module = parts[parts.index("lora_A" if "lora_A" in parts else "lora_B") - 1]
@@ -139,10 +140,28 @@ def memory_bytes(gguf_path: Path, n_ctx: int, sequences: int, lora_params: int) 
     return float(Path(gguf_path).stat().st_size + kv + logits + 2 * 4 * lora_params)
 
 
+def saved_lora(adapter_dir: str | Path, arch: str, n_head: int, n_head_kv: int) -> tuple[dict[str, np.ndarray], float]:
+    """A saved peft adapter (adapter_model.safetensors) as the engine's tensors, and its alpha."""
+    import json
+
+    from safetensors.torch import load_file
+    config = json.loads((Path(adapter_dir) / "adapter_config.json").read_text())
+    if config.get("use_rslora") or config.get("use_dora"):
+        raise ValueError(f"{adapter_dir}: llama.cpp runs plain LoRA (scale alpha / r), not rsLoRA or DoRA")
+    weights = load_file(str(Path(adapter_dir) / "adapter_model.safetensors"))  # torch tensors: bf16 too
+    return lora_tensors(weights.items(), arch, n_head, n_head_kv), float(config["lora_alpha"])
+
+
 # ----------------------------------------------------------------------------- sampling
 
 def sample_rows(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """One token per row of `logits` (rows x vocab) and its log-probability under softmax(logits / T)."""
+    """One token per row of `logits` (rows x vocab) and its log-probability under softmax(logits / T).
+    Temperature 0: the most likely token (greedy), its log-probability under softmax(logits)."""
+    if sampling.temperature <= 0:
+        x = logits.astype(np.float64, copy=False)
+        x = x - x.max(axis=1, keepdims=True)
+        tokens = x.argmax(axis=1)
+        return tokens, -np.log(np.exp(x).sum(axis=1))
     x = logits.astype(np.float64, copy=False) / sampling.temperature
     x -= x.max(axis=1, keepdims=True)
     logp = x - np.log(np.exp(x).sum(axis=1, keepdims=True))

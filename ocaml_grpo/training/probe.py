@@ -31,7 +31,9 @@ from dotenv import load_dotenv
 
 from ocaml_grpo.reward.parts import discounted
 from ocaml_grpo.training.group_kinds import group_stat
+from ocaml_grpo.training import llamacpp
 from ocaml_grpo.training.repair import sample_episodes
+from ocaml_grpo.training.sampling import generate_llamacpp
 from ocaml_grpo.jsonl import append
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
 from ocaml_grpo.prompting import chat_messages
@@ -43,7 +45,8 @@ from ocaml_grpo.models.named import resolve_model
 # What the probe reads from the environment (the rest of train.py's settings do not change a sample).
 USED = [s for s in SETTINGS if s.name in ("BASE_MODEL_ID", "GRPO_INIT_ADAPTER", "TRAINING_DATASET", "GRPO_TEMPERATURE",
                                           "GRPO_MAX_COMPLETION", "GRPO_NUM_GENERATIONS", "GRPO_PROMPT_EXAMPLES", "GRPO_REPAIR_TURNS",
-                                          "GRPO_REPAIR_DISCOUNT", "GRPO_STOP_AT_END")] + settings_of(RewardConfig)
+                                          "GRPO_REPAIR_DISCOUNT", "GRPO_STOP_AT_END",
+                                          "GRPO_ENGINE")] + settings_of(RewardConfig)
 
 
 def problem_stats(problem: Problem, graded: list, sampling: dict) -> ProblemStats:
@@ -90,11 +93,13 @@ def main(argv: list[str], generate_hf, generate_vllm, make_scorer) -> int:
         cfg.train.repair_turns = args.repair_turns
     repair = cfg.train.repair_turns
     k = args.k or cfg.train.num_generations
+    engine_missing = llamacpp.missing() if cfg.train.engine == "llamacpp" else None
     errors += [m for bad, m in [(args.k < 0 or (args.k == 0 and k < 2), "--k must be >= 2"),
                                 (args.batch_size < 1, "--batch-size must be >= 1"),
                                 (repair < 0, "--repair-turns must be >= 0"),
                                 (repair > 0 and args.vllm, "--repair-turns samples each turn with transformers: "
-                                                           "drop --vllm")] if bad]
+                                                           "drop --vllm"),
+                                (engine_missing is not None, f"GRPO_ENGINE=llamacpp but {engine_missing}")] if bad]
     if errors:
         print("config error:\n  " + "\n  ".join(errors), file=sys.stderr)
         return 2
@@ -147,6 +152,11 @@ def main(argv: list[str], generate_hf, generate_vllm, make_scorer) -> int:
                                       stop_at_end=cfg.train.stop_at_end)
                 write(batch, [[e.answers[-1] for e in es] for es in eps], [[e.answer_tokens[-1] for e in es] for es in eps],
                       [[e.turns for e in es] for es in eps])
+        elif cfg.train.engine == "llamacpp" and not repair:  # the engine training samples with, on the GGUF file
+            generate_llamacpp(cfg.train.base_model, adapter, prompts, k, cfg.train.max_completion,
+                              cfg.train.temperature, args.batch_size, args.seed, cache_dir(os.environ),
+                              cfg.train.stop_at_end, progress=False,
+                              on_batch=lambda start, texts, lens: write(todo[start:start + len(texts)], texts, lens))
         elif args.vllm:
             texts, lens = generate_vllm(model, adapter, prompts, k, cfg.train.max_completion, cfg.train.temperature,
                                         args.seed, cfg.train.stop_at_end)

@@ -6,14 +6,17 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import sys
 from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
 
 from ocaml_grpo.models.loading import load_model, load_tokenizer
+from ocaml_grpo.models.named import gguf_source, resolve_model
 from ocaml_grpo.problems import Problem
 from ocaml_grpo.prompting import END_MARKER
+from ocaml_grpo.training.llamacpp import LlamaEngine, Sampling, context_tokens, saved_lora
 from ocaml_grpo.training.run_dir import write_whole
 
 CAPABILITY_THRESHOLD = 0.20  # the original training analysis: under 20% solved -> the base model is not ready for GRPO
@@ -137,6 +140,47 @@ def generate_vllm(model_id: str, adapter: str | None, prompts: list[list[dict]],
         lora = LoRARequest("adapter", 1, adapter)
     results = llm.chat(prompts, params, lora_request=lora)
     return ([[o.text for o in r.outputs] for r in results], [[len(o.token_ids) for o in r.outputs] for r in results])
+
+
+def generate_llamacpp(model_name: str, adapter: str | None, prompts: list[list[dict]], samples: int,
+                      max_new_tokens: int, temperature: float, batch_size: int, seed: int, cache: Path,
+                      stop_at_end: bool = False, progress: bool = True,
+                      on_batch=None) -> tuple[list[list[str]], list[list[int]]]:
+    """generate_hf's completions from the model's GGUF file through llama.cpp (training/llamacpp.py),
+    with `adapter` set on it: `batch_size` problems' samples decode together, each prompt read once.
+    Temperature 0: greedy. `model_name`: a named model or a .gguf file (models/named.gguf_source).
+    `on_batch(start, texts, lens)` sees each batch as it is done."""
+    gguf = gguf_source(model_name, cache)
+    tokenizer = load_tokenizer(adapter if adapter and (Path(adapter) / "tokenizer_config.json").exists()
+                               else resolve_model(model_name, cache))
+    ids = [list(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+           for m in prompts]
+    sequences = min(batch_size, len(ids)) * samples
+    engine = LlamaEngine(gguf, threads=len(os.sched_getaffinity(0)), sequences=sequences,
+                         context=context_tokens(min(batch_size, len(ids)), sequences, max(map(len, ids)), max_new_tokens))
+    decode = lambda t: tokenizer.decode(t, skip_special_tokens=True)  # noqa: E731
+    outs: list[list[str]] = []
+    lens: list[list[int]] = []
+    try:
+        if adapter:
+            shape = engine.shape
+            engine.set_lora(*saved_lora(adapter, shape["arch"], shape["n_head"], shape["n_head_kv"]))
+        for start in range(0, len(ids), batch_size):
+            batch = [p for p in ids[start:start + batch_size] for _ in range(samples)]
+            answers = engine.generate(batch, max_new_tokens, Sampling(temperature), decode=decode,
+                                      stop=END_MARKER if stop_at_end else None, seed=seed + start,
+                                      stop_ids={tokenizer.eos_token_id, tokenizer.pad_token_id})
+            for i in range(0, len(batch), samples):
+                group = answers.ids[i:i + samples]
+                outs.append([decode(g) for g in group])
+                lens.append([len(g) - (g[-1] in (tokenizer.eos_token_id, tokenizer.pad_token_id)) for g in group])
+            if progress:
+                print(f"generated {min(start + batch_size, len(ids))}/{len(ids)} problems", flush=True)
+            if on_batch is not None:
+                on_batch(start, outs[start:], lens[start:])
+    finally:
+        engine.close()
+    return outs, lens
 
 
 def grade_completions(chosen: list[Problem], texts: list[list[str]], lens: list[list[int]], k: int,

@@ -19,6 +19,9 @@
   trainer's to the engine's log-probabilities, masked or clipped as GRPOConfig's
   vllm_importance_sampling_* say) weighs the loss, as it would for vLLM. The share of ratios that
   bound masks or clips is logged beside TRL's ratio and log-probability gap.
+- The group's prompt once (GRPO_SHARED_PREFIX, `share_prompts`): TRL's log-probability passes, the
+  loss's forward and backward among them, run on shared-prefix packs (shared_prefix.py), which
+  give the same values and gradients with each group's prompt encoded once.
 - Before each generation, the input-embedding hooks that gradient checkpointing's toggling left
   behind are removed (engines.drop_orphaned_input_hooks): they pile up every step, and the compiled
   engine would recompile for each new one.
@@ -34,6 +37,7 @@ from torch.utils.data import Sampler
 from trl import GRPOTrainer
 
 from ocaml_grpo.training import dynamic_sampling as ds
+from ocaml_grpo.training import shared_prefix
 from ocaml_grpo.training.engines import drop_orphaned_input_hooks, end_turn_at_stop
 from ocaml_grpo.training.group_kinds import ProblemTracker
 from ocaml_grpo.training.llamacpp import LlamaEngine, Sampling, lora_tensors
@@ -50,16 +54,18 @@ class OcamlGRPOTrainer(GRPOTrainer):
     group_log: the reward function's gathered groups (dynamic_sampling.GroupLog), to log the kinds
     of the groups dropped (None: not logged); min_std: a group teaches when its rewards' std is at
     least this (GRPO_LEARNABLE_MIN_STD; 0: any difference); llama: the llama.cpp engine that
-    generates every answer (None: TRL's own engines)."""
+    generates every answer (None: TRL's own engines); share_prompts: the log-probability passes
+    (the loss's included) encode each group's prompt once (shared_prefix.py; GRPO_SHARED_PREFIX)."""
 
     def __init__(self, *args, tracker: ProblemTracker | None, stop: str | None = None,
                  dynamic_rounds: int | None = None, group_log: ds.GroupLog | None = None, min_std: float = 0.0,
-                 llama: LlamaEngine | None = None, **kwargs):
+                 llama: LlamaEngine | None = None, share_prompts: bool = False, **kwargs):
         self.tracker = tracker
         self.stop = stop
         self.dynamic_rounds, self.group_log, self.min_std = dynamic_rounds, group_log, min_std
         self._round_rewards = self._round_lengths = None
         self.llama, self._llama_step, self._llama_calls = llama, None, 0
+        self.share_prompts = share_prompts
         super().__init__(*args, **kwargs)
         if llama is not None:
             if self.args.use_vllm:
@@ -134,6 +140,16 @@ class OcamlGRPOTrainer(GRPOTrainer):
         tok = self._tokenizer
         return end_turn_at_stop(ids, logprobs, partial(tok.decode, skip_special_tokens=True), self.stop,
                                 {*self.eos_token_ids, tok.pad_token_id}, tok.eos_token_id)
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **multimodal):
+        if not self.share_prompts or compute_aux_loss or any(v is not None for v in multimodal.values()):
+            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size,
+                                                              compute_entropy, compute_aux_loss, **multimodal)
+        logps, entropies = shared_prefix.logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                             self._tokenizer.pad_token_id, batch_size, compute_entropy,
+                                                             self.accelerator.autocast)
+        return logps, entropies, None
 
     def _generate_and_score_completions(self, inputs):
         if self.dynamic_rounds is None or not self.model.training:
