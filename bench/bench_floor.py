@@ -60,9 +60,11 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--generations", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=3, help="timed runs after the warm-up (0: time the warm-up)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs after the warm-up (at least 1)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    if a.repeats < 1:
+        ap.error("--repeats must be >= 1")
     quiet_library_warnings()
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -105,15 +107,12 @@ def main() -> None:
     print(f"{a.model}: {a.prompts} prompts x {a.generations} answers, {tokens['prompt']} prompt + {tokens['answer']} "
           f"answer tokens ({tokens['with_padding']} with padding); torch threads {torch.get_num_threads()}", flush=True)
     for name, (forward, bf16) in variants.items():
-        t0 = time.perf_counter()
         step(forward, bf16)  # warm-up
-        times = [time.perf_counter() - t0] if a.repeats == 0 else []
+        times = []
         for _ in range(a.repeats):
             t0 = time.perf_counter()
             loss, grads = step(forward, bf16)
             times.append(time.perf_counter() - t0)
-        if not a.repeats:
-            loss, grads = step(forward, bf16)
         if reference is None:
             reference = (loss, grads)
         ref_loss, ref_grads = reference
