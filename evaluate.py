@@ -37,8 +37,8 @@ from pathlib import Path
 from ocaml_grpo.training import probe
 from ocaml_grpo.models.tiny import ensure_plumbing_model, plumbing_model_dir
 from ocaml_grpo.training.sampling import RATES, generate_hf, generate_llamacpp, generate_vllm, grade_completions
-from ocaml_grpo.models.loading import adapter_base, go_offline_unless_needed, model_error
-from ocaml_grpo.models.named import NamedModelError, converted_folder, gguf_source, resolve_model
+from ocaml_grpo.models.loading import go_offline_unless_needed, model_error
+from ocaml_grpo.models.named import resolve_model
 from ocaml_grpo.training import llamacpp
 from ocaml_grpo.training.repair import sample_episodes
 from ocaml_grpo.problems import DatasetError, Problem, load_problems
@@ -49,22 +49,6 @@ from ocaml_grpo.config.settings import cache_dir, from_env
 from rewards import RewardScorer
 
 atexit.register(gc.freeze)  # skips ~1.7 s of collecting torch's and transformers' objects at exit (see train.py)
-
-def llamacpp_error(model: str, adapter: str | None) -> str | None:
-    """Why llama.cpp cannot sample `model` with `adapter` (None: it can), before any model loads."""
-    if why := llamacpp.missing():
-        return why
-    try:
-        gguf_source(model, cache_dir(os.environ))
-    except NamedModelError as e:
-        return str(e)
-    if adapter:
-        trained_on = adapter_base(adapter)
-        folder = converted_folder(model, cache_dir(os.environ))
-        if trained_on and trained_on not in (model, str(folder)):
-            return f"the adapter {adapter} was trained on {trained_on}, not on {model}: llama.cpp cannot apply it"
-    return None
-
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -130,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.model != "plumbing" and (error := model_error("--model", args.model, os.environ)):
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if args.engine == "llamacpp" and (error := llamacpp_error(args.model, args.adapter)):
-        print(f"error: --engine llamacpp: {error}", file=sys.stderr)
+    if args.engine == "llamacpp" and (errors := llamacpp.run_errors(args.model, args.adapter, cache_dir(os.environ))):
+        print("error: --engine llamacpp: " + "; ".join(errors), file=sys.stderr)
         return 2
     rng = random.Random(args.seed)
     chosen: list[Problem] = rng.sample(problems, min(args.n, len(problems)))

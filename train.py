@@ -98,29 +98,19 @@ def adapter_shape(lora, init_adapter: str) -> dict:
 
 
 def llamacpp_errors(train) -> list[str]:
-    """Why GRPO_ENGINE=llamacpp cannot run this config (before any model loads): the engine missing,
-    a model without a GGUF file, LoRA on a module llama.cpp's adapter has no tensor for, an initial
-    adapter trained on another model."""
+    """Why GRPO_ENGINE=llamacpp cannot run this config (before any model loads): what llamacpp.run_errors
+    finds, the plumbing model (no GGUF file), LoRA on a module llama.cpp's adapter has no tensor for."""
+    if train.plumbing and train.base_model == str(PLUMBING_MODEL_DIR):
+        return ["GRPO_ENGINE=llamacpp: the plumbing run's tiny model has no GGUF file; set BASE_MODEL_ID to a "
+                "GGUF model (e.g. smollm2-135m-instruct, `make model`)"]
     if why := llamacpp.missing():
         return [f"GRPO_ENGINE=llamacpp but {why}; or choose another engine (GRPO_ENGINE=default)"]
-    errors = []
-    if not (train.plumbing and train.base_model == str(PLUMBING_MODEL_DIR)):
-        try:
-            named_models.gguf_source(train.base_model, cache_dir(os.environ))
-        except named_models.NamedModelError as e:
-            errors.append(f"GRPO_ENGINE=llamacpp: BASE_MODEL_ID={train.base_model}: {e}")
-    else:
-        errors.append("GRPO_ENGINE=llamacpp: the plumbing run's tiny model has no GGUF file; set BASE_MODEL_ID to a "
-                      "GGUF model (e.g. smollm2-135m-instruct, `make model`)")
+    errors = [f"GRPO_ENGINE=llamacpp: {e}" for e in llamacpp.run_errors(train.base_model, train.init_adapter or None,
+                                                                          cache_dir(os.environ))]
     modules = adapter_shape(train.lora, train.init_adapter)["target_modules"]
     if odd := sorted(set(modules) - set(llamacpp.GGUF_MODULES)):
         errors.append(f"GRPO_ENGINE=llamacpp: LoRA on {', '.join(odd)}, which llama.cpp's adapter has no tensor for "
                       f"(LORA_TARGET_MODULES: any of {','.join(llamacpp.GGUF_MODULES)})")
-    if train.init_adapter:
-        trained_on = adapter_base(train.init_adapter)
-        if trained_on and trained_on not in (train.base_model, model_folder(train.base_model)):
-            errors.append(f"GRPO_INIT_ADAPTER={train.init_adapter} was trained on {trained_on}, not on BASE_MODEL_ID="
-                          f"{train.base_model}: llama.cpp cannot apply another model's adapter")
     return errors
 
 

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, TRAIN, check_log_wellformed, log_lines, read_jsonl, run_env, train
+from conftest import ROOT, check_log_wellformed, log_lines, read_jsonl, run_env, train
 from ocaml_grpo.training.llamacpp import Sampling, sample_rows
 
 MODEL = "smollm2-135m-instruct"

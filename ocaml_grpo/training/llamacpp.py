@@ -21,13 +21,15 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import math
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+
+from ocaml_grpo.models.loading import adapter_base
+from ocaml_grpo.models.named import NamedModelError, converted_folder, gguf_source
 
 INSTALL_HINT = "`make engine` (pip install llama-cpp-python==0.3.36; it compiles for ~15 min on 2 cores, once)"
 # peft's module names -> llama.cpp's tensor names (Qwen2 and Llama share them)
@@ -41,6 +43,23 @@ def missing() -> str | None:
     if importlib.util.find_spec("llama_cpp") is None:
         return f"llama-cpp-python is not installed: {INSTALL_HINT}"
     return None
+
+
+def run_errors(model_id: str, adapter: str | None, cache: Path) -> list[str]:
+    """Why llama.cpp cannot sample `model_id` with `adapter` (empty: it can), before any model
+    loads: the engine missing, no GGUF file for the model, an adapter trained on another model."""
+    if why := missing():
+        return [why]
+    errors = []
+    try:
+        gguf_source(model_id, cache)
+    except NamedModelError as e:
+        errors.append(f"{model_id}: {e}")
+    trained_on = adapter_base(adapter) if adapter else None
+    if trained_on and trained_on not in (model_id, str(converted_folder(model_id, cache))):
+        errors.append(f"the adapter {adapter} was trained on {trained_on}, not on {model_id}: llama.cpp cannot apply "
+                      "another model's adapter")
+    return errors
 
 
 @dataclass(frozen=True)
@@ -154,21 +173,25 @@ def saved_lora(adapter_dir: str | Path, arch: str, n_head: int, n_head_kv: int) 
 
 # ----------------------------------------------------------------------------- sampling
 
+def log_softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """Rows of log softmax(logits / temperature), in float64 (what the trainer computes, in float)."""
+    x = logits.astype(np.float64) / temperature
+    x -= x.max(axis=1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+
+
 def sample_rows(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """One token per row of `logits` (rows x vocab) and its log-probability under softmax(logits / T).
     Temperature 0: the most likely token (greedy), its log-probability under softmax(logits)."""
     if sampling.temperature <= 0:
-        x = logits.astype(np.float64, copy=False)
-        x = x - x.max(axis=1, keepdims=True)
-        tokens = x.argmax(axis=1)
-        return tokens, -np.log(np.exp(x).sum(axis=1))
-    x = logits.astype(np.float64, copy=False) / sampling.temperature
-    x -= x.max(axis=1, keepdims=True)
-    logp = x - np.log(np.exp(x).sum(axis=1, keepdims=True))
-    tokens = np.empty(len(x), dtype=np.int64)
+        logp = log_softmax(logits)
+        tokens = logp.argmax(axis=1)
+        return tokens, logp[np.arange(len(logp)), tokens]
+    logp = log_softmax(logits, sampling.temperature)
+    tokens = np.empty(len(logp), dtype=np.int64)
     for i, row in enumerate(logp):
         tokens[i] = _sample_one(row, sampling, rng)
-    return tokens, logp[np.arange(len(x)), tokens]
+    return tokens, logp[np.arange(len(logp)), tokens]
 
 
 def _sample_one(logp: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
@@ -378,8 +401,5 @@ class LlamaEngine:
                 a = answers[i]
                 rows = [first[g]] + (self._decode([(t, len(p) + k, (i,), True) for k, t in enumerate(a[:-1])])
                                      if len(a) > 1 else [])
-                x = np.stack(rows).astype(np.float64) / temperature
-                x -= x.max(axis=1, keepdims=True)
-                lp = x - np.log(np.exp(x).sum(axis=1, keepdims=True))
-                out.append(lp[np.arange(len(a)), a].tolist())
+                out.append(log_softmax(np.stack(rows), temperature)[np.arange(len(a)), a].tolist())
         return out
