@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--adapter", default=None, help="a LoRA adapter dir (e.g. grpo_runs/final_adapter)")
     ap.add_argument("--dataset", default="bundled", help="bundled, a local .jsonl/.json/.csv/.parquet, or a hub id")
     ap.add_argument("--n", type=int, default=10, help="problems sampled (reproducibly, by --seed)")
+    ap.add_argument("--ids", default=None, help="these problems (comma-separated ids, or a file of them, one per "
+                                                "line) in place of --n's sample")
     ap.add_argument("--k", type=int, default=1, help="the k of pass@k")
     ap.add_argument("--samples", type=int, default=0, help="completions per problem (default k; >= k)")
     ap.add_argument("--seed", type=int, default=0)
@@ -119,6 +121,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rng = random.Random(args.seed)
     chosen: list[Problem] = rng.sample(problems, min(args.n, len(problems)))
+    if args.ids:
+        ids = Path(args.ids).read_text().split() if Path(args.ids).is_file() else args.ids.split(",")
+        by_id = {p.id: p for p in problems}
+        if missing := [i for i in ids if i not in by_id]:
+            print(f"error: --ids: {len(missing)} not in {args.dataset}: {', '.join(missing[:5])}", file=sys.stderr)
+            return 2
+        chosen = [by_id[i] for i in ids]
     env_cfg = from_env(RewardConfig, os.environ)
     # Grade every completion (no line gate) so pass@k is about correctness; the training reward,
     # gate included, is reported as mean_reward.

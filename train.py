@@ -190,6 +190,9 @@ def main(argv: list[str]) -> int:
                       "the END marker; set GRPO_STOP_AT_END=0, or choose another engine")
     if engine == "llamacpp":
         errors += llamacpp_errors(train)
+    if train.keep_adapters % train.save_steps:
+        errors.append(f"GRPO_KEEP_ADAPTERS={train.keep_adapters} copies a checkpoint's adapter, so it must be a multiple "
+                      f"of GRPO_SAVE_STEPS={train.save_steps}")
     # (the one check here that loads torch: compiling a one-line function, only when asked for)
     if engine == "compiled" and not errors and (problem := compile_problem()):
         errors.append(f"{asked} but torch.compile cannot build kernels here ({problem}): install a "
@@ -267,7 +270,7 @@ def main(argv: list[str]) -> int:
     from transformers import PrinterCallback
     from trl import GRPOConfig
 
-    from ocaml_grpo.training.callbacks import GracefulStop, LearningLog
+    from ocaml_grpo.training.callbacks import GracefulStop, KeepAdapters, LearningLog
     from ocaml_grpo.training.dynamic_sampling import GroupLog
     from ocaml_grpo.training.tracking import shared_update
     from ocaml_grpo.training.trainer import OcamlGRPOTrainer
@@ -461,7 +464,7 @@ def main(argv: list[str]) -> int:
         print(f"generation: llama.cpp over {gguf} ({llama.shape['arch']}, {llama.threads} threads, "
               f"a {llama.n_ctx}-token KV cache shared by {generation_batch} sequences)")
     trainer = OcamlGRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=train_dataset,
-                               processing_class=tokenizer, peft_config=peft_config, callbacks=[callback, stop],
+                               processing_class=tokenizer, peft_config=peft_config, callbacks=[callback, stop, *([KeepAdapters(train.keep_adapters)] if train.keep_adapters else [])],
                                tracker=tracker, rollout_func=rollout, stop=END_MARKER if train.stop_at_end else None,
                                dynamic_rounds=train.dynamic_rounds if train.dynamic_sampling else None,
                                group_log=group_log, min_std=train.selection.min_std, llama=llama,

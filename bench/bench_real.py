@@ -45,8 +45,9 @@ from pathlib import Path
 from ocaml_grpo.config import RewardConfig
 from ocaml_grpo.config.isolation import SandboxConfig
 from ocaml_grpo.config.settings import cache_dir, from_env
+from ocaml_grpo.grading.sandbox import UID_POOL_BASE, UID_POOL_SIZE
 from ocaml_grpo.jsonl import read_jsonl
-from ocaml_grpo.models.loading import load_tokenizer, quiet_library_warnings
+from ocaml_grpo.models.loading import export_adapter, load_tokenizer, quiet_library_warnings
 from ocaml_grpo.models.named import model_key, resolve_model
 from ocaml_grpo.problems import BUNDLED, Problem, load_problems
 from ocaml_grpo.prompting import answer_text, chat_messages
@@ -100,7 +101,42 @@ class Stages:
         return folder
 
 
-def evaluate(model: str, adapter: str | None, problems: list[Problem], a, completions: Path) -> dict:
+def snapshot() -> tuple[set[str], dict[int, str]]:
+    """What a GRPO run must leave behind as it found it: the grader's folders (in /dev/shm and the
+    temp dir) and the processes running."""
+    import tempfile
+    folders = {str(d / n) for d in (Path("/dev/shm"), Path(tempfile.gettempdir())) if d.is_dir()
+               for n in os.listdir(d) if n.startswith(("ocaml-grader-", "ocaml-probe-"))}
+    procs = {}  # the grader's: its compile server and launcher (ocaml-grpo's cache), the toolchain, the lent uids
+    for pid in (int(n) for n in os.listdir("/proc") if n.isdigit()):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            uid = int(next(line.split()[1] for line in open(f"/proc/{pid}/status") if line.startswith("Uid:")))
+        except (OSError, StopIteration, ValueError):
+            continue
+        if "ocaml" in cmd or "bwrap" in cmd or UID_POOL_BASE <= uid < UID_POOL_BASE + UID_POOL_SIZE:
+            procs[pid] = cmd[:160]
+    return folders, procs
+
+
+def stress(run: Path, before: tuple[set[str], dict[int, str]]) -> dict:
+    """The long run as a stress test: the training process's resident memory at step 10 and at the
+    last step (metrics.jsonl), and what it left behind when it ended (against `before`)."""
+    records = [r for r in read_jsonl(run / "metrics.jsonl")[0] if r.get("rss_gb") is not None]
+    at = {r["step"]: r for r in records}
+    folders, procs = snapshot()
+    stray = {pid: cmd for pid, cmd in procs.items() if pid not in before[1] and pid != os.getpid()}
+    out = {"left_folders": sorted(folders - before[0]), "stray_processes": [f"{pid} {cmd}" for pid, cmd in stray.items()]}
+    if 10 in at and records:
+        last = records[-1]
+        out.update({"rss_gb_step10": at[10]["rss_gb"], "rss_gb_last": last["rss_gb"], "last_step": last["step"],
+                    "peak_rss_gb_step10": at[10]["peak_rss_gb"], "peak_rss_gb_last": last["peak_rss_gb"],
+                    "rss_growth": last["rss_gb"] / at[10]["rss_gb"] - 1,
+                    "peak_rss_growth": last["peak_rss_gb"] / at[10]["peak_rss_gb"] - 1})
+    return out
+
+
+def evaluate(model: str, adapter: str | None, problems: list[Problem], a, completions: Path, k: int) -> dict:
     """Sample `model` (+ `adapter`) as GRPO samples and grade every answer: the metrics, and each
     problem's solved share, compiled share and mean training reward. The answers go to `completions`."""
     from rewards import RewardScorer
@@ -108,12 +144,12 @@ def evaluate(model: str, adapter: str | None, problems: list[Problem], a, comple
     if generated.is_file():
         texts, lens = json.loads(generated.read_text())
     elif a.engine == "llamacpp":  # the GGUF file by name, with the adapter set on it
-        texts, lens = generate_llamacpp(a.model, adapter, [chat_messages(p.prompt, a.examples) for p in problems], a.k,
+        texts, lens = generate_llamacpp(a.model, adapter, [chat_messages(p.prompt, a.examples) for p in problems], k,
                                         a.budget, a.temperature, a.batch_problems, a.seed, cache_dir(os.environ),
                                         stop_at_end=True, progress=False)
         generated.write_text(json.dumps([texts, lens]) + "\n")
     else:
-        texts, lens = generate_hf(model, adapter, [chat_messages(p.prompt, a.examples) for p in problems], a.k, a.budget,
+        texts, lens = generate_hf(model, adapter, [chat_messages(p.prompt, a.examples) for p in problems], k, a.budget,
                                   a.temperature, a.batch_problems, a.seed, top_k=0, progress=False, stop_at_end=True,
                                   partial=completions.with_name("generations.partial.json"))
         generated.write_text(json.dumps([texts, lens]) + "\n")
@@ -133,6 +169,40 @@ def evaluate(model: str, adapter: str | None, problems: list[Problem], a, comple
     return {"pass": core["pass@1"], "reward": core["mean_reward"], "compiled": core["rates"]["compiled"],
             "end_marker": core["rates"]["has_end_marker"], "code_lines": sum(r["code_lines"] for r in rows) / len(rows),
             "per_problem": {key: {pid: sum(v) / len(v) for pid, v in d.items()} for key, d in per.items()}}
+
+
+def kept_adapters(folder: Path, steps: int) -> list[Path]:
+    """The adapters a GRPO run kept along the way (adapters/step-N, or step-N beside an exported
+    one), short of its last step (that one is the arm's own)."""
+    return [d for d in folder.glob("step-*") if d.name[5:].isdigit() and int(d.name[5:]) < steps
+            and (d / "adapter_config.json").is_file()] if folder.is_dir() else []
+
+
+def export(a, arm: str, adapter: Path, recipe: dict, root: Path, held: list[str], run: Path | None) -> Path:
+    """`arm`'s adapter in bf16 under `root`, with its recipe (--adapter reads it back), the adapters
+    its run kept (step-N/), its stress record, and a README that says what made it and how to
+    measure it again."""
+    name = f"{Path(a.model).name.removesuffix('.gguf').lower()}-{arm}"
+    out = export_adapter(adapter, root / name, a.model)
+    recipe = {**recipe, "weights": "bf16"}
+    (out / "recipe.json").write_text(json.dumps(recipe, indent=2) + "\n")
+    if run is not None:
+        for kept in kept_adapters(run / "adapters", recipe["steps"]):
+            export_adapter(kept, out / kept.name, a.model)
+            (out / kept.name / "recipe.json").write_text(
+                json.dumps({**recipe, "at_step": int(kept.name[5:])}, indent=2) + "\n")
+        if (run.parent / "stress.json").is_file():
+            (out / "stress.json").write_text((run.parent / "stress.json").read_text())
+    (out / "heldout_ids.txt").write_text("\n".join(held) + "\n")
+    made = (f"SFT (LoRA) for {recipe['sft_steps']} steps of 8 at lr {recipe['sft_lr']} on the bundled training split"
+            if arm == "sft" else f"GRPO for {recipe['steps']} steps at lr {recipe['lr']} from {START[arm]}")
+    (out / "README.md").write_text(
+        f"{a.model} + this LoRA adapter (bf16): {made}, by `python -m bench.bench_real` (recipe.json).\n"
+        f"Measure it again on the held-out problems: `python evaluate.py --model {a.model} --adapter {root / name} "
+        f"--engine llamacpp --ids {root / name}/heldout_ids.txt --k {a.k} --temperature {a.temperature} "
+        f"--max-new-tokens {a.budget} --prompt-examples {a.examples} --stop-at-end 1`\n"
+        "The figures it was measured at: bench/results/real_qwen05_grpo.json and BENCHMARKS.md.\n")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,9 +238,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grpo-min-lines", default="8", help="MIN_NON_EMPTY_LINES of the GRPO runs (the default's 8 gives "
                                                            "a right 5-line answer 0); evaluations keep the default")
     ap.add_argument("--min-std", default="0.01", help="GRPO_LEARNABLE_MIN_STD for the probe's selection")
-    ap.add_argument("--no-selection", action="store_true", help="GRPO trains on the whole pool, not the probe's selection")
+    ap.add_argument("--no-selection", action="store_true",
+                    help="GRPO trains on the whole pool, not the probe's selection (no probe is run)")
+    ap.add_argument("--dynamic", action="store_true", help="GRPO_DYNAMIC_SAMPLING=1 in the GRPO runs: every step "
+                                                           "trains on groups with spread")
+    ap.add_argument("--no-pool-eval", action="store_true", help="no evaluation on the pool (a large pool costs more "
+                                                                "than the held-out set)")
+    ap.add_argument("--multiple-k", type=int, default=0, help="samples per MultiPL-E row (0: --k)")
+    ap.add_argument("--adapter", action="append", default=[], metavar="ARM=DIR",
+                    help="the arm (sft, base_grpo, sft_grpo) is this adapter exported by an earlier run (--export; "
+                         "committed under bench/results/adapters/), with the recipe and curve saved beside it, "
+                         "instead of training it; repeatable")
+    ap.add_argument("--grpo-keep", type=int, default=0,
+                    help="keep the GRPO runs' adapter every this many steps (GRPO_KEEP_ADAPTERS) and evaluate each "
+                         "on the held-out problems: the curve")
+    ap.add_argument("--export", default=None, help="write each trained arm's adapter here in bf16, with its recipe, "
+                                                   "the adapters kept along the run and a README "
+                                                   "(bench/results/adapters/), and evaluate what was written")
     a = ap.parse_args(argv)
     arms = [arm for arm in a.arms.split(",") if arm]
+    given = {arm: Path(d).resolve() for arm, _, d in (x.partition("=") for x in a.adapter)}
+    for arm, d in given.items():
+        if arm not in START and arm != "sft" or not (d / "recipe.json").is_file():
+            ap.error(f"--adapter {arm}={d}: an arm of sft,base_grpo,sft_grpo and a folder --export wrote (recipe.json)")
     if unknown := set(arms) - set(ARMS):
         ap.error(f"--arms: unknown {sorted(unknown)}; choose from {','.join(ARMS)}")
     t_start = time.time()
@@ -230,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     adapters: dict[str, str | None] = {"base": None}
     recipes: dict[str, dict] = {"base": {}}
     results: dict[str, dict] = {}
+    runs: dict[str, Path] = {}  # GRPO arm -> its run folder
+    curves: dict[str, dict] = {}  # GRPO arm -> step -> held-out metrics of the adapter kept there
 
     def timed(name: str, t0: float) -> None:
         minutes[name] = round(minutes.get(name, 0) + (time.time() - t0) / 60, 1)
@@ -252,12 +344,14 @@ def main(argv: list[str] | None = None) -> int:
         return stats
 
     def evaluation(arm: str, split: str, chosen: list[Problem]) -> dict:
-        folder = stages.folder(f"eval-{arm}-{split}", recipe=recipes[arm], ids=[p.id for p in chosen])
+        k = a.multiple_k if split == "multiple" and a.multiple_k else a.k
+        folder = stages.folder(f"eval-{arm}-{split}", recipe=recipes[arm], ids=[p.id for p in chosen],
+                               **({"k": k} if k != a.k else {}))
         if not (folder / "done").is_file():
-            print(f"\n== {arm}: sampling {len(chosen)} {split} problems x {a.k}", flush=True)
+            print(f"\n== {arm}: sampling {len(chosen)} {split} problems x {k}", flush=True)
             t0 = time.time()
             (folder / "metrics.json").write_text(json.dumps(evaluate(model, adapters[arm], chosen, a,
-                                                                     folder / "completions.jsonl")) + "\n")
+                                                                     folder / "completions.jsonl", k)) + "\n")
             (folder / "done").touch()
             timed(f"eval_{arm}", t0)
         m = json.loads((folder / "metrics.json").read_text())
@@ -267,7 +361,10 @@ def main(argv: list[str] | None = None) -> int:
 
     for arm in [x for x in ARMS if x in arms or x in (START.get(y) for y in arms)]:
         # ------------------------------------------------------------ build the arm's model
-        if arm == "sft":
+        if arm in given:  # exported by an earlier run (--export): its recipe travels with it
+            recipes[arm] = json.loads((given[arm] / "recipe.json").read_text())
+            adapters[arm] = str(given[arm])
+        elif arm == "sft":
             recipes[arm] = {"sft_steps": a.sft_steps, "sft_lr": a.sft_lr, "lora": True, "batch": 8,
                             "held_out": [p.id for p in held]}  # SFT trains on every other problem that fits
             folder = stages.folder("sft", recipe=recipes[arm])
@@ -283,16 +380,18 @@ def main(argv: list[str] | None = None) -> int:
                 timed("sft", t0)
         elif arm in START:
             start = START[arm]
-            stats = probe(start)
+            stats = None if a.no_selection else probe(start)
             grpo_t = a.temperature if a.grpo_temperature is None else a.grpo_temperature
             recipes[arm] = {"from": recipes[start], "pool": [p.id for p in pool], "steps": a.grpo_steps, "prompts": a.grpo_prompts, "lr": a.grpo_lr,
                             "temperature": grpo_t, "generations": a.grpo_generations or a.k,
                             "learnable_min_std": None if a.no_selection else a.min_std, "curriculum": a.curriculum,
-                            **({"min_lines": a.grpo_min_lines} if a.grpo_min_lines != "8" else {})}
+                            **({"min_lines": a.grpo_min_lines} if a.grpo_min_lines != "8" else {}),
+                            **({"dynamic_sampling": True} if a.dynamic else {})}
             folder = stages.folder(f"grpo-{arm}", recipe=recipes[arm])
             adapters[arm] = str(folder / "run" / "final_adapter")
             if not (folder / "done").is_file():
                 t0 = time.time()
+                before = snapshot()
                 # GRPO_RESUME=auto and a checkpoint every step: a killed run resumes where it stopped
                 demo.run_stage(f"GRPO from {start}", [str(demo.TRAIN)],
                                {**env, "GRPO_INIT_ADAPTER": adapters[start] or "", "GRPO_OUTPUT_DIR": str(folder / "run"),
@@ -305,12 +404,32 @@ def main(argv: list[str] | None = None) -> int:
                                 "GRPO_TEMPERATURE": str(grpo_t), "REWARD_CURRICULUM": "1" if a.curriculum else "0",
                                 "MIN_NON_EMPTY_LINES": a.grpo_min_lines,
                                 # a weak model's rewards are crumbs (structure, type checks): any spread teaches
-                                "GRPO_LEARNABLE_MIN_STD": a.min_std},
+                                "GRPO_LEARNABLE_MIN_STD": a.min_std,
+                                "GRPO_DYNAMIC_SAMPLING": "1" if a.dynamic else "0",
+                                "GRPO_KEEP_ADAPTERS": str(a.grpo_keep)},
                                folder, folder / "grpo.out",
                                echo=lambda l: l.startswith(("reward grader:", "done in", "warning", "selection")),
                                tail=folder / "run" / "learning.log")
+                (folder / "stress.json").write_text(json.dumps(stress(folder / "run", before)) + "\n")
                 (folder / "done").touch()
                 timed(f"grpo_{arm}", t0)
+            runs[arm] = folder / "run"
+        if a.export and arm != "base" and arm not in given:  # from here on the arm is what was exported (bf16)
+            given[arm] = export(a, arm, Path(adapters[arm]), recipes[arm], Path(a.export), [p.id for p in held],
+                                runs.get(arm))
+            adapters[arm], recipes[arm] = str(given[arm]), json.loads((given[arm] / "recipe.json").read_text())
+            print(f"exported {arm} to {given[arm]}", flush=True)
+        # the curve: the adapters kept along the run (GRPO_KEEP_ADAPTERS), each on the held-out problems
+        for kept in sorted(kept_adapters(given[arm] if arm in given else runs.get(arm, Path("-")) / "adapters",
+                                         recipes[arm]["steps"]) if arm in START else [], key=lambda d: int(d.name[5:])):
+            step = int(kept.name[5:])
+            point = f"{arm}@{step}"
+            adapters[point] = str(kept)
+            recipes[point] = json.loads((kept / "recipe.json").read_text()) if arm in given else \
+                {**recipes[arm], "at_step": step}
+            m = evaluation(point, "heldout", held)
+            curves.setdefault(arm, {})[step] = {k: m[k] for k in ("pass", "compiled", "reward", "end_marker")} | {
+                "per_problem": m["per_problem"]}
         if arm not in arms:
             continue
         # ------------------------------------------------------------ evaluate it
@@ -322,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
             mult_m = evaluation(arm, "multiple", multiple)
             r.update({f"multiple_{k}": mult_m[k] for k in ("pass", "compiled", "reward")})
             r["per_problem"]["multiple"] = mult_m["per_problem"]
-        if not pool:
+        if not pool or a.no_pool_eval:
             pass
         elif arm in ("base", "sft"):  # the probe is the pool's evaluation
             stats = read_jsonl(probe(arm))[0]
@@ -347,12 +466,25 @@ def main(argv: list[str] | None = None) -> int:
             g[f"{split}_{metric}_gain"] = sum(diffs) / len(diffs)
             g[f"{split}_{metric}_gain_ci95"] = bootstrap_ci(diffs, a.seed)
         gains[f"{new}-{old}"] = g
+    for arm, points in curves.items():  # each kept adapter against the arm's start, paired as the gains are
+        for step, m in points.items():
+            per = m.pop("per_problem")
+            if START[arm] in results:
+                o = results[START[arm]]["per_problem"]["heldout"]
+                for metric in ("pass", "compiled"):
+                    diffs = [per[metric][i] - o[metric][i] for i in sorted(o[metric])]
+                    m[f"{metric}_gain"], m[f"{metric}_gain_ci95"] = sum(diffs) / len(diffs), bootstrap_ci(diffs, a.seed)
     report = {name: {k: v for k, v in r.items() if k != "per_problem"} for name, r in results.items()}
     report.update({"heldout_ids": [p.id for p in held], "pool_ids": [p.id for p in pool],
                    "multiple_ids": [p.id for p in multiple], "gains": gains,
                    # the seed's path (an instruct model straight into GRPO) against the base model
                    **{k: v for k, v in gains.get("base_grpo-base", {}).items() if k.endswith("_ci95")},
-                   "k": a.k, "budget": a.budget, "temperature": a.temperature, "model": a.model, "examples": a.examples,
+                   **({"curves": {arm: {str(s): m for s, m in sorted(p.items())} for arm, p in curves.items()}}
+                      if curves else {}),
+                   "stress": {arm: json.loads(f.read_text()) for arm in START if arm in results
+                              for f in [given[arm] / "stress.json" if arm in given else runs[arm].parent / "stress.json"]
+                              if f.is_file()},
+                   "k": a.k, **({"multiple_k": a.multiple_k} if a.multiple_k else {}), "budget": a.budget, "temperature": a.temperature, "model": a.model, "examples": a.examples,
                    "recipe": {arm: recipes[arm] for arm in results if recipes.get(arm)},
                    "minutes": round((time.time() - t_start) / 60, 1), "stage_minutes": minutes, "seed": a.seed,
                    "omp_threads": os.environ["OMP_NUM_THREADS"]})

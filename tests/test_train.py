@@ -36,6 +36,7 @@ BREAKDOWN_FIELDS = {"step", "epoch", "problem_id", "reward", "structural", "type
     ("GRPO_LEARNIG_RATE", "1e-5", "not a variable of this project: did you mean GRPO_LEARNING_RATE?"),  # a typo
     ("REWARD_END_MARKER", "(* DONE *)", "no longer read: the END marker is fixed"),
     ("GRPO_DEMO", "1", "renamed GRPO_PLUMBING"),
+    ("GRPO_KEEP_ADAPTERS", "3", "must be a multiple of GRPO_SAVE_STEPS=2"),  # it copies what a checkpoint saved
     ("OCAML_TOOLCHAIN_DIR", "/no/such/toolchain", "the `ocaml` directory install-offline.sh unpacked"),  # the plumbing run's old name (`train.py demo` is the learning demo)
 ])
 def test_config_error_exits_fast_naming_the_variable(tmp_path, cache_home, var, value, accepts):
@@ -91,7 +92,7 @@ def rendered_from_records(run) -> list[StepRecord]:
 @pytest.mark.slow
 def test_train_logs_checkpoints_resume_and_merge(tmp_path, cache_home):
     run = tmp_path / "run"
-    train(tmp_path, run_env(tmp_path, cache_home))
+    train(tmp_path, run_env(tmp_path, cache_home, GRPO_SAVE_TOTAL_LIMIT=1, GRPO_KEEP_ADAPTERS=2))
     config = json.loads((run / "config.json").read_text())
     assert config["GRPO_NUM_GENERATIONS"] == 2 and config["GRPO_LOSS_TYPE"] == "dapo"
     lines = log_lines(run)
@@ -103,13 +104,17 @@ def test_train_logs_checkpoints_resume_and_merge(tmp_path, cache_home):
     assert len(completions) == len(breakdown) == 4 * 2 * 2  # steps x prompts x generations
     assert all(COMPLETION_FIELDS <= set(r) for r in completions)
     assert all(BREAKDOWN_FIELDS <= set(r) for r in breakdown)
-    assert checkpoints(run) == [2, 4]
+    assert checkpoints(run) == [4]  # rotated away; the adapters kept along the run stay
+    for step in (2, 4):
+        kept = sorted(f.name for f in (run / "adapters" / f"step-{step}").iterdir())
+        assert kept == ["README.md", "adapter_config.json", "adapter_model.safetensors"], kept
     assert (run / "final_adapter" / "adapter_config.json").exists()
     assert len(read_jsonl(run / "dataset_audit.jsonl")) == 16  # the audit ran and recorded its verdicts
     records = rendered_from_records(run)
     assert [r.step for r in records] == [1, 2, 3, 4] and records[0].epoch == 2 / 16  # unrounded (the log: 0.12)
     assert all(r.groups and set(r.groups) == set(KINDS) and set(r.parts) == {p.name for p in PARTS}
                and r.clipped_ratio is not None and r.grad_norm is not None for r in records)
+    assert all(0.3 < r.rss_gb <= r.peak_rss_gb < 20 for r in records)  # the training process's, in GB
     # analyze.py reports from the records alone
     records_only = tmp_path / "records_only"
     shutil.copytree(run, records_only, ignore=shutil.ignore_patterns("checkpoint-*", "final_adapter", "learning.log"))

@@ -84,6 +84,10 @@ class TrainConfig:
     max_steps: int = setting("GRPO_MAX_STEPS", "-1", Int(-1), "stop after this many optimizer steps (-1: run the epochs)")
     save_steps: int = setting("GRPO_SAVE_STEPS", "50", Int(1), "optimizer steps between checkpoints")
     save_total_limit: int = setting("GRPO_SAVE_TOTAL_LIMIT", "3", Int(1), "checkpoints kept")
+    keep_adapters: int = setting("GRPO_KEEP_ADAPTERS", "0", Int(0),
+                                 "every this many optimizer steps (a multiple of GRPO_SAVE_STEPS), the checkpoint's "
+                                 "adapter is also copied to adapters/step-N/, which checkpoint rotation never deletes: "
+                                 "a curve of evaluations along the run (evaluate.py --adapter); 0: none")
     seed: int = setting("GRPO_SEED", "42", Int(0), "random seed")
     beta: float = setting("GRPO_BETA", "0.0", Float(0), "KL coefficient (0: no reference model, less memory)")
     loss_type: str = setting("GRPO_LOSS_TYPE", "dapo", Choice(*LOSS_TYPES), "TRL loss aggregation")

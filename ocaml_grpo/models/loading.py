@@ -154,6 +154,22 @@ def merge_adapter(adapter_dir: str | Path, out_dir: str | Path, fp32: bool = Fal
     return Path(out_dir)
 
 
+def export_adapter(adapter_dir: str | Path, out_dir: str | Path, base: str) -> Path:
+    """A LoRA adapter to keep or share: its weights in bf16 (half the size; evaluate.py and
+    `GRPO_INIT_ADAPTER` load them into an fp32 model as they load fp32 ones) and its config naming
+    `base` (a named model or hub id) instead of the path of the machine that trained it."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    src, out = Path(adapter_dir), Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.to(torch.bfloat16) if v.is_floating_point() else v
+               for k, v in load_file(str(src / "adapter_model.safetensors")).items()}
+    save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((src / "adapter_config.json").read_text())
+    (out / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": base}, indent=2) + "\n")
+    return out
+
+
 def checkpointing_kwargs(config_cls: type, on: bool) -> dict:
     """Activation checkpointing, under the name this transformers' TrainingArguments takes: 5.23
     (the pinned set) calls it `activation_checkpointing`, older releases `gradient_checkpointing`

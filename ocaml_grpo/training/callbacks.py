@@ -8,6 +8,7 @@ The rules are health.py's, the ones analyze.py reports with.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import time
@@ -23,7 +24,7 @@ from ocaml_grpo.training.group_kinds import TITLES, ZERO_VARIANCE
 from ocaml_grpo.training.health import THRESHOLDS, Point, Thresholds
 from ocaml_grpo.training.learning_log import (LogLine, curriculum_line, end_line, health_line, metric_lines,
                                               stop_line)
-from ocaml_grpo.training.metrics import METRICS_FILE, StepRecord
+from ocaml_grpo.training.metrics import METRICS_FILE, StepRecord, process_memory
 
 
 class LearningLog(TrainerCallback):
@@ -113,6 +114,7 @@ class LearningLog(TrainerCallback):
             return control
         self._remember(record)
         self.n_logs += 1
+        record.rss_gb, record.peak_rss_gb = process_memory()
         record.notes = self.judge(record, control)
         if self.metrics is not None:
             self.metrics.write_many([record.to_json()])  # the record first: learning.log is its rendering
@@ -192,4 +194,30 @@ class GracefulStop(TrainerCallback):
         if self.requested:
             control.should_save = True
             control.should_training_stop = True
+        return control
+
+
+class KeepAdapters(TrainerCallback):
+    """GRPO_KEEP_ADAPTERS=N: after the checkpoint of every N-th step is saved, its adapter (and
+    README) is copied to `adapters/step-N/` in the output directory, where checkpoint rotation
+    (GRPO_SAVE_TOTAL_LIMIT) never reaches: evaluations along the run need the adapters, not the
+    optimizer states."""
+
+    def __init__(self, every: int):
+        self.every = every
+
+    def on_save(self, args, state, control, **kw):
+        step = state.global_step
+        if not state.is_world_process_zero or step % self.every:
+            return control
+        checkpoint = Path(args.output_dir) / f"checkpoint-{step}"
+        kept = Path(args.output_dir) / "adapters" / f"step-{step}"
+        tmp = kept.with_name(kept.name + ".partial")  # a crash mid-copy leaves no folder that looks whole
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for f in checkpoint.iterdir():
+            if f.name.startswith("adapter_") or f.name == "README.md":
+                shutil.copy2(f, tmp / f.name)
+        shutil.rmtree(kept, ignore_errors=True)
+        tmp.rename(kept)
         return control

@@ -8,7 +8,8 @@ null). pandas reads the file as it is: `pd.read_json(path, lines=True)`, a colum
 group kinds as `groups_<kind>` and the reward's parts as `part_<name>`; with dynamic sampling, its
 figures under their own names (`groups_generated`, `frac_zero_std_trained`, ...: dynamic_sampling.DYNAMIC_KEYS);
 with the llama.cpp engine, its agreement with the trainer as `engine_is_ratio`, `engine_clipped_share`
-and `engine_logp_gap`.
+and `engine_logp_gap`. `rss_gb` and `peak_rss_gb` are the training process's resident memory at the
+log step and its peak so far (Linux; null elsewhere): a leak shows as a climb over a long run.
 """
 from __future__ import annotations
 
@@ -51,6 +52,17 @@ ENGINE_FROM_LOGS = {"is_ratio": "sampling/importance_sampling_ratio/mean", "clip
 ENGINE_KEYS = tuple(ENGINE_FROM_LOGS)
 
 
+def process_memory(status: str = "/proc/self/status") -> tuple[float | None, float | None]:
+    """This process's resident memory now and its peak, in GB, from the kernel (VmRSS, VmHWM);
+    (None, None) where there is no /proc."""
+    try:
+        fields_kb = dict(line.split(":", 1) for line in open(status, encoding="ascii") if ":" in line)
+        gb = lambda key: int(fields_kb[key].split()[0]) * 1024 / 1e9  # noqa: E731
+        return gb("VmRSS"), gb("VmHWM")
+    except (OSError, KeyError, ValueError):
+        return None, None
+
+
 @dataclass
 class StepRecord:
     """One log step. Shares (compiled ... crashed, the groups) are of the step's completions and groups."""
@@ -81,6 +93,8 @@ class StepRecord:
     # dynamic_sampling.DYNAMIC_KEYS -> value (GRPO_DYNAMIC_SAMPLING=1); None: every generated group trained on
     dynamic: dict[str, float | None] | None = None
     engine: dict[str, float | None] | None = None  # ENGINE_KEYS -> value (GRPO_ENGINE=llamacpp); None: not logged
+    rss_gb: float | None = None         # the training process's resident memory at the log step, GB
+    peak_rss_gb: float | None = None    # and its peak so far (the kernel's high-water mark)
     notes: list[str] = field(default_factory=list)  # the monitor's lines after the metrics ([Health] ...)
 
     @classmethod
