@@ -415,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                 timed(f"grpo_{arm}", t0)
             runs[arm] = folder / "run"
         if a.export and arm != "base" and arm not in given:  # from here on the arm is what was exported (bf16)
-            given[arm] = export(a, arm, Path(adapters[arm]), recipes[arm], Path(a.export), [p.id for p in held],
+            given[arm] = export(a, arm, Path(adapters[arm]), recipes[arm], Path(a.export).resolve(), [p.id for p in held],
                                 runs.get(arm))
             adapters[arm], recipes[arm] = str(given[arm]), json.loads((given[arm] / "recipe.json").read_text())
             print(f"exported {arm} to {given[arm]}", flush=True)
