@@ -577,6 +577,10 @@ let serve_one payload =
       let e = if !trusted then Foreign (keep_raised e) else e in
       send 'X' (encode_exn e)
 
+(* The trusted side notes, once a run, that a call of the answer's returned a value: an answer
+   whose calls only raise or never return is a stub, whatever its text (a metric, never credit). *)
+let on_return = ref ignore
+
 (* A reply the oracle sent: its whole frame was read, so a malformed one leaves the wire in step
    (only the trusted side waits on replies it did not compute). *)
 let rec wait read =
@@ -584,7 +588,7 @@ let rec wait read =
   | None -> fail ()
   | Some ('R', p) ->
     (match let r = reader p in let v = read r in r_end r; v with
-     | v -> v
+     | v -> !on_return (); v
      | exception (Refused as e) -> raise e
      | exception _ -> if !trusted then refuse () else fail ())
   | Some ('X', p) ->
@@ -641,6 +645,7 @@ let start_trusted () =
   rep_out := fd_out (int_of_string Sys.argv.(2));
   req_in := fd_in (int_of_string Sys.argv.(3));
   start := int_of_string Sys.argv.(4);
+  on_return := (fun () -> emit "R" 0; on_return := ignore);
   (* the oracle is gone, or its frames are out of step: the assertion under way is marked and
      nothing after it runs (as when the answer's process dies in plain OCaml; no fresh oracle) *)
   broken := fun () -> (if !is_ready then emit "K" !current else emit "I" 0); exit 0
