@@ -531,6 +531,10 @@ let encode_exn e =
    | Exit -> Buffer.add_char b 'x'
    | Stack_overflow -> Buffer.add_char b 'S'
    | Out_of_memory -> Buffer.add_char b 'M'
+   (* a failed `assert` or an incomplete match, in the answer or in a test closure shipped to the
+      oracle: the tests can name them (`with Assert_failure _`), as in one program *)
+   | Assert_failure (f, l, c) -> Buffer.add_char b 'A'; w_string b f; w_int b l; w_int b c
+   | Match_failure (f, l, c) -> Buffer.add_char b 'm'; w_string b f; w_int b l; w_int b c
    | Foreign k -> Buffer.add_char b 'K'; w_int b k
    | e ->
      let p = Buffer.create 16 in
@@ -549,6 +553,8 @@ let decode_exn ~trusted s =
     | 'x' -> Exit
     | 'S' -> Stack_overflow
     | 'M' -> Out_of_memory
+    | 'A' -> let f = r_string r in let l = r_int r in Assert_failure (f, l, r_int r)
+    | 'm' -> let f = r_string r in let l = r_int r in Match_failure (f, l, r_int r)
     | 'K' ->
       let k = r_int r in
       if not trusted then Foreign k
