@@ -22,10 +22,20 @@ system:
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
 	fi
 
-# The virtualenv is reinstalled only when requirements.txt changes.
+# The virtualenv is reinstalled only when requirements.txt changes. On Linux, PyPI's torch is the CUDA
+# build and brings GBs of NVIDIA libraries: a machine without a working `nvidia-smi` gets the CPU wheel
+# of the pinned version from PyTorch's own index first (TORCH_VARIANT=cuda or cpu overrides the guess).
+TORCH_VARIANT ?= $(if $(filter Linux,$(shell uname -s)),$(if $(shell nvidia-smi -L 2>/dev/null),cuda,cpu),pypi)
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+TORCH_PIN := $(shell grep -oE '^torch==[^ ]+' requirements.txt)
 python: .venv/.installed
 .venv/.installed: requirements.txt
 	@[ -x $(PY) ] || python3 -m venv .venv
+ifeq ($(TORCH_VARIANT),cpu)
+	@$(PY) -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '$(patsubst torch==%,%,$(TORCH_PIN))')" 2>/dev/null || \
+	  $(PY) -m pip install -q --disable-pip-version-check --retries 1 --timeout 20 --index-url $(TORCH_CPU_INDEX) $(TORCH_PIN) || \
+	  echo "note: no CPU wheel from $(TORCH_CPU_INDEX) (offline?); torch comes from pip's own index"
+endif
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
 	@touch $@
 

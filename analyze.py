@@ -288,7 +288,10 @@ def _ranges(lines: list[LogLine], level: dict[str, str], config: dict, sched: st
             *judged("engine", {"ok": "agree", "warning": "drifted apart"})),
         rng("Engine ratios masked/clipped", series(lines, "engine_clipped_share"), f"≤ {th.engine_clipped_max}",
             *judged("engine", {"ok": "agree", "warning": "drifted apart"})),
-    ] if series(lines, "engine_logp_gap") else [])
+    ] if series(lines, "engine_logp_gap") else []) + ([
+        rng("Stub answers (share)", series(lines, "stub"), f"≤ {th.stub_max}",
+            *judged("stub", {"ok": "few", "warning": "drifting toward stubs"}), ".2f"),
+    ] if series(lines, "stub") else [])
 
 
 def _lr_finding(lines: list[LogLine], config: dict, sched: str, epoch: float) -> list[Finding]:

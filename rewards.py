@@ -44,7 +44,7 @@ from ocaml_grpo.config import AUDIT_SETTINGS, REWARD_SETTINGS, SANDBOX_SETTINGS,
 from ocaml_grpo.grading.sandbox import Sandbox
 from ocaml_grpo.reward.breakdown import Breakdown  # noqa: F401  (re-exported: rewards.Breakdown)
 from ocaml_grpo.reward.parts import (CURRICULUM, METRIC_COMPILED, METRIC_CRASHED, METRIC_END_MARKER,  # noqa: F401
-                                     METRIC_PASSED_ANY, METRIC_REPAIR_PASS_FINAL, METRIC_REPAIR_PASS_FIRST,
+                                     METRIC_PASSED_ANY, METRIC_REPAIR_PASS_FINAL, METRIC_STUB, METRIC_REPAIR_PASS_FIRST,
                                      METRIC_REPAIR_RESCUED, METRIC_REPAIR_TOO_HARD_FIRST, METRIC_REPAIR_TURNS,
                                      METRIC_SOLVED, PARTS, Weights, curriculum_phase, discounted)
 from ocaml_grpo.grading.toolcache import ToolchainError
@@ -61,6 +61,7 @@ def score_grade(grade: Grade, b: Breakdown, w: Weights) -> None:
     b.compiled, b.tests_compiled = grade.compiled_as_asked, grade.tests_compiled
     b.tests_passed, b.tests_total, b.timed_out = grade.tests_passed, grade.tests_total, grade.timed_out
     b.forbidden, b.unverifiable, b.compile_timed_out = grade.forbidden, grade.unverifiable, grade.compile_timed_out
+    b.stub, b.unchecked = grade.stub, grade.unchecked
     b.credit(grade, w)
 
 
@@ -282,6 +283,7 @@ def make_reward_function(output_dir: str | Path | None, max_completion_tokens: i
             log_metric(METRIC_END_MARKER, share(b.has_end_marker for b in breakdowns))
             log_metric(METRIC_PASSED_ANY, share(b.passed_any for b in breakdowns))
             log_metric(METRIC_CRASHED, share(b.reward is None for b in breakdowns))
+            log_metric(METRIC_STUB, share(b.stub for b in breakdowns))
             scored = [b for b in breakdowns if b.reward is not None]
             for part in PARTS:
                 log_metric(part.metric, sum(b.part(part.name) for b in scored) / max(1, len(scored)))

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -174,3 +175,50 @@ def test_an_answer_the_line_minimum_zeroes_is_told_why(grader):
     assert "3 lines of code" in wrong.text and "Type error at line 2" in wrong.text  # both reasons
     long_enough = feedback_for(grader, COUNT_EVENS, short, min_lines=2)
     assert long_enough.text is None
+
+
+# Every file the grader writes and compiles beside the answer (grader.py, compilers.py, server.py),
+# in bare and absolute form, and one it might write tomorrow: none may be cited in feedback.
+GRADER_FILES = ["entry.ml", "check.ml", "signature.ml", "appended.ml", "oracle.ml", "oracle.mli", "trusted.ml",
+                "twire.ml", "wire_5f0c1e2d3a4b6c7d.ml", "parse3.ml", "lambda_2.ml", "s0.ml", "t1.ml", "u2.ml",
+                "allowlist.ml", "allowlist_data.ml", "compile_server.ml", "/dev/shm/ocaml-grader-x1/w3/entry.ml",
+                "tomorrow.ml"]
+
+
+@pytest.mark.parametrize("file", GRADER_FILES)
+def test_feedback_never_cites_a_place_in_a_file_of_the_grader(file):
+    from ocaml_grpo.grading.feedback import render
+    from ocaml_grpo.grading.grader import Grade
+    from ocaml_grpo.grading.diagnostics import CompileError
+    message = (f'Values do not match: val size : int is not included in val size : t -> int File "{file}", '
+               f'line 16, characters 6-47: Expected declaration File "solution.ml", line 15, characters 6-10: '
+               'Actual declaration')
+    text = render(Grade(compile_errors=[CompileError("entry", 15, message, file="solution.ml")]), [], 0).text
+    assert file not in text and Path(file).name not in text and "16" not in text and "47" not in text, text
+    assert "(line 15, column 7) Actual declaration" in text  # the answer's own place stays, in its terms
+    # with 3 lines of the grader's before the answer (its prefix): the answer's line 12
+    shifted = render(Grade(compile_errors=[CompileError("entry", 15, message, file="solution.ml")]), [], 3).text
+    assert "(line 12, column 7)" in shifted and "16" not in shifted
+
+
+@pytest.mark.parametrize("name", ["grader_entry_0", "Grader_entry_functor", "_entry_3", "Solution", "Wire_ab12",
+                                  "wire_ab12cd34"])
+def test_feedback_never_names_what_the_grader_appended(name):
+    from ocaml_grpo.grading.feedback import render
+    from ocaml_grpo.grading.grader import Grade
+    from ocaml_grpo.grading.diagnostics import CompileError
+    err = CompileError("type", 2, f"This expression has type {name}.t but an expression was expected of type int")
+    text = render(Grade(compile_errors=[err]), [], 0).text
+    assert name not in text and "expected of type int" in text, text
+
+
+def test_a_functor_signature_mismatch_cites_only_the_answer(grader):
+    """Round 7: OCaml's message for a functor whose body does not match the prompt's signature
+    quotes where the grader's entry check declares the value (`File "entry.ml", line 9`)."""
+    from test_grader import ORDERED_SET, ORDERED_SET_PROMPT, ORDERED_SET_TESTS
+    from ocaml_grpo.problems import Problem
+    p = Problem(id="ordered_set", prompt=ORDERED_SET_PROMPT, tests=ORDERED_SET_TESTS)
+    text = feedback_for(grader, p, fenced(ORDERED_SET.replace("let size = List.length", "let size s = s = []"))).text
+    assert "Wrong signature" in text and "val size : 'a list -> bool is not included in val size : t -> int" in text
+    assert 'File "' not in text and "entry.ml" not in text and "line 9" not in text, text
+    assert "(line 15, column 7) Actual declaration" in text  # `size` is on the answer's line 15

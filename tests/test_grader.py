@@ -757,3 +757,25 @@ def test_a_token_is_read_back_only_as_the_variable_it_was_sent_for(sandbox_score
     p = Problem(id="second", prompt=prompt, tests=tests)
     assert sandbox_scorer.score_one(p, fenced("let second (_, b) = b")).tests_passed == 2
     assert sandbox_scorer.score_one(p, fenced("let second (a, _) = Obj.magic a")).tests_passed == 0
+
+
+@pytest.mark.parametrize("name,body,stub", [
+    ("right", "a + b", False),
+    ("wrong but returns", "a - b", False),
+    ("returns for one input only", "if a = 1 then 3 else failwith \"todo\"", False),
+    ("failwith", "failwith \"todo\"", True),
+    ("assert false", "assert false", True),
+    ("raise Exit", "raise Exit", True),
+    ("loops", "let rec go () = go () in go ()", True),
+    ("raises its own", "let exception Todo in raise Todo", True),
+])
+def test_an_answer_whose_calls_never_return_a_value_is_a_stub(scorer, name, body, stub):
+    """Decided by what happened, not by the text: the trusted program notes a value coming back
+    from any call of the answer's. The weights are the seed's (a stub keeps its type-check, compile
+    and END credit); the share of stubs is logged per step (`ocaml/stub`) for the health report."""
+    b = scorer.score_one(ADD, fenced(f"let add (a : int) (b : int) : int = {body}"))
+    assert b.compiled and b.tests_compiled and b.stub is stub, (name, b)
+    if stub:
+        assert b.tests == 0.0 and b.reward == pytest.approx(0.35)  # type check + compile + END, by the weights
+    # an answer that does not compile, or whose tests never ran, is not counted a stub
+    assert scorer.score_one(ADD, fenced(f"let add (a : int) (b : int) : string = {body}")).stub is False

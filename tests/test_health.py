@@ -188,3 +188,23 @@ def test_an_engine_that_drifts_from_the_trainer_is_reported_from_its_logged_reco
     plain = StepRecord.from_logs(1, 0.1, {"loss": 0.0, "reward": 0.3})
     assert plain.engine is None and not any(k.startswith("engine_") for k in plain.to_json())
     assert not any(line.startswith("[Engine]") for line in render([plain]))
+
+
+def test_a_run_drifting_toward_stubs_is_reported_from_its_logged_record(tmp_path):
+    """The reward function's stub share (`ocaml/stub`: answers whose calls never returned a value)
+    goes into metrics.jsonl as `stub`, the health rule and analyze.py's table; 5% is fine, 40% is
+    a drift."""
+    def record(share: float, step: int) -> StepRecord:
+        return StepRecord.from_logs(step, step / 10, {"loss": 0.0, "reward": 0.3, "ocaml/stub": share})
+
+    steady = [record(0.05, i) for i in range(1, 11)]
+    drifting = steady + [record(0.4, i) for i in range(11, 21)]
+    for records, expected in ((steady, False), (drifting, True)):
+        back = [StepRecord.from_json(json.loads(json.dumps(r.to_json()))) for r in records]  # metrics.jsonl and back
+        assert back == records and back[-1].stub == records[-1].stub
+        points = [analyze.LogLine.from_record(r).point for r in back]
+        found = [f for f in health.findings(points) if f.key == "stub"]
+        assert bool(found) == expected, found
+        if expected:
+            assert "40%" in found[0].detail and "5% in the run's first 10 lines" in found[0].detail
+    assert StepRecord.from_logs(1, 0.1, {"loss": 0.0, "reward": 0.3}).stub is None  # not logged: not judged

@@ -2,9 +2,15 @@
 project import hidden inside a function (the way a cycle is usually dodged); and the user's door:
 the README and the --help texts point only at what a clone has."""
 import ast
+import os
+import platform
+import shutil
 import re
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from conftest import ROOT
 
@@ -206,3 +212,29 @@ def test_the_readme_is_a_door():
             assert (ROOT / path).exists(), target
         elif anchor:
             assert anchor in anchors, target
+
+
+def test_make_setup_installs_the_cpu_torch_where_there_is_no_gpu(tmp_path):
+    """On Linux, PyPI's torch is the CUDA build: `make setup` installs the pinned CPU wheel from
+    PyTorch's index first where `nvidia-smi` finds no GPU, and leaves the CUDA path as it was where
+    it finds one; TORCH_VARIANT overrides the guess."""
+    if platform.system() != "Linux" or shutil.which("make") is None:
+        pytest.skip("the decision is Linux's (PyPI's torch is CUDA there); needs make")
+    fake = tmp_path / "gpu"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text('#!/bin/sh\necho "GPU 0: NVIDIA H100 80GB HBM3"\n')
+    (fake / "nvidia-smi").chmod(0o755)
+    no_gpu = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if not (Path(d) / "nvidia-smi").exists())
+
+    def plan(path: str, **env) -> str:  # what `make setup` would run for the virtualenv, not running it
+        res = subprocess.run(["make", "-n", "-W", "requirements.txt", ".venv/.installed"], cwd=ROOT, text=True,
+                             capture_output=True, env={**os.environ, "PATH": path, **env}, timeout=60)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    pin = next(l for l in (ROOT / "requirements.txt").read_text().splitlines() if l.startswith("torch=="))
+    cpu = "--index-url https://download.pytorch.org/whl/cpu " + pin
+    assert cpu in plan(no_gpu) and cpu in plan(os.pathsep.join([str(fake), no_gpu]), TORCH_VARIANT="cpu")
+    for gpu in (plan(os.pathsep.join([str(fake), no_gpu])), plan(no_gpu, TORCH_VARIANT="cuda")):
+        assert "download.pytorch.org" not in gpu and "-r requirements.txt" in gpu
+    assert "pip install torch" not in (ROOT / "README.md").read_text()  # no step by hand before `make demo`

@@ -168,8 +168,12 @@ def test_a_phrase_that_depends_on_a_broken_one_has_its_own_error_counted(scorer,
     ('type oops = { v : intt }', "let _ok (x : oops) = x.v"),
 ])
 def test_an_honest_phrase_that_depends_on_a_broken_one_is_not_charged(scorer, broken, dependent):
+    """Its count is the broken phrase's error alone. Each of these uses a constructor or label of
+    the broken phrase, which no stand-in declares at every type: its own errors cannot be checked,
+    so the answer earns no type-check credit (round 7: `unchecked`), as a syntax error would."""
     b = score(scorer, f"{broken}\n{dependent}\nlet add a b = a + b")
     assert b.type_errors == 1, (b.error_kinds, b.first_error)
+    assert b.unchecked and b.type_check == 0.0 and b.compile == 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -351,3 +355,24 @@ def test_a_float_the_oracle_boxed_itself_is_accepted_only_if_it_was_sent(sandbox
     assert score(sandbox_scorer, "let pick a i = a.(i)", p).tests_passed == 1
     made_up = "let pick a i = if i = 0 then Obj.magic (Obj.repr 2.5) else a.(i)"
     assert score(sandbox_scorer, made_up, p).tests_passed == 1
+
+
+# Round 7: nine errors behind a failed type's constructors were counted as one (0.15 against at most 0.061).
+FAILED_TYPE = "type tree = Leaf | Node of tree * int * tre\n"
+USES_IT = ['let rec insert t x = match t with Leaf -> Node (Leaf, x, Leaf) | Node (l, v, r) -> Node (l, v + "a", r)',
+           'let size t = match t with Leaf -> "0" + 1 | Node _ -> 1',
+           'let root t = match t with Leaf -> None | Node (_, v, _) -> Some (v ^ 1)']
+
+
+def test_errors_behind_a_failed_types_constructor_earn_no_type_check_credit(scorer):
+    """A phrase that uses a constructor of a type that failed to define cannot be checked for its
+    own errors (no stand-in declares the constructor at every type): the answer is held to the
+    type's error and earns no more type-check credit than a syntax error (docs/grader.md)."""
+    b = score(scorer, FAILED_TYPE + "\n".join(USES_IT) + "\nlet add a b = a + b")
+    assert b.unchecked and b.type_check == 0.0 and b.reward == pytest.approx(0.05), (b.error_kinds, b.first_error)
+    # the same errors without the failed type are counted one by one: graduated, as ever
+    plain = score(scorer, "type tree = Leaf | Node of tree * int * tree\n" + "\n".join(USES_IT) + "\nlet add a b = a + b")
+    assert not plain.unchecked and plain.type_errors == 3 and plain.type_check == pytest.approx(0.2 * 0.5 / 3)
+    # a broken value is stood in for at every type: what depends on it is still checked and graduated
+    helper = score(scorer, 'let helper (x : int) : int = x + "a"\nlet twice y = helper (helper y)\nlet add a b = a + b')
+    assert not helper.unchecked and helper.type_errors == 1 and helper.type_check == pytest.approx(0.1)

@@ -17,15 +17,22 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from ocaml_grpo.grading.completions import assemble_solution, completion_text, extract_code
-from ocaml_grpo.grading.grader import Grade, OcamlGrader
+from ocaml_grpo.grading.grader import GRADER_NAMES, Grade, OcamlGrader
 from ocaml_grpo.grading.source import count_code_lines, parse_signature
 from ocaml_grpo.problems import Problem
 
 MAX_EXAMPLES_SHOWN = 4  # failing examples listed, in the prompt's order
 MAX_MESSAGE_CHARS = 400  # a compiler message is cut here (a type can be long)
 ASK_AGAIN = "Fix it and answer again with the whole solution in one ```ocaml block, then (* END *) on its own line."
+
+ANSWER_FILE = "solution.ml"  # the answer's code, as the grader compiles it: the one file feedback may cite
+# A place a compiler message cites inside its text (`... File "entry.ml", line 9, characters 6-25:
+# Expected declaration`): OCaml's form, one line or several, columns or not.
+CITED_PLACE = re.compile(r'File "([^"]*)", lines? (\d+)(?:-\d+)?(?:, characters (\d+)-\d+)?:?[ \t]*')
+PRIVATE_TEXT = "the grader's"  # what a message says in place of a grader name
 
 EXAMPLE_START = re.compile(r"^\s*\*?\s*>>>\s?(.*)$")
 COMMENT_LINE = re.compile(r"^\s*\*?\s?(.*?)\s*(\*\))?\s*$")
@@ -129,6 +136,21 @@ ERROR_NAMES = {"syntax": "Syntax error", "type": "Type error", "unbound": "Unbou
                "entry": "Wrong signature", "link": "Link error", "other": "Error"}
 
 
+def answer_terms(message: str, offset: int) -> str:
+    """A compiler message as feedback may show it: a place it cites in the answer's code becomes
+    that place in the answer (`line 3, column 7:`); any other place (a file the grader wrote: the
+    entry-point check, the oracle, the tests' program, ...) is dropped, its name and lines with
+    it: deny by default, whatever file the grader writes next. A name the grader gave what it
+    appended is replaced."""
+    def place(m: re.Match) -> str:
+        line = int(m.group(2)) - offset
+        if Path(m.group(1)).name != ANSWER_FILE or line < 1:
+            return ""
+        return f"(line {line}" + (f", column {int(m.group(3)) + 1}" if m.group(3) else "") + ") "
+    message = CITED_PLACE.sub(place, message)
+    return re.sub("|".join(re.escape(n) + r"\w*" for n in GRADER_NAMES), PRIVATE_TEXT, message)
+
+
 def _compile_errors(grade: Grade, offset: int) -> str:
     """The first compile error of the answer's own code, with its place in that code; an error
     the compiler places outside it (the prompt's definitions, the calling program) has none."""
@@ -138,5 +160,6 @@ def _compile_errors(grade: Grade, offset: int) -> str:
     line = e.line - offset
     where = f" at line {line}, column {e.col + 1}" if e.file.endswith("solution.ml") and line >= 1 else ""
     more = f" ({len(errs)} errors in all; this is the first)" if len(errs) > 1 else ""
-    message = e.message if len(e.message) <= MAX_MESSAGE_CHARS else e.message[:MAX_MESSAGE_CHARS] + "..."
+    message = answer_terms(e.message, offset)
+    message = message if len(message) <= MAX_MESSAGE_CHARS else message[:MAX_MESSAGE_CHARS] + "..."
     return f"Your answer does not compile{more}.\n{name}{where}: {message}\n{ASK_AGAIN}"

@@ -72,6 +72,16 @@ class Grade:
     forbidden: str | None = None  # first library path off the allowlist (or `external`): no test credit
     test_error: str | None = None  # first error compiling the tests against the solution
     unverifiable: str | None = None  # why the tests cannot be run outside the answer's process: no test credit
+    returned: bool = False  # in the test run, a call of the answer's returned a value
+    # a phrase was left out for a name of a broken phrase that no stand-in can declare (a failed
+    # type's constructor or label), or was never checked again: its own errors are unknown
+    unchecked: bool = False
+
+    @property
+    def stub(self) -> bool:
+        """The tests ran, and no call of the answer's returned a value: its entry points only raise
+        or never return (`failwith "todo"`, `assert false`, a loop), however they are written."""
+        return self.tests_compiled and self.tests_total > 0 and not self.returned
 
     @property
     def syntax_errors(self) -> int:
@@ -300,8 +310,8 @@ class OcamlGrader:
                     grade.test_error = trusted.error
                     return grade
                 grade.tests_compiled = True
-                passed, finished, grade.timed_out = self._execute(workdir, workdir / "prog", trusted.program,
-                                                                  grade.tests_total)
+                passed, finished, grade.timed_out, grade.returned = self._execute(
+                    workdir, workdir / "prog", trusted.program, grade.tests_total)
                 grade.tests_passed = len(passed) if trusted.split else int(finished)
                 grade.passed_ids = sorted(passed) if trusted.split else [0] * finished  # unsplit tests: one assertion
             return grade
@@ -606,8 +616,14 @@ class OcamlGrader:
         # A phrase left out for a name a broken phrase declared may hold an error of its own: it
         # is checked once more with those names declared at every type (`external f : 'a`), and
         # its first error that is not about them counts too.
+        # One that cannot be checked so (it uses a failed type's constructor or label, which no
+        # stand-in declares at every type), or is not checked again at all, leaves its own errors
+        # unknown: the answer is held to the broken phrase's errors (grade.unchecked; no type-check
+        # credit, as a syntax error), never credited for errors nobody counted.
+        grade.unchecked = len(forgiven) > max(0, self.MAX_CHECKS - checks)
         for j in forgiven[:max(0, self.MAX_CHECKS - checks)]:
             if budget.exhausted:
+                grade.unchecked = True
                 break
             good_set, skipped_set = set(good), set(skipped)
             before = [i for i in range(j) if i in good_set or i in skipped_set]
@@ -615,8 +631,9 @@ class OcamlGrader:
                         for i in before]
             checked = _joined(stand_in + [phrases[j]], list(range(len(before) + 1)))
             own = self._check(steps, checked.text)
-            if (own is not None and own is not TIMED_OUT and _phrase_of(own, checked, [len(before)]) is not None
-                    and not (own.unbound and own.unbound in skipped_names)):
+            if own is TIMED_OUT or (own is not None and own.unbound and own.unbound in skipped_names):
+                grade.unchecked = True
+            elif own is not None and _phrase_of(own, checked, [len(before)]) is not None:
                 grade.compile_errors.append(own)
         if not grade.compile_errors:  # the whole failed but no phrase did: count one
             grade.compile_errors.append(first)
@@ -672,7 +689,7 @@ class OcamlGrader:
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    def _execute(self, workdir: Path, oracle: Path, trusted: Path, total: int) -> tuple[set[int], bool, bool]:
+    def _execute(self, workdir: Path, oracle: Path, trusted: Path, total: int) -> tuple[set[int], bool, bool, bool]:
         """Run the oracle beside the trusted program once, through all the tests. An oracle that
         dies (exit, fatal error) or whose frames fall out of step fails the assertion under way
         and every one after it, as the answer's process dying does in plain OCaml: no fresh
@@ -698,7 +715,7 @@ class OcamlGrader:
         # shared machine (2.78 s for a 3 s limit here, more than a tenth short on CI).
         killed_at_limit = ures.returncode == -signal.SIGKILL
         timed_out = not finished and (ures.timed_out or killed_at_limit or lim.cpu_s - ures.cpu_s <= CPU_TIMEOUT_SLACK_S)
-        return run.passed, finished, timed_out
+        return run.passed, finished, timed_out, run.returned
 
 
 class _Pipes:

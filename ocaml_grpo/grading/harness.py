@@ -46,6 +46,7 @@ class RunTally:
     finished: bool = False
     oracle_lost_in: int | None = None  # the assertion during which the oracle died or broke the wire
     oracle_never_ready: bool = False  # it died before serving anything (the answer's top level)
+    returned: bool = False  # a call of the answer's returned a value (else it only raised, or never returned)
 
 
 def tally_run(text: str, start: int, total: int) -> RunTally:
@@ -61,6 +62,8 @@ def tally_run(text: str, start: int, total: int) -> RunTally:
             t.finished = True
         elif tag == "I":
             t.oracle_never_ready = True
+        elif tag == "R":
+            t.returned = True
         elif start <= i < total:
             if tag == "S":
                 t.began.add(i)

@@ -33,6 +33,8 @@ class Breakdown(_Scored):
     gated_min_lines: bool = False
     forbidden: str | None = None
     unverifiable: str | None = None  # the tests cannot run outside the answer's process: no test credit
+    unchecked: bool = False  # a phrase's own errors could not be checked (a failed type's constructor): no type-check credit
+    stub: bool = False  # the tests ran and no call of the answer's returned a value (it only raises or loops)
     code_lines: int = 0
     elapsed_ms: float = 0.0
     cached: bool = False

@@ -15,6 +15,9 @@ METRIC_SOLVED = "ocaml/tests_all_passed"
 METRIC_END_MARKER = "ocaml/end_marker"
 METRIC_PASSED_ANY = "ocaml/tests_passed_any"  # share of completions passing at least one test
 METRIC_CRASHED = "ocaml/grading_crashed"  # share of completions whose grading raised (reward None)
+# share of completions whose tests ran and whose calls never returned a value (grader.Grade.stub):
+# `failwith` stubs earn the type-check, compile and END credit, so a run can drift toward them
+METRIC_STUB = "ocaml/stub"
 # Repair turns (GRPO_REPAIR_TURNS): shares of the completions solving every test at turn 1 and
 # after the last turn, the mean turns taken, and shares of the groups too hard at turn 1 and of
 # those that repair made mixed (they teach something at the end).
@@ -40,6 +43,7 @@ class Facts(Protocol):
     tests_total: int
     compile_timed_out: bool
     forbidden: str | None
+    unchecked: bool
 
     @property
     def syntax_errors(self) -> int: ...
@@ -79,8 +83,9 @@ def _entry_missing(g: Facts) -> bool:
 
 def _type_check(g: Facts, end_marker: bool) -> float:
     # a syntax error, or no entry point as asked: nothing typed; a check stopped half-way by the
-    # compile budget proves nothing, and counted no further errors
-    if g.compile_timed_out or g.syntax_errors or _entry_missing(g):
+    # compile budget proves nothing, and counted no further errors; nor does a count that could not
+    # check every phrase (one using a failed type's constructor)
+    if g.compile_timed_out or g.syntax_errors or _entry_missing(g) or g.unchecked:
         return 0.0
     n = len(g.compile_errors)
     return 1.0 if n == 0 else 0.5 / n

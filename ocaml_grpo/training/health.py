@@ -47,6 +47,10 @@ class Thresholds:
     # implementations; past these the rollouts are no longer the trainer's own
     engine_gap_max: float = 0.10        # recent mean per-token |logp gap|
     engine_clipped_max: float = 0.05    # recent mean share of importance ratios masked or clipped
+    # A stub (`failwith "todo"`) earns the type-check, compile and END credit, 0.35 by the seed's
+    # weights: more than an honest attempt with one type error (0.15). Past this, the policy may be
+    # learning to stub.
+    stub_max: float = 0.10              # recent mean share of answers whose calls never returned a value
 
 
 THRESHOLDS = Thresholds()
@@ -65,6 +69,7 @@ class Point:
     loss: float | None = None
     logp_gap: float | None = None       # GRPO_ENGINE=llamacpp: engine vs trainer (metrics.ENGINE_KEYS)
     clipped_share: float | None = None
+    stub: float | None = None           # share of answers that only raise or never return (metrics.jsonl)
 
 
 @dataclass(frozen=True)
@@ -190,6 +195,14 @@ def findings(points: Sequence[Point], th: Thresholds = THRESHOLDS) -> list[Findi
             f"{th.engine_gap_max}), importance ratios masked or clipped {mean(r_clip) if r_clip else float('nan'):.1%} "
             f"(healthy ≤ {th.engine_clipped_max:.0%}): the llama.cpp engine no longer samples the trainer's policy "
             "(a stale adapter, or a quantization too coarse for it); the bound drops those samples from the loss.")
+    r_stub = values(win, "stub")
+    if r_stub and mean(r_stub) > th.stub_max:
+        first = values(points[:th.recent_lines], "stub")
+        add("stub", "Drift toward stubs", "warning",
+            f"recent mean {mean(r_stub):.0%} of the answers only raise or never return (their tests ran and no "
+            f"call returned a value; {mean(first):.0%} in the run's first {len(first)} lines; healthy ≤ "
+            f"{th.stub_max:.0%}). A stub earns the type-check, compile and END credit, more than an honest "
+            "attempt with one type error: read reward_logs (`stub`) and weigh REWARD_WEIGHT_TESTS up.")
     return out
 
 

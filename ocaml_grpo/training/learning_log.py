@@ -127,6 +127,8 @@ class LogLine:
         for k in ("logp_gap", "clipped_share"):
             if r.engine and r.engine.get(k) is not None:
                 values[f"engine_{k}"] = float(r.engine[k])
+        if r.stub is not None:  # the records' alone (no line shows it): the stub rule reads it
+            values["stub"] = float(r.stub)
         return cls(r.epoch, metric_line(r), values, session=r.session)
 
     @property
@@ -139,7 +141,7 @@ class LogLine:
 
         return Point(self.epoch, logged("reward"), logged("reward_std"), logged("frac_zero_std"), logged("entropy"),
                      self.values.get("grad"), self.values.get("loss"), logged("engine_logp_gap"),
-                     logged("engine_clipped_share"))
+                     logged("engine_clipped_share"), logged("stub"))
 
 
 # The other line kinds, written by the trainer's callback (ocaml_grpo/training/callbacks.py decides when).

@@ -531,6 +531,10 @@ let encode_exn e =
    | Exit -> Buffer.add_char b 'x'
    | Stack_overflow -> Buffer.add_char b 'S'
    | Out_of_memory -> Buffer.add_char b 'M'
+   (* a failed `assert` or an incomplete match, in the answer or in a test closure shipped to the
+      oracle: the tests can name them (`with Assert_failure _`), as in one program *)
+   | Assert_failure (f, l, c) -> Buffer.add_char b 'A'; w_string b f; w_int b l; w_int b c
+   | Match_failure (f, l, c) -> Buffer.add_char b 'm'; w_string b f; w_int b l; w_int b c
    | Foreign k -> Buffer.add_char b 'K'; w_int b k
    | e ->
      let p = Buffer.create 16 in
@@ -549,6 +553,8 @@ let decode_exn ~trusted s =
     | 'x' -> Exit
     | 'S' -> Stack_overflow
     | 'M' -> Out_of_memory
+    | 'A' -> let f = r_string r in let l = r_int r in Assert_failure (f, l, r_int r)
+    | 'm' -> let f = r_string r in let l = r_int r in Match_failure (f, l, r_int r)
     | 'K' ->
       let k = r_int r in
       if not trusted then Foreign k
@@ -577,6 +583,10 @@ let serve_one payload =
       let e = if !trusted then Foreign (keep_raised e) else e in
       send 'X' (encode_exn e)
 
+(* The trusted side notes, once a run, that a call of the answer's returned a value: an answer
+   whose calls only raise or never return is a stub, whatever its text (a metric, never credit). *)
+let on_return = ref ignore
+
 (* A reply the oracle sent: its whole frame was read, so a malformed one leaves the wire in step
    (only the trusted side waits on replies it did not compute). *)
 let rec wait read =
@@ -584,7 +594,7 @@ let rec wait read =
   | None -> fail ()
   | Some ('R', p) ->
     (match let r = reader p in let v = read r in r_end r; v with
-     | v -> v
+     | v -> !on_return (); v
      | exception (Refused as e) -> raise e
      | exception _ -> if !trusted then refuse () else fail ())
   | Some ('X', p) ->
@@ -641,6 +651,7 @@ let start_trusted () =
   rep_out := fd_out (int_of_string Sys.argv.(2));
   req_in := fd_in (int_of_string Sys.argv.(3));
   start := int_of_string Sys.argv.(4);
+  on_return := (fun () -> emit "R" 0; on_return := ignore);
   (* the oracle is gone, or its frames are out of step: the assertion under way is marked and
      nothing after it runs (as when the answer's process dies in plain OCaml; no fresh oracle) *)
   broken := fun () -> (if !is_ready then emit "K" !current else emit "I" 0); exit 0
