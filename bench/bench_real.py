@@ -196,10 +196,11 @@ def export(a, arm: str, adapter: Path, recipe: dict, root: Path, held: list[str]
     (out / "heldout_ids.txt").write_text("\n".join(held) + "\n")
     made = (f"SFT (LoRA) for {recipe['sft_steps']} steps of 8 at lr {recipe['sft_lr']} on the bundled training split"
             if arm == "sft" else f"GRPO for {recipe['steps']} steps at lr {recipe['lr']} from {START[arm]}")
+    where = os.path.relpath(out, Path(__file__).resolve().parents[1])  # as the README's commands run: from the clone
     (out / "README.md").write_text(
         f"{a.model} + this LoRA adapter (bf16): {made}, by `python -m bench.bench_real` (recipe.json).\n"
-        f"Measure it again on the held-out problems: `python evaluate.py --model {a.model} --adapter {root / name} "
-        f"--engine llamacpp --ids {root / name}/heldout_ids.txt --k {a.k} --temperature {a.temperature} "
+        f"Measure it again on the held-out problems: `python evaluate.py --model {a.model} --adapter {where} "
+        f"--engine llamacpp --ids {where}/heldout_ids.txt --k {a.k} --temperature {a.temperature} "
         f"--max-new-tokens {a.budget} --prompt-examples {a.examples} --stop-at-end 1`\n"
         "The figures it was measured at: bench/results/real_qwen05_grpo.json and BENCHMARKS.md.\n")
     return out

@@ -58,8 +58,10 @@ def test_aggregation_over_real_grading():
 
 def test_end_to_end_on_the_demo_model(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    r = preloaded.run(ROOT / "evaluate.py", ["--model", "plumbing", "--n", "3", "--k", "2", "--max-new-tokens", "24",
-                                              "--out", tmp_path / "out", "--dataset", GRADED],
+    ids = [json.loads(line)["id"] for line in GRADED.read_text().splitlines() if line.strip()][-3:]
+    (tmp_path / "ids.txt").write_text("\n".join(ids) + "\n")  # --ids: these problems, not --n's sample
+    r = preloaded.run(ROOT / "evaluate.py", ["--model", "plumbing", "--ids", tmp_path / "ids.txt", "--k", "2",
+                                              "--max-new-tokens", "24", "--out", tmp_path / "out", "--dataset", GRADED],
                       cwd=ROOT, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads((tmp_path / "out" / "report.json").read_text())
@@ -70,6 +72,7 @@ def test_end_to_end_on_the_demo_model(tmp_path):
     assert report["n_problems"] == 3 and report["k"] == 2
     rows = [json.loads(l) for l in (tmp_path / "out" / "completions.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and all(0 <= x["graded_reward"] <= 1 and "reward" not in x for x in rows)
+    assert {x["problem_id"] for x in rows} == set(ids)
     md = (tmp_path / "out" / "report.md").read_text()
     assert "pass@1" in md and "| `tests_compiled` rate: the solution and the tests build one program |" in md
 
@@ -81,6 +84,9 @@ def test_bad_arguments_fail_before_any_model_loads(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--model", "plumbing", "--dataset", str(tmp_path / "x.jsonl")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "x.jsonl: no such file" in r.stderr
+    r = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--model", "plumbing", "--dataset", "bundled",
+                        "--ids", "p001_count_evens,p999_nowhere"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--ids: 1 not in bundled: p999_nowhere" in r.stderr, r.stderr
 
 
 def test_k_1_reports_pass_at_1_once_and_a_failed_run_leaves_no_report_dir(tmp_path):
