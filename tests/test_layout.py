@@ -238,3 +238,17 @@ def test_make_setup_installs_the_cpu_torch_where_there_is_no_gpu(tmp_path):
     for gpu in (plan(os.pathsep.join([str(fake), no_gpu])), plan(no_gpu, TORCH_VARIANT="cuda")):
         assert "download.pytorch.org" not in gpu and "-r requirements.txt" in gpu
     assert "pip install torch" not in (ROOT / "README.md").read_text()  # no step by hand before `make demo`
+
+
+def test_benchmarks_open_with_todays_figures_and_each_results_file_exists():
+    """bench/BENCHMARKS.md is today's answers, one section per subject (the history has its own
+    file): it opens with the table of figures, and every results file that table names is there."""
+    text = (ROOT / "bench" / "BENCHMARKS.md").read_text()
+    assert len(text.splitlines()) < 700 and (ROOT / "bench" / "HISTORY.md").is_file() and "(HISTORY.md)" in text
+    first = text.split("\n## ", 2)[1]
+    assert first.startswith("Today's figures") and "| subject | command | today's figure | results file | date |" in first
+    named = re.findall(r"`([\w./-]+\.json|cuda-[\w-]+/)`", first)
+    assert named and [n for n in named if not (ROOT / "bench" / "results" / n).exists()] == []
+    anchors = set(re.findall(r"\]\(#([\w-]+)\)", first))
+    headings = {re.sub(r"[^\w -]", "", h).strip().lower().replace(" ", "-") for h in re.findall(r"^## (.+)$", text, re.M)}
+    assert anchors and anchors <= headings, anchors - headings
