@@ -16,7 +16,7 @@
 
 Reported per run: mean frac_zero_std over its learning.log lines (groups with identical rewards),
 the share of its groups that teach nothing by the selection's and tracker's rule
-(group_stats.learnable at the default thresholds: std < 0.05 or 90% solved; a never-seen
+(group_kinds.learnable at the default thresholds: std < 0.05 or 90% solved; a never-seen
 problem's group whose rewards differ by a stray END marker counts here, not in frac_zero_std),
 the learnable problems' mean reward before (SFT model) and after, and the completions generated
 (probe included).

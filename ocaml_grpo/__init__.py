@@ -3,8 +3,10 @@ it (tests/test_layout.py checks it), so each can be read without the ones above:
 
     report/     what analyze.py renders: the plots, the groups' report
     training/   the trainer's parts: callbacks, health rules, learning log, problem tracking and
-                selection, group kinds, run directory, models and generation engines, SFT, the
-                demo and its tiny models, sampling and pass@k, the probe
+                selection, group kinds, run directory, generation engines (llama.cpp's too), the
+                shared-prefix forward, SFT, the demo, sampling and pass@k, the probe, memory
+    models/     loading, LoRA and merging; the named pretrained models (GGUF from registry
+                wheels); the tiny local models the tests and the demo build
     grading/    one completion against its tests: the grader, both compile paths and their
                 diagnostics, the oracle and the trusted test program, the sandbox and its launcher,
                 the grader's OCaml tools (grading/ocaml/), the audit of a problem set

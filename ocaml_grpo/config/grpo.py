@@ -138,8 +138,8 @@ class TrainConfig:
                                         "1: transformers' paged continuous-batching generation (no vLLM needed)")
     compiled_generation: bool = setting("GRPO_COMPILED_GENERATION", "0", Flag,
                                         "1: transformers' generate with a static KV cache and a compiled decode "
-                                        "step (CUDA graphs on a GPU; on an H200 the first step took 21 s longer, "
-                                        "then each step was 4x shorter)")
+                                        "step (CUDA graphs on a GPU: the first step pays the compilation once; "
+                                        "figures in bench/BENCHMARKS.md)")
     audit_dataset: bool = setting("AUDIT_DATASET", "1", Flag,
                                   "1: drop problems whose tests cannot compile (cached); 0: only the prompt-length filter")
     torch_threads: int = setting("GRPO_TORCH_THREADS", "auto",

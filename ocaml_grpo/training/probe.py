@@ -9,7 +9,7 @@ chat template's generation prompt, GRPO_TEMPERATURE, top-k off, top-p 1, GRPO_MA
 tokens), grades them with the training reward (its REWARD_* settings, the line gate and the
 runaway penalty included), and appends one line per problem to FILE: the reward's mean and
 (population) std, the shares passing every test and at least one, the kind of the k completions
-as one group (group_stats.py), k, and the sampling settings and model (selection.sampling_settings).
+as one group (group_kinds.py), k, and the sampling settings and model (selection.sampling_settings).
 The model and settings come from the environment and .envrc, as train.py reads them, so a probe
 and the run it prepares cannot disagree silently (train.py warns when they do).
 

@@ -2,9 +2,9 @@
 judged from a probe's statistics (`python evaluate.py --probe`, ocaml_grpo/training/probe.py).
 
 A problem is kept when its probe rewards differ (std >= GRPO_LEARNABLE_MIN_STD) and it is not
-nearly always solved (share solving every test < GRPO_LEARNABLE_MAX_SOLVED): group_stats.learnable,
+nearly always solved (share solving every test < GRPO_LEARNABLE_MAX_SOLVED): group_kinds.learnable,
 the rule the online tracker applies to each problem's last group. A dropped problem gets the
-reason its groups would waste (group_stats.py's words): too_easy, too_hard, identical.
+reason its groups would waste (group_kinds.py's words): too_easy, too_hard, identical.
 Problems the stats file does not cover are kept (the online tracker judges them). The choices go
 to <output dir>/problem_selection.jsonl, one line per problem, like dataset_audit.jsonl.
 
@@ -33,7 +33,7 @@ class ProblemStats:
     reward_std: float
     solved: float                       # share passing every test
     passed_any: float                   # share passing at least one test
-    kind: str                           # group_stats kind of the k completions as one group
+    kind: str                           # group_kinds kind of the k completions as one group
     sampling: dict                      # model, adapter, temperature, top_k, top_p, max_completion, reward settings
 
 

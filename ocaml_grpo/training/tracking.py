@@ -1,5 +1,5 @@
 """Online difficulty tracking in the trainer: a sampler (the trainer's, training/trainer.py) that draws
-the problems whose last group taught nothing less often (group_stats.ProblemTracker decides, by group_stats.learnable).
+the problems whose last group taught nothing less often (group_kinds.ProblemTracker decides, by group_kinds.learnable).
 
 TRL 1.16 draws prompts with its RepeatSampler: each epoch a permutation of the problems, cut into
 generation batches of distinct prompts, each prompt repeated num_generations times. The
