@@ -65,6 +65,13 @@ let () =
   assert (by compare [2; 1] = [1; 2])
 ;;""")
 
+# the parameter used inside a closure the tests write: the closure means the tests' `compare`
+SORT_WITH_LAMBDA = Problem(id="sort_with7b", prompt=SORT_WITH.prompt, tests="""let by compare xs = sort_with (fun a b -> compare a b) xs
+let () =
+  assert (by (fun a b -> compare b a) [1; 3; 2] = [3; 2; 1]);
+  assert (by compare [2; 1] = [1; 2])
+;;""")
+
 CASES = [
     # a closure right only once: truth 1/3; replayed per call it earns 3/3
     pytest.param(SCALE, "let scale k = let used = ref false in fun x -> if !used then 0 else (used := true; k * x)",
@@ -81,7 +88,8 @@ CASES = [
     # the tests' own exceptions raised inside the answer keep their constructor
     pytest.param(APPLY_ALL, "let apply_all f xs = List.map f xs", id="test-exceptions"),
     # a test helper's parameter named `compare` is the tests' closure, not Stdlib's
-    pytest.param(SORT_WITH, "let sort_with cmp xs = List.sort cmp xs", id="test-parameter", marks=NOT_YET),
+    pytest.param(SORT_WITH, "let sort_with cmp xs = List.sort cmp xs", id="test-parameter"),
+    pytest.param(SORT_WITH_LAMBDA, "let sort_with cmp xs = List.sort cmp xs", id="test-parameter-in-a-closure"),
     pytest.param(SORT_WITH, "let sort_with _ xs = List.sort compare xs", id="test-parameter-ignored"),
 ]
 

@@ -40,7 +40,8 @@ from ocaml_grpo.grading.compilers import WARNINGS_OFF, CompileBudget, Compilers,
 from ocaml_grpo.grading.harness import (ENTRY_FILE, WIRE_ML, plan_of, render_entry_check, render_oracle,
                                         render_trusted, tally_run)
 from ocaml_grpo.grading.interface import Interface, interface_of
-from ocaml_grpo.grading.oracle import ENTRY_ALIAS, ENTRY_MODULE, Lambda, lambda_unit_text, rewrite_tests, shippable
+from ocaml_grpo.grading.oracle import (ENTRY_ALIAS, ENTRY_MODULE, Lambda, lambda_unit_text, names_the_tests_may_bind,
+                                       rewrite_tests, shippable)
 from ocaml_grpo.grading.sandbox import Sandbox, blocked
 from ocaml_grpo.grading.toolcache import Toolchain, ToolchainError
 
@@ -492,14 +493,17 @@ class OcamlGrader:
         limit = self.sandbox.limits.compile_s * 4
         steps = OcamlcSteps(self.compilers, d, CompileBudget(limit), requires)
         lambdas, unit = shippable(iface, tests), f"lam_{key[:16]}"
-        while lambdas:  # each closure that does not compile alone stays a handle
-            (d / f"{unit}.ml").write_text(lambda_unit_text(iface, lambdas))
-            rep = steps.compile(f"{unit}.ml", "")
-            if rep.returncode == 0 and not rep.timed_out:
-                break
-            bad = rep.loc[2] if rep.loc else ""
-            kept = tuple(lam for lam in lambdas if f"lambda_{lam.j}.ml" != bad)
-            lambdas = kept if len(kept) < len(lambdas) and not rep.timed_out else ()
+        # Each closure that does not compile alone stays a handle: first with every name the tests
+        # may bind declared unusable (one that uses such a name means the tests' value), then as shipped.
+        for poison in (names_the_tests_may_bind(tests), frozenset()):
+            while lambdas:
+                (d / f"{unit}.ml").write_text(lambda_unit_text(iface, lambdas, poison))
+                rep = steps.compile(f"{unit}.ml", "")
+                if rep.returncode == 0 and not rep.timed_out:
+                    break
+                bad = rep.loc[2] if rep.loc else ""
+                kept = tuple(lam for lam in lambdas if f"lambda_{lam.j}.ml" != bad)
+                lambdas = kept if len(kept) < len(lambdas) and not rep.timed_out else ()
         text = render_trusted(iface, rewrite_tests(tests, lambdas, self.wire.capitalize()),
                               plan_of(rewrite_tests(tests, lambdas, self.wire.capitalize())), self.wire.capitalize())
         (d / "trusted.ml").write_text(text)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ocaml_grpo.grading import source as src
+from ocaml_grpo.grading.completions import OCAML_KEYWORDS
 from ocaml_grpo.grading.interface import (ALIASES, BUILTINS, ELEMENT_VAR, MAP_KEYS, ORDERED_SIG, SIGNALS, Entry,
                                           Functor, Interface, Type, map_key, mentions)
 
@@ -588,6 +589,42 @@ BINDERS = ("let", "and", "rec", "module", "external", "val")
 SCOPE_CHANGERS = ("open", "include", "type", "exception", "class", "object")
 
 
+# Where OCaml binds a name by a pattern: the pattern runs to the next `=` or `->` (`let f x (y :
+# t) =`, `fun x ->`, `| Some x ->`, `with e ->`, `for i =`, `let {a; b} =`, `as x`).
+PATTERN_OPENERS = {"let", "and", "fun", "function", "with", "for", "as", "|", "module", "external", "val", "method"}
+
+
+def names_the_tests_may_bind(tests: str) -> frozenset[str]:
+    """Every name that may be bound somewhere in the tests, parameters and pattern variables
+    included: every name in any pattern position, over-approximated (a type's name or a label
+    counts too). A shipped closure may use none of them freely (lambda_unit_text's poison)."""
+    toks = src.code_tokens(tests)
+    names: set[str] = set()
+    for i, t in enumerate(toks):
+        if t.text not in PATTERN_OPENERS:
+            continue
+        depth, annotation = 0, None  # a type annotation (`: t`) runs to the end of its bracket: no names there
+        for u in toks[i + 1:i + 200]:
+            if depth == 0 and u.text in ("=", "->", "in", ";;"):
+                break
+            if u.text in ("(", "[", "{", "[|"):
+                depth += 1
+            elif u.text in (")", "]", "}", "|]"):
+                depth -= 1
+                if annotation is not None and depth < annotation:
+                    annotation = None
+                if depth < 0:
+                    break
+            elif u.text == ":":
+                annotation = depth
+            elif (annotation is None and u.kind == "ident" and u.text not in OCAML_KEYWORDS and u.text != "_"
+                  and u.text[:1].isalpha()):
+                names.add(u.text)
+                if t.text == "as":
+                    break
+    return frozenset(names)
+
+
 def _names_the_tests_bind(toks: list) -> set[str] | None:
     """The names the tests define (after `let`, `and`, `module`, ...): a closure that uses one is
     not compiled apart from them (alone, `max_int` would be Stdlib's, not the tests' own); it
@@ -642,12 +679,20 @@ def rewrite_tests(tests: str, lambdas: tuple[Lambda, ...], wire: str) -> str:
     return out
 
 
-def lambda_unit_text(iface: Interface, lambdas: tuple[Lambda, ...]) -> str:
+def lambda_unit_text(iface: Interface, lambdas: tuple[Lambda, ...], poison: frozenset[str] = frozenset()) -> str:
     """The closures as a unit of their own (Stdlib only): each under a line directive naming it,
-    so a compile error says which one cannot be shipped."""
+    so a compile error says which one cannot be shipped. `poison`: names declared first at a type
+    nothing accepts, so a closure that uses one of them freely (a name the tests may bind: their
+    value in the tests, not Stdlib's) does not compile and stays a handle; a closure that binds
+    the name itself shadows the poison. The compiler decides what a name in a closure refers to."""
     g = _Gen(iface, "W", "U")
-    return "".join(f'# 1 "lambda_{lam.j}.ml"\nlet l_{lam.j} : {g.ty(lam.type, {})} = ({lam.text})\n;;\n'
-                   for lam in lambdas)
+    head = ""
+    if poison:
+        head = '# 1 "grader_poison.ml"\ntype grader_poison\n' + "".join(
+            f"let {n} : grader_poison = Obj.magic 0\n" for n in sorted(poison) if n[0].islower()) + "".join(
+            f"module {n} = struct end\n" for n in sorted(poison) if n[0].isupper()) + ";;\n"
+    return head + "".join(f'# 1 "lambda_{lam.j}.ml"\nlet l_{lam.j} : {g.ty(lam.type, {})} = ({lam.text})\n;;\n'
+                          for lam in lambdas)
 
 
 def _arg_writer(g: _Gen, k: int, i: int, label: str, p: Type, env: dict[str, str]) -> str:
