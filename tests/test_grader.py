@@ -470,8 +470,8 @@ def test_trusted_programs_are_kept_on_disk_for_the_next_grader(tmp_path):
     assert len(stored) == 1 and (stored[0] / "prog").exists()
     second = OcamlGrader(Sandbox(config), cores=1)
     built = []
-    build = second._build_trusted
-    second._build_trusted = lambda *a: built.append(a[0]) or build(*a)
+    build = second.trusted.build
+    second.trusted.build = lambda *a: built.append(a[0]) or build(*a)
     try:
         assert second.grade(sol, ADD.tests, [], entries, ADD.prompt).tests_passed == 7
         assert built == []  # read from disk
@@ -488,7 +488,7 @@ def test_the_trusted_cache_keeps_to_its_size_and_never_drops_what_is_in_use(tmp_
     it (and half-written ones), never one used within the hour; a grader marks what it uses."""
     from dataclasses import replace as with_
     from ocaml_grpo.config.isolation import SandboxConfig
-    from ocaml_grpo.grading.grader import sweep_trusted_cache
+    from ocaml_grpo.grading.trusted import sweep_trusted_cache
 
     trusted = tmp_path / "cache" / "trusted"
     now = time.time()
@@ -512,14 +512,14 @@ def test_the_trusted_cache_keeps_to_its_size_and_never_drops_what_is_in_use(tmp_
         assert grader.grade(sol, ADD.tests, [], entries, ADD.prompt).tests_passed == 7
         [entry] = [p for p in trusted.iterdir() if not p.name.startswith(".")]
         os.utime(entry, (now - 7200,) * 2)
-        grader._trusted_used.clear()  # (a minute later)
+        grader.trusted.used.clear()  # (a minute later)
         assert grader.grade(sol, ADD.tests, [], entries, ADD.prompt).tests_passed == 7
         assert time.time() - entry.stat().st_mtime < 60
     finally:
         grader.close()
     nothing = OcamlGrader(Sandbox(with_(config, trusted_cache_mb=0)), cores=1)  # 0: nothing kept on disk
     try:
-        assert nothing._trusted_cache is None
+        assert nothing.trusted.cache is None
     finally:
         nothing.close()
 

@@ -30,7 +30,8 @@ from typing import Callable
 from ocaml_grpo.grading import source as src
 from ocaml_grpo.grading.completions import assemble_solution, invalid_entry_point_note
 from ocaml_grpo.problems import Problem, load_problems
-from ocaml_grpo.grading.grader import OcamlGrader, grader_code_digest
+from ocaml_grpo.grading.grader import OcamlGrader
+from ocaml_grpo.grading.trusted import grader_code_digest
 from ocaml_grpo.jsonl import append, read_jsonl
 from ocaml_grpo.grading.sandbox import Sandbox
 from ocaml_grpo.config.isolation import SandboxConfig

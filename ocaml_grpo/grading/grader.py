@@ -18,38 +18,33 @@ from __future__ import annotations
 
 import fcntl
 import functools
-import hashlib
-import json
 import math
 import os
 import secrets
 import signal
-import shlex
 import shutil
 import subprocess
 import tempfile
 import threading
-import time
 import weakref
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ocaml_grpo.grading import source as src
-from ocaml_grpo.grading.diagnostics import TIMED_OUT, CompileError, error_of, parse_compiler_error
-from ocaml_grpo.grading.compilers import WARNINGS_OFF, CompileBudget, Compilers, OcamlcSteps, Steps
+from ocaml_grpo.grading.diagnostics import TIMED_OUT, CompileError, error_of
+from ocaml_grpo.grading.compilers import WARNINGS_OFF, CompileBudget, Compilers, Steps
 from ocaml_grpo.grading.harness import (ENTRY_FILE, WIRE_ML, plan_of, render_entry_check, render_oracle,
                                         render_trusted, tally_run)
 from ocaml_grpo.grading.interface import Interface, interface_of
-from ocaml_grpo.grading.oracle import (ENTRY_ALIAS, ENTRY_MODULE, Lambda, lambda_unit_text, names_the_tests_may_bind,
-                                       rewrite_tests, shippable)
+from ocaml_grpo.grading.oracle import ENTRY_ALIAS, ENTRY_MODULE
+from ocaml_grpo.grading.trusted import TrustedPrograms
 from ocaml_grpo.grading.sandbox import Sandbox, blocked
-from ocaml_grpo.grading.toolcache import Toolchain, ToolchainError
+from ocaml_grpo.grading.toolcache import ToolchainError
 
 # Only a trigger for a second, `-i`, type check that decides (the message itself is text a
 # solution can print with [%%ocaml.error "..."]).
 NONGENERALIZABLE = "contains type variables that cannot be generalized"
 RUN_NICE = 15  # model code yields the CPU to compiles and to the trainer
-TRUSTED_IN_USE_S = 3600  # a trusted program used this recently is never swept from the cache
 RESULTS_READ_CAP = 4 << 20  # bytes of result lines read back; the trusted program writes ~20 per assertion
 CPU_TIMEOUT_SLACK_S = 0.05  # a run that used its CPU budget less this much was stopped by the CPU limit
 IDLE_LIMIT_S = 2.0  # an oracle blocked this long (using no CPU, e.g. reading a device) is stopped
@@ -105,23 +100,7 @@ GRADER_NAMES = (ENTRY_ALIAS, ENTRY_MODULE, "_entry_", "Solution", "Wire_", "wire
 # typed, like a check stopped by the compile limit (no type-check, compile or test credit).
 MAX_SOLUTION_CHARS = 512 << 10
 TOO_LARGE = CompileError("other", 0, f"the answer is over {MAX_SOLUTION_CHARS} characters: it was not compiled")
-TRUSTED_META = "trusted.json"  # in a cached trusted program's directory: its build error, closures, unit
 
-
-@functools.lru_cache(maxsize=1)
-def grader_code_digest() -> str:
-    """A hash of the code that writes a trusted program and decides what compiles: a change in it
-    makes every cached trusted program and audit verdict stale."""
-    here = Path(__file__).resolve().parent
-    text = "\0".join((here / f).read_text() for f in ("grader.py", "harness.py", "oracle.py", "interface.py",
-                                                       "source.py", "ocaml/wire.ml"))
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-@functools.lru_cache(maxsize=4)
-def _native_compiler_version(toolchain: Toolchain) -> str:
-    return subprocess.run(["ocamlfind", toolchain.trusted_compiler, "-version"], capture_output=True, text=True,
-                          env=toolchain.host_env).stdout.strip()
 
 
 def _undefined_entry(name: str) -> str:
@@ -130,34 +109,6 @@ def _undefined_entry(name: str) -> str:
 
 GRADER_DIR_PREFIX = "ocaml-grader-"
 OWNER_LOCK = ".owner"  # in each grader directory, locked by the process that uses it
-
-
-def sweep_trusted_cache(cache: Path, max_bytes: int, in_use_s: float = TRUSTED_IN_USE_S) -> list[Path]:
-    """Remove the least recently used trusted programs until the cache holds at most max_bytes,
-    never one used in the last in_use_s (a grader marks its entries every minute while it runs),
-    and the half-written entries older than that (a grader that died while storing). Returns what
-    it removed."""
-    now, entries, removed = time.time(), [], []
-    try:
-        listing = list(os.scandir(cache))
-    except OSError:
-        return removed
-    for e in listing:
-        try:
-            st = e.stat(follow_symlinks=False)
-            size = sum(f.stat(follow_symlinks=False).st_size for f in os.scandir(e.path))
-        except OSError:
-            continue  # removed meanwhile
-        entries.append((st.st_mtime, size, Path(e.path)))
-    total = sum(size for _, size, _ in entries)
-    for mtime, size, path in sorted(entries, key=lambda x: x[0]):
-        if now - mtime < in_use_s:
-            break  # the rest are newer still
-        if path.name.startswith(".") or total > max_bytes:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-            total -= size
-    return removed
 
 
 def hold_owner_lock(directory: Path) -> int:
@@ -188,18 +139,6 @@ def sweep_dead_graders(parent: Path) -> list[Path]:
         os.close(fd)
         removed.append(d)
     return removed
-
-
-@dataclass(frozen=True)
-class Trusted:
-    """A problem's trusted program, and the tests' closures compiled for its oracles."""
-    program: Path
-    error: str  # "" when it built
-    lambdas: tuple[Lambda, ...]
-    lambda_unit: str  # the closures' unit ("" when none ships)
-    lambda_dir: Path
-    assertions: int  # the tests' graded units (source.assertion_count), kept with the program so that
-    split: bool  # a grader that finds it on disk need not lex the tests; split: per assertion
 
 
 class OcamlGrader:
@@ -235,16 +174,6 @@ class OcamlGrader:
                              capture_output=True, text=True, env=self.sandbox.toolchain.host_env)
         if res.returncode != 0:
             raise ToolchainError(f"ocamlc is installed but cannot compile a trivial module: {res.stderr.strip()[:400]}")
-        # Trusted programs, one per problem, built on first use (or found on disk): the program file or why it failed.
-        config = self.sandbox.config
-        self._trusted_cache = Path(config.cache) / "trusted" if config.cache and config.trusted_cache_mb else None
-        if self._trusted_cache is not None:
-            sweep_trusted_cache(self._trusted_cache, config.trusted_cache_mb << 20)
-        self._trusted_used: dict[str, float] = {}  # key -> when its entry on disk was last marked used
-        self._trusted_version = "\0".join([_native_compiler_version(self.sandbox.toolchain), self.sandbox.toolchain.root,
-                                           grader_code_digest()])
-        self._trusted: dict[str, Trusted] = {}
-        self._trusted_locks: dict[str, threading.Lock] = {}
         self._counter = 0
         self._lock = threading.Lock()
         # One compile slot more than the cores: a grading holds its compile server while it reads
@@ -252,6 +181,8 @@ class OcamlGrader:
         # (no-loop benchmark, two scorers alternated: 1.44 s with 2 servers, 1.39 s with 3).
         self.compilers = Compilers(self.sandbox, self.tmp_root, cores + 1, self.compiler)
         weakref.finalize(self, self.compilers.close)
+        # Trusted programs, one per problem, built on first use (or found on disk): the program or why it failed.
+        self.trusted = TrustedPrograms(self.sandbox, self.compilers, self.tmp_root, self.wire, self._wire_dir)
 
     def close(self) -> None:
         self.compilers.close()
@@ -287,7 +218,7 @@ class OcamlGrader:
                 grade.unverifiable = iface.unverifiable
                 grade.tests_total = src.assertion_count(plan_of(tests))
             else:
-                trusted = self._trusted_program(iface, tests, tuple(requires))
+                trusted = self.trusted.get(iface, tests, tuple(requires))
                 grade.tests_total = trusted.assertions
                 for d, unit in ((self._wire_dir, self.wire), (trusted.lambda_dir, trusted.lambda_unit)):
                     if unit:
@@ -420,110 +351,6 @@ class OcamlGrader:
         (steps.workdir / "appended.ml").write_text(solution + "\n;;\n" + tests + "\n")
         reply = steps.compile("appended.ml", "i")
         return reply.returncode == 0 and not reply.timed_out
-
-    def _trusted_program(self, iface: Interface, tests: str, requires: tuple[str, ...]) -> "Trusted":
-        """The problem's trusted program (and the tests' closures the oracle holds too), built once
-        in the toolchain sandbox and kept for the grader's life; a build failure is kept too (the
-        tests cannot run: no completion passes)."""
-        key = hashlib.sha256("\0".join([repr(iface), tests, *requires, self._trusted_version]).encode()).hexdigest()[:24]
-        with self._lock:
-            lock = self._trusted_locks.setdefault(key, threading.Lock())
-        with lock:
-            # (one found on disk is read again if the directory went away: a cache cleared meanwhile)
-            if key not in self._trusted or not self._trusted[key].lambda_dir.is_dir():
-                self._trusted[key] = (self._cached_trusted(key, iface, tests)
-                                      or self._store_trusted(key, iface, self._build_trusted(key, iface, tests, requires)))
-            self._mark_used(key)
-            return self._trusted[key]
-
-    def _mark_used(self, key: str) -> None:
-        """Keep the entry's time of last use (its directory's mtime) within a minute: what the
-        sweep of another grader starting up goes by, so that it never removes one in use."""
-        now = time.time()
-        if self._trusted_cache is not None and now - self._trusted_used.get(key, 0) > 60:
-            self._trusted_used[key] = now
-            try:
-                os.utime(self._trusted_cache / key)
-            except OSError:
-                pass  # not stored (a failed write): nothing to keep
-
-    # The trusted programs on disk (OCAML_CACHE_DIR/trusted/KEY/), as the audit keeps its results:
-    # a second grader, a resumed run and the CLI do not build them again. KEY: the interface, the
-    # tests, the packages, the sources that write and build the program, and the compiler's
-    # version. The directory is written whole under another name, then renamed into place.
-    def _cached_trusted(self, key: str, iface: Interface, tests: str) -> "Trusted | None":
-        if self._trusted_cache is None:
-            return None
-        d = self._trusted_cache / key
-        try:
-            meta = json.loads((d / TRUSTED_META).read_text())
-        except (OSError, ValueError):
-            return None
-        kept = set(meta["lambdas"])
-        lambdas = tuple(lam for lam in shippable(iface, tests) if lam.j in kept)
-        return Trusted(d / "prog", meta["error"], lambdas, meta["unit"], d, meta["assertions"], meta["split"])
-
-    def _store_trusted(self, key: str, iface: Interface, built: "Trusted") -> "Trusted":
-        if self._trusted_cache is None:
-            return built
-        try:
-            self._trusted_cache.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=self._trusted_cache))
-            files = ["prog"] + ([f"{built.lambda_unit}.cmi", f"{built.lambda_unit}.cmo"] if built.lambda_unit else [])
-            for f in files:
-                if (built.lambda_dir / f).exists():
-                    shutil.copy2(built.lambda_dir / f, tmp / f)
-            (tmp / TRUSTED_META).write_text(json.dumps({"error": built.error, "unit": built.lambda_unit,
-                                                        "lambdas": [lam.j for lam in built.lambdas],
-                                                        "assertions": built.assertions, "split": built.split}))
-            os.chmod(tmp, 0o755)
-            try:
-                os.rename(tmp, self._trusted_cache / key)
-            except OSError:  # another grader stored it first: theirs is the same program
-                shutil.rmtree(tmp, ignore_errors=True)
-        except OSError:  # a cache that cannot be written costs only the next grader a build
-            pass
-        return built
-
-    def _build_trusted(self, key: str, iface: Interface, tests: str, requires: tuple[str, ...]) -> "Trusted":
-        d = self.tmp_root / f"trusted-{key}"
-        d.mkdir()
-        for ext in (".cmi", ".cmo"):
-            shutil.copyfile(self._wire_dir / (self.wire + ext), d / (self.wire + ext))
-        limit = self.sandbox.limits.compile_s * 4
-        steps = OcamlcSteps(self.compilers, d, CompileBudget(limit), requires)
-        lambdas, unit = shippable(iface, tests), f"lam_{key[:16]}"
-        # Each closure that does not compile alone stays a handle: first with every name the tests
-        # may bind declared unusable (one that uses such a name means the tests' value), then as shipped.
-        for poison in (names_the_tests_may_bind(tests), frozenset()):
-            while lambdas:
-                (d / f"{unit}.ml").write_text(lambda_unit_text(iface, lambdas, poison))
-                rep = steps.compile(f"{unit}.ml", "")
-                if rep.returncode == 0 and not rep.timed_out:
-                    break
-                bad = rep.loc[2] if rep.loc else ""
-                kept = tuple(lam for lam in lambdas if f"lambda_{lam.j}.ml" != bad)
-                lambdas = kept if len(kept) < len(lambdas) and not rep.timed_out else ()
-        text = render_trusted(iface, rewrite_tests(tests, lambdas, self.wire.capitalize()),
-                              plan_of(rewrite_tests(tests, lambdas, self.wire.capitalize())), self.wire.capitalize())
-        (d / "trusted.ml").write_text(text)
-        # Native code where the toolchain has ocamlopt: it builds the tests' inputs and reads every
-        # reply, and it runs no model code (a million-element list crosses ~5x faster than from
-        # bytecode); built once per problem. The offline bundle ships no native compiler.
-        (d / "twire.ml").write_text(WIRE_ML)
-        packages = ["-package", ",".join(requires), "-linkpkg"] if requires else []
-        build = shlex.join(["ocamlfind", self.sandbox.toolchain.trusted_compiler, *WARNINGS_OFF, *packages,
-                            "-o", "prog", "twire.ml", "trusted.ml"])
-        text = text.replace(f"{self.wire.capitalize()}.", "Twire.")
-        (d / "trusted.ml").write_text(text)
-        res = self.compilers.run_script(f"{build} >build.out 2>&1; echo $? >build.rc\n", d, limit)
-        self.sandbox.disown(d)
-        error = ""
-        if res.timed_out or _read_text(d / "build.rc").strip() != "0":
-            error = "the tests do not compile against the prompt's entry points: " + (
-                TIMED_OUT.message if res.timed_out else parse_compiler_error(_read_text(d / "build.out")).message)
-        plan = plan_of(tests)
-        return Trusted(d / "prog", error, lambdas, unit if lambdas else "", d, src.assertion_count(plan), plan is not None)
 
     def _run_pair(self, oracle: tuple[Path, Path], trusted: tuple[Path, Path], start: int, total: int, cpu_s: int):
         """One run of both programs, from assertion `start`: what the trusted program reported, and
@@ -753,13 +580,6 @@ class _Pipes:
     def __exit__(self, *exc) -> None:
         for fd in self.open:
             os.close(fd)
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except FileNotFoundError:
-        return ""
 
 
 def _char_offsets(text: str, byte_offsets: list[int]) -> list[int]:
