@@ -42,7 +42,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench import fresh_run_dir, matched_step
-from bench.bench_selection import BATCH, MASTERED, NEVER_SEEN, PARTIAL, RECIPE, sft_start, write_problems
+from bench.toy import BATCH, MASTERED, NEVER_SEEN, PARTIAL, RECIPE, sft_start, write_problems
 from ocaml_grpo.config.settings import cache_dir
 from ocaml_grpo.jsonl import read_jsonl
 from ocaml_grpo.problems import load_problems

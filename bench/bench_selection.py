@@ -28,47 +28,23 @@ import json
 import os
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from bench import fresh_run_dir
+from bench.toy import BATCH, MASTERED, NEVER_SEEN, PARTIAL, RECIPE, sft_start, write_problems
 from ocaml_grpo.models.loading import quiet_library_warnings
 from ocaml_grpo.training import demo
 from ocaml_grpo.models.tiny import ensure_learner_model, learner_model_dir
 from ocaml_grpo.config.settings import cache_dir
 from ocaml_grpo.training.group_kinds import group_stat, learnable
 from ocaml_grpo.training.learning_log import parse_learning_log, series
-from ocaml_grpo.problems import BUNDLED, load_problems, read_rows
+from ocaml_grpo.problems import load_problems
 from ocaml_grpo.training.selection import read_stats
 from rewards import RewardScorer
 
 ROOT = Path(__file__).resolve().parents[1]
-MASTERED = ("p002_last_element", "p014_list_max")
-PARTIAL = ("p001_count_evens", "p003_first_nonempty")  # the demo's: GRPO is known to teach them
-NEVER_SEEN = ("p021_sum_abs", "p072_bst_inorder", "p008_digit_sum", "p010_factorial")
-RECIPE = replace(demo.RECIPE, train_ids=MASTERED + PARTIAL + NEVER_SEEN, heldout_ids=(), eval_samples=48, heldout_samples=48)
-BATCH = 2  # prompts per step: GRPO sees 2 of the 8 problems per step, as it sees a few of thousands
 STEPS = 20  # the uniform run's; the selected run's are fewer by the probe's completions
 MARK = ".bench_selection"
-
-
-def write_problems(path: Path, ids: tuple) -> Path:
-    rows = {r["id"]: r for r in read_rows(BUNDLED)}
-    path.write_text("".join(json.dumps(rows[i]) + "\n" for i in ids))
-    return path
-
-
-def sft_start(recipe: "demo.Recipe", model: Path, out: Path, echo) -> Path:
-    """The SFT start (`python train.py sft`, full fine-tune): stage 1 memorises MASTERED, stage 2
-    adds PARTIAL and stops half-way; returns stage 2's output folder (its final_model)."""
-    sft1, sft2 = out / "sft1", out / "sft2"
-    stage1 = {**demo.sft_env(recipe, model, write_problems(out / "mastered.jsonl", MASTERED), sft1),
-              "SFT_HOLDOUT": "0", "SFT_STOP_LOSS": "0.05", "SFT_BATCH_SIZE": str(len(MASTERED))}
-    demo.run_stage("SFT stage 1 (mastered)", [str(demo.TRAIN), "sft"], stage1, out, out / "sft1.out", echo)
-    stage2 = {**demo.sft_env(recipe, sft1 / "final_model", write_problems(out / "taught.jsonl", MASTERED + PARTIAL), sft2),
-              "SFT_HOLDOUT": "0", "SFT_STOP_LOSS": "0.15", "SFT_BATCH_SIZE": str(len(MASTERED + PARTIAL))}
-    demo.run_stage("SFT stage 2 (partly learned)", [str(demo.TRAIN), "sft"], stage2, out, out / "sft2.out", echo)
-    return sft2
 
 
 def mean(xs: list[float]) -> float:

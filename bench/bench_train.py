@@ -48,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-from bench.bench_rewards import variants
+from bench.corpus import variants
 from ocaml_grpo.models.loading import quiet_library_warnings
 from ocaml_grpo.models.tiny import ensure_plumbing_model, plumbing_model_dir
 from ocaml_grpo.models.loading import checkpointing_kwargs

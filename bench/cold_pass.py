@@ -23,7 +23,7 @@ import time
 
 sys.path.insert(0, os.getcwd())
 
-from bench.bench_rewards import default_exercises, machine_busy_s, naive_score, no_loop_corpus
+from bench.corpus import default_exercises, machine_busy_s, naive_score, no_loop_corpus
 from ocaml_grpo.grading import grader as grader_module
 from ocaml_grpo.problems import load_problems
 from rewards import RewardConfig, RewardScorer

@@ -15,7 +15,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.bench_rewards import build_corpus, default_exercises, no_loop_corpus, variants
+from bench.corpus import build_corpus, default_exercises, no_loop_corpus, variants
 from ocaml_grpo.grading.completions import assemble_solution, extract_code
 from ocaml_grpo.grading.grader import OcamlGrader
 from ocaml_grpo.problems import Problem, load_problems

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.getcwd())
 
-from bench.bench_rewards import machine_busy_s
+from bench.corpus import machine_busy_s
 from ocaml_grpo.grading.sandbox import Sandbox
 
 

@@ -252,3 +252,15 @@ def test_benchmarks_open_with_todays_figures_and_each_results_file_exists():
     anchors = set(re.findall(r"\]\(#([\w-]+)\)", first))
     headings = {re.sub(r"[^\w -]", "", h).strip().lower().replace(" ", "-") for h in re.findall(r"^## (.+)$", text, re.M)}
     assert anchors and anchors <= headings, anchors - headings
+
+
+def test_no_benchmark_imports_another():
+    """What benchmarks share lives in bench/'s modules (the package, corpus.py, toy.py), never in
+    another benchmark: a script is one measurement, read and run on its own."""
+    scripts = {p.stem for p in (ROOT / "bench").glob("*.py") if '__name__ == "__main__"' in p.read_text()}
+    assert {"bench_rewards", "bench_selection", "bench_real", "compare_compilers"} <= scripts
+    for p in (ROOT / "bench").glob("*.py"):
+        tree = ast.parse(p.read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert not {m for m in imported if m.startswith("bench.") and m.split(".")[1] in scripts}, p.name
