@@ -33,7 +33,6 @@ spread (must be 0), and the generated tokens per kept group.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -41,13 +40,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench import fresh_run_dir, matched_step
+from bench import arguments, fresh_run_dir, matched_model, matched_step, print_table
 from bench.toy import BATCH, MASTERED, NEVER_SEEN, PARTIAL, RECIPE, sft_start, write_problems
 from ocaml_grpo.config.settings import cache_dir
 from ocaml_grpo.jsonl import read_jsonl
 from ocaml_grpo.problems import load_problems
 from ocaml_grpo.training import demo
-from ocaml_grpo.models import loading as models
 from ocaml_grpo.training.dynamic_sampling import teaching_groups
 from ocaml_grpo.training.metrics import METRICS_FILE, StepRecord
 from ocaml_grpo.models.loading import quiet_library_warnings
@@ -167,13 +165,10 @@ def real_model_row(args) -> dict:
                     "prompts_per_step": per_round // generations, "generations": generations, "rounds_cap": args.rounds,
                     "min_std": min_std, "dynamic_steps": args.steps, "tracked_steps_matched": matched,
                     "tracked_reached_the_budget": spent >= budget, "seed": config.get("GRPO_SEED")}
-    print("\n| run | GRPO steps | generated tokens | tokens per group that teaches | frac_zero_std generated | trained "
-          "| training reward (mean / last quarter) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for name in ("tracked", "dynamic"):
-        r = row[name]
-        print(f"| {name} | {r['steps']} | {r['tokens']} | {r['tokens_per_kept_group']} | {r['frac_zero_std']:.3f} "
-              f"| {r['frac_zero_std_trained']:.3f} | {r['reward_mean']:.3f} / {r['reward_last_quarter']:.3f} |")
+    print_table(["run", "GRPO steps", "generated tokens", "tokens per group that teaches", "frac_zero_std generated", "trained",
+                 "training reward (mean / last quarter)"],
+                [[name, str(r["steps"]), str(r["tokens"]), str(r["tokens_per_kept_group"]), f"{r['frac_zero_std']:.3f}",
+                  f"{r['frac_zero_std_trained']:.3f}", f"{r['reward_mean']:.3f} / {r['reward_last_quarter']:.3f}"] for name, r in ((n, row[n]) for n in ("tracked", "dynamic"))])
     d = row["dynamic"]
     print(f"\ndynamic: rounds per step {d['rounds_per_step']}; {d['steps_at_cap']} step(s) at the cap; "
           f"{d['steps_below_cap_with_zero_std']} step(s) below the cap trained a group that teaches nothing; "
@@ -185,8 +180,7 @@ def real_model_row(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap = arguments(__doc__)
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--out", default=DEFAULT_OUT, help="working directory (a rerun starts it over; the real "
                                                       "model's dynamic run resumes there)")
@@ -240,9 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     longest = int(sum((r.dynamic or {}).get("generation_rounds") or 1 for r in records(dynamic))) + 4
     tracked = grpo("tracked", longest, GRPO_SAVE_STEPS=1, GRPO_SAVE_TOTAL_LIMIT=longest)
     tracked_tokens = tokens_per_step(tracked, per_round)
-    matched = matched_step(tracked_tokens, budget)
-    spent = sum(tracked_tokens[:matched])
-    tracked_model = str(models.merge_adapter(tracked / f"checkpoint-{matched}", tracked / "merged", fp32=True))
+    matched, spent, tracked_model = matched_model(tracked, tracked_tokens, budget)
 
     print("\n== before/after, sampled as GRPO samples (same seed), training grader", flush=True)
     hf_logging.disable_progress_bar()
@@ -272,14 +264,11 @@ def main(argv: list[str] | None = None) -> int:
                         "tracked_steps_matched": matched}
     results["seconds"] = round(time.time() - t0)
 
-    print("\n| run | GRPO steps | generated tokens | tokens per group that teaches | frac_zero_std generated | trained "
-          "| training reward (mean / last quarter) | learnable before | after | all 8 before | after |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for name in runs:
-        r = results[name]
-        print(f"| {name} | {r['steps']} | {r['tokens']} | {r['tokens_per_kept_group']} | {r['frac_zero_std']:.3f} "
-              f"| {r['frac_zero_std_trained']:.3f} | {r['reward_mean']:.3f} / {r['reward_last_quarter']:.3f} "
-              f"| {r['learnable_before']:.3f} | {r['learnable_after']:.3f} | {r['all_before']:.3f} | {r['all_after']:.3f} |")
+    print_table(["run", "GRPO steps", "generated tokens", "tokens per group that teaches", "frac_zero_std generated", "trained",
+                 "training reward (mean / last quarter)", "learnable before", "after", "all 8 before", "after"],
+                [[name, str(r["steps"]), str(r["tokens"]), str(r["tokens_per_kept_group"]), f"{r['frac_zero_std']:.3f}",
+                  f"{r['frac_zero_std_trained']:.3f}", f"{r['reward_mean']:.3f} / {r['reward_last_quarter']:.3f}", f"{r['learnable_before']:.3f}", f"{r['learnable_after']:.3f}", f"{r['all_before']:.3f}",
+                  f"{r['all_after']:.3f}"] for name, r in ((n, results[n]) for n in runs)])
     for name in ("dynamic", "dynamic_any_spread"):
         d = results[name]
         print(f"\n{name}: rounds per step {d['rounds_per_step']}; {d['steps_at_cap']} step(s) at the cap; "

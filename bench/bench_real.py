@@ -30,7 +30,6 @@ arguments, starts where it stopped; a rerun with another GRPO recipe costs only 
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -42,6 +41,7 @@ from collections import defaultdict
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from bench import arguments
 from ocaml_grpo.config import RewardConfig
 from ocaml_grpo.config.isolation import SandboxConfig
 from ocaml_grpo.config.settings import cache_dir, from_env
@@ -207,8 +207,7 @@ def export(a, arm: str, adapter: Path, recipe: dict, root: Path, held: list[str]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap = arguments(__doc__)
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct", help="a named model, a .gguf file or a model folder")
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--stages", default=None, help="where the stages are cached (default: the cache directory's "

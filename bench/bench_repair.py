@@ -26,8 +26,6 @@ final turn; the same as turn 1 for single).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -35,14 +33,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from bench import fresh_run_dir, matched_step
+from bench import arguments, fresh_run_dir, matched_model, print_table, write_json
 from ocaml_grpo.models.loading import quiet_library_warnings
 from ocaml_grpo.config.settings import cache_dir
 from ocaml_grpo.grading.feedback import feedback_for
 from ocaml_grpo.jsonl import read_jsonl
 from ocaml_grpo.problems import load_problems
 from ocaml_grpo.training import demo
-from ocaml_grpo.models import loading as models
 from ocaml_grpo.training.metrics import METRICS_FILE, StepRecord
 from ocaml_grpo.models.named import resolve_model
 from ocaml_grpo.training.repair import sample_episodes
@@ -90,8 +87,7 @@ def passes(model_dir: str, problems: list, turns: int, scorer: RewardScorer, see
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap = arguments(__doc__)
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--out", default="grpo_runs/bench-repair", help="working directory (a rerun starts it over)")
     ap.add_argument("--seed", default=RECIPE.seed, help="GRPO_SEED of both runs (the SFT stage keeps 42)")
@@ -150,9 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     budget = sum(tokens_per_step(repair, per_step))
     single = grpo("single", 3 * args.steps, GRPO_REPAIR_TURNS=0, GRPO_SAVE_STEPS=1, GRPO_SAVE_TOTAL_LIMIT=3 * args.steps)
     single_tokens = tokens_per_step(single, per_step)
-    matched = matched_step(single_tokens, budget)
-    spent = sum(single_tokens[:matched])
-    single_model = str(models.merge_adapter(single / f"checkpoint-{matched}", single / "merged", fp32=True))
+    matched, spent, single_model = matched_model(single, single_tokens, budget)
 
     print("\n== pass rates, sampled as GRPO samples (same seed), training grader", flush=True)
     hf_logging.disable_progress_bar()
@@ -183,15 +177,13 @@ def main(argv: list[str] | None = None) -> int:
         "recipe": {k: getattr(recipe, k) for k in ("sft_learning_rate", "max_completion", "temperature", "learning_rate",
                                                    "lora_r")} | extra_env,
         "seconds": round(time.time() - t0)}
-    print("\n| run | GRPO steps | completion tokens | mean frac_zero_std | pass turn 1 before | after | final turn after |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for name in ("single", "repair"):
-        r = results[name]
-        print(f"| {name} | {r['grpo_steps']} | {r['tokens']} | {r['frac_zero_std']:.3f} | {r['pass_turn1_before']:.3f} "
-              f"| {r['pass_turn1_after']:.3f} | {r['pass_final_after']:.3f} |")
+    print_table(["run", "GRPO steps", "completion tokens", "mean frac_zero_std", "pass turn 1 before", "after",
+                 "final turn after"],
+                [[name, str(r["grpo_steps"]), str(r["tokens"]), f"{r['frac_zero_std']:.3f}", f"{r['pass_turn1_before']:.3f}",
+                  f"{r['pass_turn1_after']:.3f}", f"{r['pass_final_after']:.3f}"]
+                 for name, r in ((n, results[n]) for n in ("single", "repair"))])
     print(f"\n{results['seconds']} s")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    write_json(args.json, results)
     return 0
 
 

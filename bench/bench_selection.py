@@ -23,14 +23,13 @@ the learnable problems' mean reward before (SFT model) and after, and the comple
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
-from bench import fresh_run_dir
+from bench import arguments, fresh_run_dir, print_table, write_json
 from bench.toy import BATCH, MASTERED, NEVER_SEEN, PARTIAL, RECIPE, sft_start, write_problems
 from ocaml_grpo.models.loading import quiet_library_warnings
 from ocaml_grpo.training import demo
@@ -66,8 +65,7 @@ def not_learnable(run: Path, min_std: float = 0.05, max_solved: float = 0.9) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap = arguments(__doc__)
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--out", default="grpo_runs/bench-selection", help="working directory (a rerun starts it over)")
     ap.add_argument("--seed", default=RECIPE.seed, help="GRPO_SEED of both runs (the SFT stages keep 42)")
@@ -127,18 +125,15 @@ def main(argv: list[str] | None = None) -> int:
         results[name]["gain"] = results[name]["reward_after"] - results[name]["reward_before"]
     results["problems"] = {"mastered": MASTERED, "partial": PARTIAL, "never_seen": NEVER_SEEN, "kept": kept}
     results["seconds"] = round(time.time() - t0)
-    print("\n| run | GRPO steps | completions | mean frac_zero_std | groups teaching nothing | learnable reward before "
-          "| after | gain |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for name in runs:
-        r = results[name]
-        print(f"| {name} | {r['grpo_steps']} | {r['completions']} | {r['frac_zero_std']:.3f} | {r['not_learnable']:.2f} "
-              f"| {r['reward_before']:.3f} | {r['reward_after']:.3f} | {r['gain']:+.3f} |")
+    print_table(["run", "GRPO steps", "completions", "mean frac_zero_std", "groups teaching nothing",
+                 "learnable reward before", "after", "gain"],
+                [[name, str(r["grpo_steps"]), str(r["completions"]), f"{r['frac_zero_std']:.3f}", f"{r['not_learnable']:.2f}",
+                  f"{r['reward_before']:.3f}", f"{r['reward_after']:.3f}", f"{r['gain']:+.3f}"]
+                 for name, r in ((n, results[n]) for n in runs)])
     gains = results["selected"]["gain"], results["uniform"]["gain"]
     ratio = f"{gains[0] / gains[1]:.2f}" if gains[1] > 0 else "n/a (the uniform run gained nothing)"
     print(f"\nselection kept {kept}; gain ratio selected/uniform {ratio}; {results['seconds']} s")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    write_json(args.json, results)
     return 0
 
 
