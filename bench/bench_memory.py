@@ -40,12 +40,9 @@ from pathlib import Path
 from ocaml_grpo.config.settings import cache_dir
 from ocaml_grpo.training import memory
 from ocaml_grpo.models.named import NAMED, named_model_error
+from ocaml_grpo.models.tiny import ensure_shaped_model
 
 ROOT = Path(__file__).resolve().parents[1]
-# SmolLM2-135M-Instruct's config.json (HuggingFaceTB), the fields the shape depends on.
-SMOLLM2_SHAPE = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                     num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
-                     tie_word_embeddings=True)
 # (label, settings) per model: small enough to leave this 24 GB machine room for its other jobs.
 RUNS = {
     "tiny": [("2x4, 64-token answers", {}),
@@ -77,28 +74,12 @@ H200 = dict(shape=memory.ModelShape(layers=28, hidden=1536, intermediate=8960, h
 ESTIMATE_RE = re.compile(r"^memory: the run's peak is estimated at ([\d.]+) GB \((.*) GB\)", re.M)
 
 
-def smollm2_shape_dir() -> Path:
-    """SmolLM2-135M's shape with random weights and the plumbing tokenizer, built once."""
-    path = cache_dir(os.environ) / "bench-smollm2-135m-shape"
-    if not (path / "config.json").exists():
-        import torch
-        from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-        from ocaml_grpo.models.tiny import ensure_plumbing_model, plumbing_model_dir
-        print(f"building the random SmolLM2-135M-shaped model once into {path}", flush=True)
-        tok = AutoTokenizer.from_pretrained(ensure_plumbing_model(plumbing_model_dir(cache_dir(os.environ))))
-        torch.manual_seed(0)
-        LlamaForCausalLM(LlamaConfig(**SMOLLM2_SHAPE, bos_token_id=None, eos_token_id=tok.eos_token_id,
-                                     pad_token_id=tok.pad_token_id)).save_pretrained(path)
-        tok.save_pretrained(path)
-    return path
-
-
 def model_id(name: str) -> str | None:
     """What BASE_MODEL_ID gets for `name`; None (with a note printed) when it is not available here."""
     if name == "tiny":
         return ""  # GRPO_PLUMBING's own
     if name.startswith("smollm2-shape"):
-        return str(smollm2_shape_dir())
+        return str(ensure_shaped_model("smollm2-shape", cache_dir(os.environ)))
     if Path(name).is_dir():
         return name  # a local model folder
     if name not in NAMED:

@@ -50,7 +50,7 @@ import torch
 
 from bench.corpus import variants
 from ocaml_grpo.models.loading import quiet_library_warnings
-from ocaml_grpo.models.tiny import ensure_plumbing_model, plumbing_model_dir
+from ocaml_grpo.models.tiny import ensure_plumbing_model, ensure_shaped_model, plumbing_model_dir
 from ocaml_grpo.models.loading import checkpointing_kwargs
 from ocaml_grpo.models import named as named_models
 from ocaml_grpo.models.named import NAMED, named_model_error
@@ -61,27 +61,9 @@ from ocaml_grpo.problems import Problem, load_problems
 from ocaml_grpo.prompting import END_MARKER, chat_messages, prompt_ids, prompt_token_count
 from rewards import RewardConfig, RewardScorer, make_reward_function
 
-QWEN_15B_SHAPE = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                      num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
-                      tie_word_embeddings=True)
 STANDIN_KINDS = ["correct", "failing_tests", "type_error", "correct", "syntax_error", "failing_tests"]
 SEED_CONFIG = dict(prompts=4, generations=6, completion=512, max_prompt=704)  # the seed's .envrc, on CUDA
 CPU_CONFIG = dict(prompts=2, generations=2, completion=32, max_prompt=4096)
-
-
-def qwen_shaped_model_dir() -> Path:
-    """Random-weight Qwen2.5-1.5B-shaped model with the plumbing tokenizer (ids it does not know decode to '')."""
-    path = cache_dir(os.environ) / "bench-qwen2.5-1.5b-shape"
-    if not (path / "config.json").exists():
-        from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
-        print(f"building the random Qwen2.5-1.5B-shaped model once into {path}", flush=True)
-        tok = AutoTokenizer.from_pretrained(ensure_plumbing_model(plumbing_model_dir(cache_dir(os.environ))))
-        cfg = Qwen2Config(**QWEN_15B_SHAPE, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                          pad_token_id=tok.pad_token_id)
-        torch.manual_seed(0)
-        Qwen2ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
-        tok.save_pretrained(path)
-    return path
 
 
 def resolve_model(name: str) -> tuple[Path, bool]:
@@ -89,7 +71,7 @@ def resolve_model(name: str) -> tuple[Path, bool]:
     if name == "tiny":
         return ensure_plumbing_model(plumbing_model_dir(cache_dir(os.environ))), True
     if name == "qwen1.5b-shape":
-        return qwen_shaped_model_dir(), True
+        return ensure_shaped_model(name, cache_dir(os.environ)), True
     if name in NAMED or name.endswith(".gguf"):
         if error := named_model_error("--model", name):
             raise SystemExit(error)

@@ -190,3 +190,25 @@ def test_the_trainer_stops_an_answer_at_the_stop_text_and_ends_its_turn(tmp_path
     stopped = answers(stop)
     assert stopped[0] == free[0][:n] + [tokenizer.eos_token_id]
     assert stopped[1] == free[1]
+
+
+def test_a_shaped_model_has_its_real_models_shape_and_is_built_once(tmp_path, monkeypatch):
+    """The benchmarks' shaped models (models/tiny.py): a real model's config with random weights and
+    the plumbing tokenizer, built once. The real shapes cost seconds to GBs to write; a small one of
+    each architecture stands in for them here."""
+    import json
+    from ocaml_grpo.models import tiny
+    for arch in ("Qwen2", "Llama"):
+        name = f"small-{arch.lower()}-shape"
+        shape = dict(tiny.SHAPES["qwen1.5b-shape" if arch == "Qwen2" else "smollm2-shape"][2], hidden_size=64,
+                     intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     vocab_size=1500)
+        monkeypatch.setitem(tiny.SHAPES, name, (arch, "float32", shape))
+        monkeypatch.setitem(tiny.SHAPE_DIRS, name, name)
+        path = tiny.ensure_shaped_model(name, tmp_path)
+        config = json.loads((path / "config.json").read_text())
+        assert config["architectures"] == [f"{arch}ForCausalLM"]
+        sized = {k: v for k, v in shape.items() if k != "rope_theta"}  # (transformers 5 keeps it in rope_parameters)
+        assert {k: config[k] for k in sized} == sized and (path / "tokenizer.json").is_file()
+        built = (path / "config.json").stat().st_mtime_ns
+        assert tiny.ensure_shaped_model(name, tmp_path) == path and (path / "config.json").stat().st_mtime_ns == built

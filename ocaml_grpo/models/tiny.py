@@ -14,6 +14,10 @@ train.py`, `python evaluate.py --model plumbing`, `python train.py demo`) and ca
   tokenizer has seen every bundled text, held-out answers included; the weights learn only from
   what SFT and GRPO train on.
 
+And the shaped models (ensure_shaped_model): a real model's shape (Qwen2.5-Coder-1.5B's, SmolLM2-135M's)
+with random weights and the plumbing tokenizer, for the benchmarks that measure speed and memory at
+that size without its weights (bench_train, bench_memory).
+
 Nothing is downloaded: tokenizers are trained here with the `tokenizers` library on the problem
 texts in data/, then model and tokenizer are saved with save_pretrained, so train.py loads them
 through the same `from_pretrained` code path as a real hub model.
@@ -42,6 +46,16 @@ LEARNER_VERSION = "learner-1"
 LEARNER_SHAPE = dict(hidden_size=96, intermediate_size=192, num_hidden_layers=3, num_attention_heads=4,
                      num_key_value_heads=2)
 LEARNER_VOCAB = 2000
+# Real models' shapes (their config.json fields the cost depends on), with random weights.
+SHAPES = {
+    "qwen1.5b-shape": ("Qwen2", "bfloat16", dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                                 num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
+                                                 max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=True)),
+    "smollm2-shape": ("Llama", "float32", dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                               num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+                                               max_position_embeddings=8192, rope_theta=100000.0, tie_word_embeddings=True)),
+}
+SHAPE_DIRS = {"qwen1.5b-shape": "bench-qwen2.5-1.5b-shape", "smollm2-shape": "bench-smollm2-135m-shape"}
 
 
 def _corpus() -> list[str]:
@@ -164,3 +178,22 @@ def build_learner_model(path: str | Path, seed: int = 0) -> Path:
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
     return _save_model(path, LlamaForCausalLM(config), tokenizer, LEARNER_VERSION)
 
+
+
+def ensure_shaped_model(name: str, cache: Path) -> Path:
+    """`name`'s shape (SHAPES) with random weights (seed 0) and the plumbing tokenizer (ids it does
+    not know decode to ''), built once under `cache`."""
+    import torch
+    import transformers
+    from transformers import AutoTokenizer
+    arch, dtype, shape = SHAPES[name]
+    path = Path(cache) / SHAPE_DIRS[name]
+    if not (path / "config.json").exists():
+        print(f"building the random {name} model once into {path}", flush=True)
+        tok = AutoTokenizer.from_pretrained(ensure_plumbing_model(plumbing_model_dir(Path(cache))))
+        config = getattr(transformers, f"{arch}Config")(**shape, bos_token_id=tok.bos_token_id if arch == "Qwen2" else None,
+                                                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        torch.manual_seed(0)
+        getattr(transformers, f"{arch}ForCausalLM")(config).to(getattr(torch, dtype)).save_pretrained(path)
+        tok.save_pretrained(path)
+    return path
