@@ -53,7 +53,7 @@ atexit.register(gc.freeze)  # skips ~1.7 s of collecting torch's and transformer
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(a == "--probe" or a.startswith("--probe=") for a in argv):  # the probe for selection: ocaml_grpo/training/probe.py
-        return probe.main(argv, generate_hf, generate_vllm, RewardScorer)
+        return probe.main(argv, generate_hf, generate_vllm)
     ap = argparse.ArgumentParser(prog="evaluate.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # The probe is a mode of its own, dispatched above; listed here so that --help shows every mode.
     ap.add_argument("--probe", metavar="FILE", help="the probe mode: per-problem pass statistics for GRPO_PROBLEM_STATS "

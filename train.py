@@ -58,7 +58,8 @@ from ocaml_grpo.training import run_dir
 from ocaml_grpo.training import sft as sft_command
 from ocaml_grpo.training import llamacpp
 from ocaml_grpo.training.engines import choose_engine, compile_problem, engine_variable, enable_compiled_generation, engine_kwargs
-from ocaml_grpo.training.group_kinds import TRACKING_FILE, ProblemTracker
+from ocaml_grpo.reward.group_kinds import TRACKING_FILE
+from ocaml_grpo.training.tracker import ProblemTracker
 from ocaml_grpo.training.learning_log import header_lines
 from ocaml_grpo.training import memory
 from ocaml_grpo.training.repair import RepairRollout, rollout_budget
@@ -135,7 +136,7 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] == "sft":  # the SFT warm start: ocaml_grpo/training/sft.py
         return sft_command.main(argv[1:])
     if argv and argv[0] == "demo":  # SFT warm start + GRPO + before/after table: ocaml_grpo/training/demo.py
-        return demo_command.main(argv[1:], rewards.RewardScorer)
+        return demo_command.main(argv[1:])
     if argv and argv[0] == "model":  # a named model, installed, verified and converted once: ocaml_grpo/models/named.py
         return named_models.main(argv[1:], cache_dir(os.environ))
     if argv and argv[0] == "merge":
@@ -301,7 +302,7 @@ def main(argv: list[str]) -> int:
     print(f"prompts: dropped {too_long} longer than GRPO_MAX_PROMPT={train.max_prompt} tokens")
     # ------------------------------------------------------------------------- learnable problems (issue 21)
     # GRPO_PROBLEM_STATS keeps the problems a probe found learnable (ocaml_grpo/training/selection.py); the tracker
-    # then draws those whose last group taught nothing less often (ocaml_grpo/training/group_kinds.py, tracking.py).
+    # then draws those whose last group taught nothing less often (ocaml_grpo/reward/group_kinds.py, tracking.py).
     try:
         kept, selection = apply_selection(kept, cfg)
     except ValueError as e:

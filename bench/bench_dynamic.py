@@ -50,7 +50,6 @@ from ocaml_grpo.training.dynamic_sampling import teaching_groups
 from ocaml_grpo.training.metrics import METRICS_FILE, StepRecord
 from ocaml_grpo.models.loading import quiet_library_warnings
 from ocaml_grpo.models.tiny import ensure_learner_model, learner_model_dir
-from rewards import RewardScorer
 
 STEPS = 12  # the dynamic run's
 GENERATIONS = 6  # GRPO_NUM_GENERATIONS' default: groups small enough to tie, as a weak model's do
@@ -243,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     splits = {"learnable": [p for p in all_problems if p.id in PARTIAL], "all": all_problems}
     table = demo.compare({"SFT": str(sft2 / "final_model"), "tracked": tracked_model,
                           "dynamic": demo.merge_adapter(dynamic), "dynamic_any_spread": demo.merge_adapter(any_spread)},
-                         splits, recipe, RewardScorer)
+                         splits, recipe)
 
     runs = {"tracked": tracked, "dynamic": dynamic, "dynamic_any_spread": any_spread}
     results = {"tracked": curve(tracked, per_round, matched), "dynamic": curve(dynamic, per_round, args.steps),

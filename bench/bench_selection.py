@@ -35,11 +35,10 @@ from ocaml_grpo.models.loading import quiet_library_warnings
 from ocaml_grpo.training import demo
 from ocaml_grpo.models.tiny import ensure_learner_model, learner_model_dir
 from ocaml_grpo.config.settings import cache_dir
-from ocaml_grpo.training.group_kinds import group_stat, learnable
+from ocaml_grpo.reward.group_kinds import group_stat, learnable
 from ocaml_grpo.training.learning_log import parse_learning_log, series
 from ocaml_grpo.problems import load_problems
 from ocaml_grpo.training.selection import read_stats
-from rewards import RewardScorer
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 20  # the uniform run's; the selected run's are fewer by the probe's completions
@@ -113,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     split = {"learnable": [p for p in load_problems(str(problems)) if p.id in PARTIAL]}
     hf_logging.disable_progress_bar()
     models = {"SFT": str(sft2 / "final_model"), **{name: demo.merge_adapter(out / name) for name in runs}}
-    table = demo.compare(models, split, RECIPE, RewardScorer)
+    table = demo.compare(models, split, RECIPE)
     results = {}
     for name, run in runs.items():
         zs = series(parse_learning_log(out / name / "learning.log")[1], "frac_zero_std")

@@ -19,7 +19,7 @@ from conftest import ROOT, check_log_wellformed, log_lines, read_jsonl, run_env,
 from ocaml_grpo.problems import load_problems
 from ocaml_grpo.prompting import chat_messages
 from ocaml_grpo.training import dynamic_sampling as ds
-from ocaml_grpo.training.group_kinds import GroupStat
+from ocaml_grpo.reward.group_kinds import GroupStat
 from ocaml_grpo.models.loading import load_model, load_tokenizer
 from ocaml_grpo.models.tiny import ensure_plumbing_model
 from ocaml_grpo.training.trainer import OcamlGRPOTrainer

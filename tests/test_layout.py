@@ -83,7 +83,7 @@ def test_no_project_import_inside_a_function():
 
 # The package's rooms, bottom to top: a module imports only from its own room and the rooms below
 # it. The package root holds what every room reads (problems, prompts, completion text, JSONL).
-ROOMS = ("", "reward", "config", "grading", "models", "training", "report")
+ROOMS = ("", "reward", "config", "grading", "scoring", "models", "training", "report")
 
 
 def room(module: str) -> int | None:

@@ -109,8 +109,7 @@ def evaluate(model_dir: str, sft: Path) -> float:
     fixed sampling seed for every model (common random numbers: the difference between two models is
     what the models do, not which samples were drawn)."""
     problems = load_problems(str(sft / "train_problems.jsonl"))
-    results = demo.compare({"m": model_dir}, {"training": problems}, replace(RECIPE, eval_samples=EVAL_SAMPLES),
-                           RewardScorer)
+    results = demo.compare({"m": model_dir}, {"training": problems}, replace(RECIPE, eval_samples=EVAL_SAMPLES))
     return results["m"]["training"]["mean_reward"]
 
 

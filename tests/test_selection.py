@@ -14,9 +14,10 @@ import pytest
 import analyze
 import preloaded
 from conftest import ADD, ROOT, fenced, log_lines, read_jsonl, run_env, small_dataset, train
-from ocaml_grpo.training import group_kinds
+from ocaml_grpo.reward import group_kinds
 from ocaml_grpo.report.groups import read_group_report, render
-from ocaml_grpo.training.group_kinds import METRIC_FRAC_ZERO_STD, METRIC_GROUP, ProblemTracker, group_stat
+from ocaml_grpo.reward.group_kinds import METRIC_FRAC_ZERO_STD, METRIC_GROUP, group_stat
+from ocaml_grpo.training.tracker import ProblemTracker
 from ocaml_grpo.training.learning_log import groups_line, metric_line
 from ocaml_grpo.training.metrics import StepRecord
 from ocaml_grpo.training.probe import grade

@@ -14,7 +14,7 @@ import pytest
 import analyze
 import preloaded
 from ocaml_grpo.reward.parts import PARTS
-from ocaml_grpo.training.group_kinds import KINDS
+from ocaml_grpo.reward.group_kinds import KINDS
 from ocaml_grpo.training.learning_log import render
 from ocaml_grpo.training.metrics import StepRecord
 from conftest import TRAIN, check_log_wellformed, checkpoints, log_lines, read_jsonl, run_env, small_dataset, train

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ocaml_grpo.reward.breakdown import Breakdown
-from ocaml_grpo.training.group_kinds import KINDS, TITLES, STATES, TRACKING_FILE, ZERO_VARIANCE, group_kind, states_over_time
+from ocaml_grpo.reward.group_kinds import KINDS, TITLES, STATES, TRACKING_FILE, ZERO_VARIANCE, group_kind, states_over_time
 from ocaml_grpo.training.selection import SELECTION_FILE
 
 # A kind's remedies: (what its groups show, [(what to do, the setting it turns on, or None)], a

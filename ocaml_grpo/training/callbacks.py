@@ -20,7 +20,7 @@ from transformers import TrainerCallback
 from ocaml_grpo.jsonl import JsonlWriter, session_id
 from ocaml_grpo.reward.parts import Weights, curriculum_phase
 from ocaml_grpo.training import health
-from ocaml_grpo.training.group_kinds import TITLES, ZERO_VARIANCE
+from ocaml_grpo.reward.group_kinds import TITLES, ZERO_VARIANCE
 from ocaml_grpo.training.health import THRESHOLDS, Point, Thresholds
 from ocaml_grpo.training.learning_log import (LogLine, curriculum_line, end_line, health_line, metric_lines,
                                               stop_line)

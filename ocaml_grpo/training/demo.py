@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ocaml_grpo.scoring import RewardScorer
+
 from ocaml_grpo.models.loading import quiet_library_warnings
 from ocaml_grpo.models import loading as models
 from ocaml_grpo.models.tiny import ensure_learner_model, learner_model_dir
@@ -159,11 +161,10 @@ def _tail(path: Path, stop: threading.Event) -> None:
         time.sleep(0.5)
 
 
-def compare(models: dict[str, str], splits: dict[str, list], recipe: Recipe, make_scorer, seed: int = 0) -> dict:
-    """{model: {split: metrics}}: every model sampled identically and graded like training
-    (`make_scorer(config)`: rewards.RewardScorer, which train.py passes in)."""
+def compare(models: dict[str, str], splits: dict[str, list], recipe: Recipe, seed: int = 0) -> dict:
+    """{model: {split: metrics}}: every model sampled identically and graded like training."""
     config = RewardConfig()  # the defaults, as in the training runs (base_env drops the caller's reward settings)
-    scorer = make_scorer(replace(config, min_lines=0))
+    scorer = RewardScorer(replace(config, min_lines=0))
     results: dict = {}
     try:
         for name, model_dir in models.items():
@@ -200,9 +201,8 @@ def learning_log_rewards(run: Path) -> list[float]:
     return series(parse_learning_log(run / "learning.log")[1], "reward")
 
 
-def main(argv: list[str], make_scorer) -> int:
-    """`python train.py demo`; make_scorer: the reward's scorer class (train.py, the command, passes
-    rewards.RewardScorer: this package sits below the reward policy)."""
+def main(argv: list[str]) -> int:
+    """`python train.py demo`."""
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
@@ -252,8 +252,7 @@ def main(argv: list[str], make_scorer) -> int:
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    results = compare({"SFT only": str(sft_out / "final_model"), "SFT + GRPO": merge_adapter(grpo_out)}, splits, recipe,
-                      make_scorer)
+    results = compare({"SFT only": str(sft_out / "final_model"), "SFT + GRPO": merge_adapter(grpo_out)}, splits, recipe)
     t_eval = time.time() - t0
     text = table(results, splits)
     print(text)

@@ -44,7 +44,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
-from ocaml_grpo.training.group_kinds import ZERO_VARIANCE, GroupStat, has_spread, learnable
+from ocaml_grpo.reward.group_kinds import ZERO_VARIANCE, GroupStat, has_spread, learnable
 
 if TYPE_CHECKING:
     import torch

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ocaml_grpo.reward.parts import PARTS, Weights, weight
 from ocaml_grpo.training.dynamic_sampling import DYNAMIC_KEYS
-from ocaml_grpo.training.group_kinds import KINDS
+from ocaml_grpo.reward.group_kinds import KINDS
 from ocaml_grpo.training.health import Point
 from ocaml_grpo.training.metrics import ENGINE_KEYS, REPAIR_KEYS, StepRecord
 

@@ -21,7 +21,7 @@ from ocaml_grpo.reward.parts import (METRIC_COMPILED, METRIC_CRASHED, METRIC_END
                                      METRIC_STUB, METRIC_REPAIR_PASS_FINAL, METRIC_REPAIR_PASS_FIRST, METRIC_REPAIR_RESCUED,
                                      METRIC_REPAIR_TOO_HARD_FIRST, METRIC_REPAIR_TURNS, METRIC_SOLVED, PARTS)
 from ocaml_grpo.training.dynamic_sampling import DYNAMIC_KEYS, METRIC_DYNAMIC
-from ocaml_grpo.training.group_kinds import KINDS, METRIC_FRAC_ZERO_STD, METRIC_GROUP
+from ocaml_grpo.reward.group_kinds import KINDS, METRIC_FRAC_ZERO_STD, METRIC_GROUP
 
 METRICS_FILE = "metrics.jsonl"
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from dotenv import load_dotenv
 
 from ocaml_grpo.reward.parts import discounted
-from ocaml_grpo.training.group_kinds import group_stat
+from ocaml_grpo.reward.group_kinds import group_stat
 from ocaml_grpo.training import llamacpp
 from ocaml_grpo.training.repair import sample_episodes
 from ocaml_grpo.training.sampling import generate_llamacpp
@@ -41,6 +41,7 @@ from ocaml_grpo.training.selection import ProblemStats, read_stats, sampling_dif
 from ocaml_grpo.config import SETTINGS, RewardConfig, resolve
 from ocaml_grpo.config.settings import cache_dir, settings_of
 from ocaml_grpo.models.named import resolve_model
+from ocaml_grpo.scoring import RewardScorer
 
 # What the probe reads from the environment (the rest of train.py's settings do not change a sample).
 USED = [s for s in SETTINGS if s.name in ("BASE_MODEL_ID", "GRPO_INIT_ADAPTER", "TRAINING_DATASET", "GRPO_TEMPERATURE",
@@ -70,9 +71,8 @@ def grade(problems: list[Problem], texts: list[list[str]], lens: list[list[int]]
     return [problem_stats(p, graded[i * k:(i + 1) * k], sampling) for i, p in enumerate(problems)]
 
 
-def main(argv: list[str], generate_hf, generate_vllm, make_scorer) -> int:
-    """evaluate.py's `--probe` mode; the generators and the training reward's scorer (make_scorer(cfg.reward))
-    are evaluate.py's, passed in: evaluate.py is the command, and this library sits below rewards.py."""
+def main(argv: list[str], generate_hf, generate_vllm) -> int:
+    """evaluate.py's `--probe` mode; the generators are evaluate.py's, passed in."""
     ap = argparse.ArgumentParser(prog="evaluate.py", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 2)[2] + "\n\nReads (python train.py --help): "
@@ -127,7 +127,7 @@ def main(argv: list[str], generate_hf, generate_vllm, make_scorer) -> int:
           + (f" + adapter {sampling['adapter']}" if sampling["adapter"] else "") + ")", flush=True)
     if not todo:
         return 0
-    scorer = make_scorer(cfg.reward)
+    scorer = RewardScorer(cfg.reward)
     t0, written = time.time(), 0
 
     def write(batch: list[Problem], texts: list[list[str]], lens: list[list[int]], turns=None) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ocaml_grpo.config import REWARD_SETTINGS, Config, recorded
-from ocaml_grpo.training.group_kinds import learnable
+from ocaml_grpo.reward.group_kinds import learnable
 
 SELECTION_FILE = "problem_selection.jsonl"
 

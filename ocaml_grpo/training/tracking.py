@@ -1,5 +1,5 @@
 """Online difficulty tracking in the trainer: a sampler (the trainer's, training/trainer.py) that draws
-the problems whose last group taught nothing less often (group_kinds.ProblemTracker decides, by group_kinds.learnable).
+the problems whose last group taught nothing less often (tracker.ProblemTracker decides, by group_kinds.learnable).
 
 TRL 1.16 draws prompts with its RepeatSampler: each epoch a permutation of the problems, cut into
 generation batches of distinct prompts, each prompt repeated num_generations times. The
@@ -25,7 +25,8 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch.utils.data import Sampler
 
-from ocaml_grpo.training.group_kinds import GroupStat, ProblemTracker
+from ocaml_grpo.reward.group_kinds import GroupStat
+from ocaml_grpo.training.tracker import ProblemTracker
 
 
 class TrackedSampler(Sampler):

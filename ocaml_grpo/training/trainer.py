@@ -39,7 +39,7 @@ from trl import GRPOTrainer
 from ocaml_grpo.training import dynamic_sampling as ds
 from ocaml_grpo.training import shared_prefix
 from ocaml_grpo.training.engines import drop_orphaned_input_hooks, end_turn_at_stop
-from ocaml_grpo.training.group_kinds import ProblemTracker
+from ocaml_grpo.training.tracker import ProblemTracker
 from ocaml_grpo.training.llamacpp import LlamaEngine, Sampling, lora_tensors
 from ocaml_grpo.training.metrics import METRIC_IS_CLIPPED
 from ocaml_grpo.training.repair import first_answer_advantages

@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ocaml_grpo.jsonl import JsonlWriter, read_jsonl
 
 KINDS = ("too_easy", "too_hard", "identical", "mixed")
 ZERO_VARIANCE = KINDS[:3]
@@ -98,77 +96,21 @@ def kind_shares(groups: Sequence[GroupStat]) -> dict[str, float]:
     return {kind: counts[kind] / max(1, len(groups)) for kind in KINDS}
 
 
-# ----------------------------------------------------------------------------- the tracker
-
-@dataclass
-class ProblemTracker:
-    """Each problem's state (`learnable`'s verdict on its last group). The trainer's sampler asks it how
-    likely a problem is to be drawn (`keep_probability`): 1 for a problem not seen yet or whose
-    last group taught (`learnable` with min_std and max_solved), `low_weight` for one whose last
-    group did not. Such a problem is not dropped: it is drawn less often, and one group that
-    teaches restores it (a too-hard problem may become learnable as the policy improves).
-
-    Every group is appended to the file given to `open` (one JSON line each, whole-line writes),
-    and a resumed run replays that file (`load`): the states survive a crash and a resume."""
-    low_weight: float = 0.2
-    min_std: float = 0.0
-    max_solved: float = 1.0
-    states: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self):
-        self._log: JsonlWriter | None = None
-
-    def load(self, path: Path) -> int:
-        """Replay the groups of an earlier session; returns how many were read. A torn last line
-        (a crash mid-write) is skipped."""
-        events = read_jsonl(path)[0] if path.is_file() else []
-        for event in events:
-            self.record(event_stat(event), event.get("state"))
-        return len(events)
-
-    def open(self, path: Path) -> None:
-        """Append every later group to `path` (rank 0 only; the other ranks keep their states in memory)."""
-        self._log = JsonlWriter(path)
-
-    def close(self) -> None:
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def record(self, g: GroupStat, state: str | None = None) -> str:
-        """Judge a group (`state`: the verdict a replayed line carries, judged with that run's settings)."""
-        self.states[g.problem_id] = state or learnable(g.reward_std, g.solved, g.passed_any, self.min_std,
-                                                       self.max_solved)
-        return self.states[g.problem_id]
-
-    def update(self, step: int, groups: Iterable[GroupStat]) -> None:
-        records = [{"step": step, **asdict(g), "state": self.record(g)} for g in groups]
-        if self._log is not None:
-            self._log.write_many(records)
-
-    def state(self, problem_id: str) -> str:
-        return self.states.get(problem_id, UNSEEN)
-
-    def keep_probability(self, problem_id: str) -> float:
-        return self.low_weight if self.state(problem_id) in ZERO_VARIANCE else 1.0
-
-    def counts(self, problem_ids: Iterable[str]) -> dict[str, int]:
-        c = Counter(self.state(p) for p in problem_ids)
-        return {s: c[s] for s in STATES}
-
-
 def states_over_time(events: Sequence[dict], problem_ids: Iterable[str] = ()) -> list[tuple[int, dict[str, int]]]:
     """(step, problems in each state after that step) from a tracking file's events, in step
     order; `problem_ids` adds problems never drawn (they stay unseen)."""
-    tracker, out = ProblemTracker(), []
+    states: dict[str, str] = {}  # each problem's verdict on its last group (a line's own, else learnable's)
+    out = []
     known = set(problem_ids) | {str(e["problem_id"]) for e in events}
     by_step: dict[int, list[dict]] = {}
     for e in events:
         by_step.setdefault(int(e["step"]), []).append(e)
     for step in sorted(by_step):
         for e in by_step[step]:
-            tracker.record(event_stat(e), e.get("state"))
-        out.append((step, tracker.counts(known)))
+            g = event_stat(e)
+            states[g.problem_id] = e.get("state") or learnable(g.reward_std, g.solved, g.passed_any, 0.0, 1.0)
+        c = Counter(states.get(p, UNSEEN) for p in known)
+        out.append((step, {s: c[s] for s in STATES}))
     return out
 
 
