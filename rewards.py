@@ -1,4 +1,5 @@
-"""The reward policy for OCaml completions, its JSONL logs, and a CLI to re-score them.
+"""The reward policy's door: what a TRL user imports (`make_reward_function`, `RewardScorer`, the
+weights and metric names; the engine itself is ocaml_grpo/scoring/), and a CLI to re-score logs.
 
     python rewards.py score PROBLEMS COMPLETIONS [--workers N]   # one JSON line per completion
     python rewards.py feedback PROBLEMS COMPLETIONS              # what a repair turn would show the model
@@ -6,7 +7,8 @@
 
 Reward: the sum of the parts listed in ocaml_grpo/reward/parts.py (PARTS: each its weight,
 REWARD_WEIGHT_<NAME> in ocaml_grpo/config/scoring.py, times the credit the grader's findings earn
-it; `python train.py --help` lists them with their defaults). The record of one scored completion is reward/breakdown.py's Breakdown.
+it; `python train.py --help` lists them with their defaults). The record of one scored completion
+is reward/breakdown.py's Breakdown.
 Rules: fewer than MIN_NON_EMPTY_LINES code lines -> 0; a check that ran out of compile time earns
 no type-check or compile credit; a completion that reached the maximum completion length is
 multiplied by RUNAWAY_PENALTY_MULTIPLIER; grading that fails on one completion makes its reward
