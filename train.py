@@ -300,7 +300,7 @@ def main(argv: list[str]) -> int:
         kept = [p for p in problems if prompt_tokens(p) <= train.max_prompt]
         too_long = len(problems) - len(kept)
     print(f"prompts: dropped {too_long} longer than GRPO_MAX_PROMPT={train.max_prompt} tokens")
-    # ------------------------------------------------------------------------- learnable problems (issue 21)
+    # ------------------------------------------------------------------------- learnable problems
     # GRPO_PROBLEM_STATS keeps the problems a probe found learnable (ocaml_grpo/training/selection.py); the tracker
     # then draws those whose last group taught nothing less often (ocaml_grpo/reward/group_kinds.py, tracking.py).
     try:
