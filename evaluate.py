@@ -41,7 +41,7 @@ from ocaml_grpo.models.loading import go_offline_unless_needed, model_error
 from ocaml_grpo.models.named import resolve_model
 from ocaml_grpo.training import llamacpp
 from ocaml_grpo.training.repair import sample_episodes
-from ocaml_grpo.problems import DatasetError, Problem, load_problems
+from ocaml_grpo.problems import DatasetError, load_problems
 from ocaml_grpo import prompting
 from ocaml_grpo.prompting import chat_messages
 from ocaml_grpo.config import RewardConfig
@@ -119,8 +119,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.engine == "llamacpp" and (errors := llamacpp.run_errors(args.model, args.adapter, cache_dir(os.environ))):
         print("error: --engine llamacpp: " + "; ".join(errors), file=sys.stderr)
         return 2
-    rng = random.Random(args.seed)
-    chosen: list[Problem] = rng.sample(problems, min(args.n, len(problems)))
     if args.ids:
         ids = Path(args.ids).read_text().split() if Path(args.ids).is_file() else args.ids.split(",")
         by_id = {p.id: p for p in problems}
@@ -128,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --ids: {len(missing)} not in {args.dataset}: {', '.join(missing[:5])}", file=sys.stderr)
             return 2
         chosen = [by_id[i] for i in ids]
+    else:
+        chosen = random.Random(args.seed).sample(problems, min(args.n, len(problems)))
     env_cfg = from_env(RewardConfig, os.environ)
     # Grade every completion (no line gate) so pass@k is about correctness; the training reward,
     # gate included, is reported as mean_reward.

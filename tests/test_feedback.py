@@ -210,6 +210,8 @@ def test_feedback_never_names_what_the_grader_appended(name):
     err = CompileError("type", 2, f"This expression has type {name}.t but an expression was expected of type int")
     text = render(Grade(compile_errors=[err]), [], 0).text
     assert name not in text and "expected of type int" in text, text
+    own = CompileError("type", 2, "Unbound value my_entry_point_Solution_wire_x")  # the answer's own name stays whole
+    assert "Unbound value my_entry_point_Solution_wire_x" in render(Grade(compile_errors=[own]), [], 0).text
 
 
 def test_a_functor_signature_mismatch_cites_only_the_answer(grader):

@@ -33,6 +33,8 @@ ANSWER_FILE = "solution.ml"  # the answer's code, as the grader compiles it: the
 # Expected declaration`): OCaml's form, one line or several, columns or not.
 CITED_PLACE = re.compile(r'File "([^"]*)", lines? (\d+)(?:-\d+)?(?:, characters (\d+)-\d+)?:?[ \t]*')
 PRIVATE_TEXT = "the grader's"  # what a message says in place of a grader name
+# A whole name the grader gave (`grader_entry_0`, `Wire_ab12.Tok`), never part of the answer's own (`my_entry_point`).
+GRADER_NAME = re.compile(r"(?<![\w'])(?:" + "|".join(re.escape(n) for n in GRADER_NAMES) + r")[\w']*")
 
 EXAMPLE_START = re.compile(r"^\s*\*?\s*>>>\s?(.*)$")
 COMMENT_LINE = re.compile(r"^\s*\*?\s?(.*?)\s*(\*\))?\s*$")
@@ -148,7 +150,7 @@ def answer_terms(message: str, offset: int) -> str:
             return ""
         return f"(line {line}" + (f", column {int(m.group(3)) + 1}" if m.group(3) else "") + ") "
     message = CITED_PLACE.sub(place, message)
-    return re.sub("|".join(re.escape(n) + r"\w*" for n in GRADER_NAMES), PRIVATE_TEXT, message)
+    return GRADER_NAME.sub(PRIVATE_TEXT, message)
 
 
 def _compile_errors(grade: Grade, offset: int) -> str:
@@ -158,7 +160,7 @@ def _compile_errors(grade: Grade, offset: int) -> str:
     e = errs[0]
     name = ERROR_NAMES.get(e.kind, "Error")
     line = e.line - offset
-    where = f" at line {line}, column {e.col + 1}" if e.file.endswith("solution.ml") and line >= 1 else ""
+    where = f" at line {line}, column {e.col + 1}" if Path(e.file).name == ANSWER_FILE and line >= 1 else ""
     more = f" ({len(errs)} errors in all; this is the first)" if len(errs) > 1 else ""
     message = answer_terms(e.message, offset)
     message = message if len(message) <= MAX_MESSAGE_CHARS else message[:MAX_MESSAGE_CHARS] + "..."
