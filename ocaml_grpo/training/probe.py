@@ -59,7 +59,7 @@ def problem_stats(problem: Problem, graded: list, sampling: dict) -> ProblemStat
 def grade(problems: list[Problem], texts: list[list[str]], lens: list[list[int]], scorer,
           max_completion: int, sampling: dict, turns: list[list[int]] | None = None,
           discount: float = 1.0) -> list[ProblemStats]:
-    """Each problem's k completions graded with the training reward (rewards.RewardScorer), as one
+    """Each problem's k completions graded with the training reward (scoring.RewardScorer), as one
     group; with repair turns, `texts` are the final answers and `turns` how many turns each took
     (the reward is discounted per extra turn, as training discounts it)."""
     flat = [(p, t, n) for p, ts, ns in zip(problems, texts, lens) for t, n in zip(ts, ns)]

@@ -185,7 +185,7 @@ def generate_llamacpp(model_name: str, adapter: str | None, prompts: list[list[d
 
 def grade_completions(chosen: list[Problem], texts: list[list[str]], lens: list[list[int]], k: int,
                       max_new_tokens: int, scorer, min_lines: int) -> tuple[dict, list[dict]]:
-    """Grade every completion with `scorer` (rewards.RewardScorer: the commands make it) and
+    """Grade every completion with `scorer` (scoring.RewardScorer) and
     aggregate: pass@1, pass@k, rates, per-difficulty table, verdict. `texts[i]` holds the
     completions of `chosen[i]`, all lists the same length (the samples)."""
     samples = len(texts[0])

@@ -168,7 +168,7 @@ class OcamlGRPOTrainer(GRPOTrainer):
         episodes = [row["repair"] for row in inputs]
         if any("grades" not in e for e in episodes):
             raise RuntimeError("repair turns: an episode without its answers' grades (the reward function, "
-                               "rewards.make_reward_function, writes them)")
+                               "scoring.make_reward_function, writes them)")
         # TRL normalises over the whole generation batch, which other processes hold parts of
         grades = gather_object([e["grades"][0] for e in episodes])
         lengths = gather_object([e["answer_tokens"][0] for e in episodes])
