@@ -151,9 +151,11 @@ class TrustedPrograms:
             self.cache.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=self.cache))
             files = ["prog"] + ([f"{built.lambda_unit}.cmi", f"{built.lambda_unit}.cmo"] if built.lambda_unit else [])
-            for f in files:
-                if (built.lambda_dir / f).exists():
-                    shutil.copy2(built.lambda_dir / f, tmp / f)
+            # Copied by `cp`, not by this process: a child another grading thread forks while this
+            # process holds `prog` open for writing would keep that write handle until its exec, and a
+            # grader that runs the stored program then fails with "Text file busy" (ETXTBSY).
+            present = [str(built.lambda_dir / f) for f in files if (built.lambda_dir / f).exists()]
+            subprocess.run(["cp", "-p", *present, str(tmp)], check=True, capture_output=True)
             (tmp / TRUSTED_META).write_text(json.dumps({"error": built.error, "unit": built.lambda_unit,
                                                         "lambdas": [lam.j for lam in built.lambdas],
                                                         "assertions": built.assertions, "split": built.split}))
@@ -162,7 +164,7 @@ class TrustedPrograms:
                 os.rename(tmp, self.cache / key)
             except OSError:  # another grader stored it first: theirs is the same program
                 shutil.rmtree(tmp, ignore_errors=True)
-        except OSError:  # a cache that cannot be written costs only the next grader a build
+        except (OSError, subprocess.CalledProcessError):  # a cache that cannot be written costs only the next grader a build
             pass
         return built
 
