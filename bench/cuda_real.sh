@@ -10,7 +10,8 @@
 # `python train.py model` keeps none, so `cat` the six installed parts, or take them from the wheels),
 # one part a call, each copied out of the repository there (/root survives between calls on a warm
 # machine; ignored files in the checkout may not), joined there and checked with sha256sum against
-# ocaml_grpo/models/named.py's value before use. MultiPL-E's rows are not in the repository: pass
+# ocaml_grpo/models/named.py's value before use (`bench/cuda_parts.sh` prepares the parts and prints
+# the calls). MultiPL-E's rows are not in the repository: pass
 # --multiple 0 unless they were sent too.
 #
 # PREFIX: where the bundle goes (default ~/ocaml-grpo-gpu: a second call on the same machine
