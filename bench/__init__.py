@@ -57,8 +57,13 @@ def write_json(path: str | None, results: dict) -> None:
         Path(path).write_text(json.dumps(results, indent=2) + "\n")
 
 
-def arguments(doc: str) -> argparse.ArgumentParser:
+def arguments(doc: str, out: str | None = None) -> argparse.ArgumentParser:
     """A benchmark's parser: its docstring's first paragraph as the description, the rest (the
-    commands, the method) as the epilog, kept as written."""
-    return argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                   epilog=doc.split("\n\n", 1)[1])
+    commands, the method) as the epilog, kept as written. `out`: a benchmark of training runs, with
+    --json (the results file) and --out (its working directory, by default `out`)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=doc.split("\n\n", 1)[1])
+    if out is not None:
+        ap.add_argument("--json", default=None, help="write the results here")
+        ap.add_argument("--out", default=out, help="working directory (a rerun starts it over)")
+    return ap

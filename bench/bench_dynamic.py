@@ -45,7 +45,7 @@ from bench.toy import BATCH, MASTERED, NEVER_SEEN, PARTIAL, RECIPE, sft_start, w
 from ocaml_grpo.config.settings import cache_dir
 from ocaml_grpo.jsonl import read_jsonl
 from ocaml_grpo.problems import load_problems
-from ocaml_grpo.training import demo
+from ocaml_grpo.commands import demo
 from ocaml_grpo.training.dynamic_sampling import teaching_groups
 from ocaml_grpo.training.metrics import METRICS_FILE, StepRecord
 from ocaml_grpo.models.loading import quiet_library_warnings

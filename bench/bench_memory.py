@@ -1,4 +1,4 @@
-"""The memory estimate (ocaml_grpo/training/memory.py) against the peak a real run reaches.
+"""The memory estimate (ocaml_grpo/commands/memory.py) against the peak a real run reaches.
 
     python -m bench.bench_memory --json bench/results/memory_cpu.json                 # tiny + SmolLM2-135M shape
     python -m bench.bench_memory --models smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct   # named models, when installed
@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from ocaml_grpo.config.settings import cache_dir
-from ocaml_grpo.training import memory
+from ocaml_grpo.commands import memory
 from ocaml_grpo.models.named import NAMED, named_model_error
 from ocaml_grpo.models.tiny import ensure_shaped_model
 

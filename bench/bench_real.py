@@ -51,7 +51,7 @@ from ocaml_grpo.models.loading import export_adapter, load_tokenizer, quiet_libr
 from ocaml_grpo.models.named import model_key, resolve_model
 from ocaml_grpo.problems import BUNDLED, Problem, load_problems
 from ocaml_grpo.prompting import answer_text, chat_messages
-from ocaml_grpo.training import demo
+from ocaml_grpo.commands import demo
 from ocaml_grpo.training.sampling import generate_hf, generate_llamacpp, grade_completions
 
 ARMS = ("base", "base_grpo", "sft", "sft_grpo")

@@ -39,7 +39,7 @@ from ocaml_grpo.config.settings import cache_dir
 from ocaml_grpo.grading.feedback import feedback_for
 from ocaml_grpo.jsonl import read_jsonl
 from ocaml_grpo.problems import load_problems
-from ocaml_grpo.training import demo
+from ocaml_grpo.commands import demo
 from ocaml_grpo.training.metrics import METRICS_FILE, StepRecord
 from ocaml_grpo.models.named import resolve_model
 from ocaml_grpo.training.repair import sample_episodes
@@ -87,9 +87,7 @@ def passes(model_dir: str, problems: list, turns: int, scorer: RewardScorer, see
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = arguments(__doc__)
-    ap.add_argument("--json", default=None, help="write the results here")
-    ap.add_argument("--out", default="grpo_runs/bench-repair", help="working directory (a rerun starts it over)")
+    ap = arguments(__doc__, out="grpo_runs/bench-repair")
     ap.add_argument("--seed", default=RECIPE.seed, help="GRPO_SEED of both runs (the SFT stage keeps 42)")
     ap.add_argument("--steps", type=int, default=STEPS, help="the repair run's GRPO steps")
     ap.add_argument("--turns", type=int, default=1, help="GRPO_REPAIR_TURNS of the repair run")

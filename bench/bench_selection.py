@@ -32,7 +32,7 @@ from pathlib import Path
 from bench import arguments, fresh_run_dir, print_table, write_json
 from bench.toy import BATCH, MASTERED, NEVER_SEEN, PARTIAL, RECIPE, sft_start, write_problems
 from ocaml_grpo.models.loading import quiet_library_warnings
-from ocaml_grpo.training import demo
+from ocaml_grpo.commands import demo
 from ocaml_grpo.models.tiny import ensure_learner_model, learner_model_dir
 from ocaml_grpo.config.settings import cache_dir
 from ocaml_grpo.reward.group_kinds import group_stat, learnable
@@ -64,9 +64,7 @@ def not_learnable(run: Path, min_std: float = 0.05, max_solved: float = 0.9) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = arguments(__doc__)
-    ap.add_argument("--json", default=None, help="write the results here")
-    ap.add_argument("--out", default="grpo_runs/bench-selection", help="working directory (a rerun starts it over)")
+    ap = arguments(__doc__, out="grpo_runs/bench-selection")
     ap.add_argument("--seed", default=RECIPE.seed, help="GRPO_SEED of both runs (the SFT stages keep 42)")
     ap.add_argument("--steps", type=int, default=STEPS, help="the uniform run's GRPO steps")
     args = ap.parse_args(argv)

@@ -20,7 +20,7 @@ import sys
 from ocaml_grpo.config.grpo import LoRA
 from ocaml_grpo.config.settings import cache_dir
 from ocaml_grpo.models.named import resolve_model
-from ocaml_grpo.training import memory
+from ocaml_grpo.commands import memory
 
 MODULES = LoRA().target_modules.split(",")  # the default LORA_TARGET_MODULES
 

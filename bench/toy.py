@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ocaml_grpo.problems import BUNDLED, read_rows
-from ocaml_grpo.training import demo
+from ocaml_grpo.commands import demo
 
 MASTERED = ("p002_last_element", "p014_list_max")
 PARTIAL = ("p001_count_evens", "p003_first_nonempty")  # the demo's: GRPO is known to teach them

@@ -50,20 +50,19 @@ def negate_rewards() -> None:
     """A `setup` for train.py: TRL optimises -reward (every advantage's sign flipped) while the
     reward logs keep the real reward; a trainer that learns must then get worse
     (tests/test_learning.py's control). Patched here, so train.py holds no test-only branch."""
-    import rewards  # the command's own import then finds this module, patched
+    from ocaml_grpo.commands import grpo_run  # the command's own import then finds this module, patched
 
-    make = rewards.make_reward_function
+    make = grpo_run.make_reward_function
 
     def negated(*a, **kw):
+        if sink := kw.get("on_turn_grades"):  # repair turns: the first answer's own advantage too
+            kw["on_turn_grades"] = lambda grades: sink([[None if g is None else -g for g in gs] for gs in grades])
         graded = make(*a, **kw)
 
         async def syntax_aware_reward(*x, **k):
-            flipped = [None if r is None else -r for r in await graded(*x, **k)]
-            for episode in k.get("repair") or []:  # repair turns: the first answer's own advantage too
-                episode["grades"] = [None if g is None else -g for g in episode["grades"]]
-            return flipped
+            return [None if r is None else -r for r in await graded(*x, **k)]
         return syntax_aware_reward
-    rewards.make_reward_function = negated
+    grpo_run.make_reward_function = negated
 
 
 SETUPS = {"negate_rewards": negate_rewards}

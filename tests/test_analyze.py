@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 import analyze
+from ocaml_grpo.report import run_report
 from conftest import FIXTURES as FIX, ROOT
 from ocaml_grpo.report.outcomes import normalize_error
 from ocaml_grpo.training.learning_log import LogLine, dynamic_line, health_line, parse_learning_log, parse_metric_line
@@ -123,9 +124,9 @@ def test_seed_breakdown_facts(seed_run):
     assert bd.shares["END marker"] == 0.5
     assert bd.shares["compiles"] == 0.5
     assert bd.shares["type-checks (0 type & 0 syntax errors)"] == 0.5
-    assert bd.shares[analyze.PASS_ANY] == 6 / 16
+    assert bd.shares[run_report.PASS_ANY] == 6 / 16
     assert bd.shares["passes all tests"] == 5 / 16
-    assert bd.shares[analyze.RUNAWAY] == 0.25
+    assert bd.shares[run_report.RUNAWAY] == 0.25
     assert bd.never_solved == ["p_unsolved"] and bd.never_passed_any == ["p_unsolved"]
     assert bd.top_errors == [("Error: Unbound value <name>", 8)]
     assert bd.component_means["structural"] == pytest.approx(0.025)
@@ -209,7 +210,7 @@ def test_parser_keeps_extra_fields_and_skips_junk(tmp_path):
 @pytest.mark.parametrize("lrs,expected", [([1e-6, 2e-6, 3e-6], "warm-up"), ([3e-6, 2e-6], "decay"),
                                           ([5e-6, 5e-6, 5e-6], "constant"), ([1e-6, 5e-6, 4e-6], "warm-up then decay")])
 def test_lr_schedule(lrs, expected):
-    assert analyze.lr_schedule(lrs) == expected
+    assert run_report.lr_schedule(lrs) == expected
 
 
 def test_normalize_error():
@@ -260,13 +261,13 @@ def test_stop_criteria_at_epoch_1(tmp_path):
     assert states["epoch 1.0: regular test passes (>= 10%)"] == "met"  # step 2: 4 of 8 pass
     assert r.recommendation.startswith("Stop this run")
     # every label is written from the Thresholds it checks
-    strict = replace(analyze.THRESHOLDS, zero_std_healthy=0.05, test_pass_share_1_0=0.6)
+    strict = replace(run_report.THRESHOLDS, zero_std_healthy=0.05, test_pass_share_1_0=0.6)
     names = {c.name for c in analyze.analyze(tmp_path / "run", strict).checkpoints}
     assert {"epoch 0.5: frac_zero_std < 0.05", "epoch 1.0: regular test passes (>= 60%)"} <= names
 
 
 def test_steps_redone_after_a_resume_are_counted_once():
-    from analyze import drop_superseded
+    from ocaml_grpo.report.run_report import drop_superseded
     lines = [LogLine(e, "", {}, {}) for e in (0.1, 0.2, 0.3, 0.4, 0.3, 0.4, 0.5)]  # killed at 0.4, resumed at 0.2
     assert [l.epoch for l in drop_superseded(lines, lambda l: l.epoch)] == [0.1, 0.2, 0.3, 0.4, 0.5]
     recs = [{"step": s} for s in (0, 0, 1, 1, 2, 2, 1, 1, 2, 2, 3)]
@@ -286,7 +287,7 @@ def test_without_config_json_the_exports_start_from_the_trainers_defaults(tmp_pa
     assert "_Assumed: train.py's defaults (no config.json in the run directory)" in md
     assert "Recommended Actions\n\n```bash\nexport GRPO_LEARNING_RATE=8e-06" in md
     r = analyze.analyze(tmp_path)
-    assert r.config_source == analyze.DEFAULTS_SOURCE and r.config["GRPO_TEMPERATURE"] == 0.9
+    assert r.config_source == run_report.DEFAULTS_SOURCE and r.config["GRPO_TEMPERATURE"] == 0.9
     assert r.config["MIN_NON_EMPTY_LINES"] == 8  # the reward's defaults too, from their one definition
 
 
@@ -317,7 +318,7 @@ def test_a_resume_at_the_last_logged_step_is_counted_once(tmp_path):
 def test_type_checks_share_counts_only_completions_that_were_compiled():
     gated = {**rec(1, "p", 0.0, compiled=False), "type_errors": 0, "syntax_errors": 0, "gated_min_lines": True}
     crashed = {**rec(1, "p", None), "reward": None}
-    bd = analyze.summarize_breakdown([rec(1, "p", 0.35), gated, crashed, rec(1, "p", 0.0, compiled=False)])
+    bd = run_report.summarize_breakdown([rec(1, "p", 0.35), gated, crashed, rec(1, "p", 0.0, compiled=False)])
     assert bd.shares["type-checks (0 type & 0 syntax errors)"] == pytest.approx(0.25)
 
 
@@ -374,7 +375,7 @@ def test_no_export_repeats_a_setting_the_run_already_has(tmp_path):
     assert r.groups.dominant == "too_hard" and r.repair is not None
     for a in r.actions:
         assert a.var not in config or str(config[a.var]) not in (a.value, {"1": "True"}.get(a.value)), a.line
-    advice = "\n".join([a.line for a in r.actions] + [f.detail for f in r.findings] + analyze.render_groups(r.groups, r.config))
+    advice = "\n".join([a.line for a in r.actions] + [f.detail for f in r.findings] + run_report.render_groups(r.groups, r.config))
     for already in ("GRPO_REPAIR_TURNS=1", "REWARD_CURRICULUM=1", "GRPO_PROBLEM_STATS=probe.jsonl", "GRPO_TRACK_PROBLEMS=1"):
         assert already not in advice
     assert "stronger base model" in advice   # the remedy the run has not tried yet
@@ -468,12 +469,12 @@ def test_the_reward_parts_are_drawn_as_their_share_of_the_reward(tmp_path, monke
     """Runaway completions that compile: the parts as logged (0.35) are paid x0.3 (0.105), so the
     compile and type-check parts alone exceed the reward unless each is drawn as its share of it."""
     runaway = [{**rec(s, "p", 0.105, runaway=True), "tests": 0.0} for s in (0, 1) for _ in range(3)]
-    bd = analyze.summarize_breakdown(runaway + [rec(1, "p", 1.0, passed=5)])
+    bd = run_report.summarize_breakdown(runaway + [rec(1, "p", 1.0, passed=5)])
     for step, means in bd.per_step.items():
         parts = [v for k, v in means.items() if k != "reward"]
         assert sum(parts) == pytest.approx(means["reward"]) and max(parts) <= means["reward"]
     seen = captured_figures(monkeypatch)
-    analyze.make_plots([], bd.per_step, "constant", "run", tmp_path)
+    run_report.make_plots([], bd.per_step, "constant", "run", tmp_path)
     ax = seen["reward_components.png"].axes[0]
     [total] = [l for l in ax.get_lines() if l.get_label() == "reward"]
     tops = [max(y for _, y in path.vertices) for c in ax.collections for path in c.get_paths()]

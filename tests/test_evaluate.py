@@ -8,7 +8,7 @@ import pytest
 
 import preloaded
 from conftest import GRADED, ROOT
-from evaluate import render_markdown
+from ocaml_grpo.commands.model_eval import render_markdown
 from ocaml_grpo.training.sampling import RATES, grade_completions, pass_at_k, verdict
 from ocaml_grpo.grading import source as src
 from ocaml_grpo.problems import load_problems

@@ -7,6 +7,7 @@ import pytest
 from transformers import TrainerControl, TrainerState
 
 import analyze
+from ocaml_grpo.report import run_report
 import rewards
 from ocaml_grpo.jsonl import read_jsonl
 from ocaml_grpo.training import health
@@ -181,7 +182,7 @@ def test_an_engine_that_drifts_from_the_trainer_is_reported_from_its_logged_reco
         back = [StepRecord.from_json(json.loads(json.dumps(r.to_json()))) for r in records]  # metrics.jsonl and back
         assert back == records and back[-1].engine == records[-1].engine
         assert any(line.startswith("[Engine] epoch") and "clipped_share=" in line for line in render(back))
-        points = [analyze.LogLine.from_record(r).point for r in back]
+        points = [run_report.LogLine.from_record(r).point for r in back]
         found = [f for f in health.findings(points) if f.key == "engine"]
         assert bool(found) == expected, found
     assert "engine_logp_gap" in healthy[0].to_json()
@@ -202,7 +203,7 @@ def test_a_run_drifting_toward_stubs_is_reported_from_its_logged_record(tmp_path
     for records, expected in ((steady, False), (drifting, True)):
         back = [StepRecord.from_json(json.loads(json.dumps(r.to_json()))) for r in records]  # metrics.jsonl and back
         assert back == records and back[-1].stub == records[-1].stub
-        points = [analyze.LogLine.from_record(r).point for r in back]
+        points = [run_report.LogLine.from_record(r).point for r in back]
         found = [f for f in health.findings(points) if f.key == "stub"]
         assert bool(found) == expected, found
         if expected:

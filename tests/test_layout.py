@@ -83,7 +83,7 @@ def test_no_project_import_inside_a_function():
 
 # The package's rooms, bottom to top: a module imports only from its own room and the rooms below
 # it. The package root holds what every room reads (problems, prompts, completion text, JSONL).
-ROOMS = ("", "reward", "config", "grading", "scoring", "models", "training", "report")
+ROOMS = ("", "reward", "config", "grading", "scoring", "models", "training", "report", "commands")
 
 
 def room(module: str) -> int | None:
@@ -143,8 +143,9 @@ def test_analyze_help_loads_no_grader_nor_torch():
     assert [m for m in loaded if m.startswith(("ocaml_grpo.grading", "torch"))] == []
 
 
-# The commands that live in the package: what `train.py sft|demo` and `evaluate.py --probe` run.
-COMMANDS_IN_PACKAGE = {"ocaml_grpo.training.sft", "ocaml_grpo.training.demo", "ocaml_grpo.training.probe"}
+def in_commands(module: str) -> bool:
+    """The commands' bodies in the package (ocaml_grpo/commands/): what the root scripts run."""
+    return module.startswith("ocaml_grpo.commands")
 
 
 def test_no_module_below_the_commands_reads_the_environment():
@@ -152,7 +153,7 @@ def test_no_module_below_the_commands_reads_the_environment():
     below the commands names os.environ or os.getenv (the sandbox, the grader, the audit cache,
     the reward's configuration, the models' helpers all receive what they need)."""
     trees = project_modules()
-    below = [m for m in trees if m == "ocaml_sandbox" or (m.startswith("ocaml_grpo") and m not in COMMANDS_IN_PACKAGE)]
+    below = [m for m in trees if m == "ocaml_sandbox" or (m.startswith("ocaml_grpo") and not in_commands(m))]
     readers = sorted(m for m in below for node in ast.walk(trees[m])
                      if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv")
                      and isinstance(node.value, ast.Name) and node.value.id == "os")
@@ -264,3 +265,34 @@ def test_no_benchmark_imports_another():
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert not {m for m in imported if m.startswith("bench.") and m.split(".")[1] in scripts}, p.name
+
+
+def all_imports(tree: ast.Module, modules: set[str]) -> set[str]:
+    """Every project module a file imports, inside functions too (a command's lazy imports)."""
+    return set().union(set(), *(imported(node, modules) for node in ast.walk(tree)))
+
+
+def test_training_holds_the_trainer_and_what_it_runs_on():
+    """A module in training/ is the trainer, its callbacks, something they run on, or something the
+    package beyond the commands reads: what only a command uses lives in commands/."""
+    trees = project_modules()
+    graph = {m: all_imports(t, set(trees)) - {m} for m, t in trees.items()}
+    reach, todo = set(), ["ocaml_grpo.training.trainer", "ocaml_grpo.training.callbacks"]
+    while todo:
+        m = todo.pop()
+        if m not in reach:
+            reach.add(m)
+            todo += [n for n in graph[m] if n.startswith("ocaml_grpo.training")]
+    shared = {n for m, ns in graph.items() if m.startswith("ocaml_grpo") and not in_commands(m)
+              and not m.startswith("ocaml_grpo.training") for n in ns}
+    training = {m for m in trees if m.startswith("ocaml_grpo.training.")}
+    assert len(reach) > 8
+    assert sorted(training - reach - shared) == []
+
+
+def test_root_scripts_are_doors():
+    """The commands a user runs are doors over the package, as TRL's scripts are: a docstring with
+    the commands, the arguments, then named phases. (bundle.py builds the offline archive from the
+    checkout's files: a build script, not a door over the package.)"""
+    long = {p.name: n for p in ROOT.glob("*.py") if (n := len(p.read_text().splitlines())) > 150}
+    assert long.keys() <= {"bundle.py"} and "train.py" in {p.name for p in ROOT.glob("*.py")}

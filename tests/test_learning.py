@@ -1,4 +1,4 @@
-"""The trainer must learn: the demo's recipe (ocaml_grpo/training/demo.py), with fewer GRPO steps, must raise
+"""The trainer must learn: the demo's recipe (ocaml_grpo/commands/demo.py), with fewer GRPO steps, must raise
 the reward, and the same run with every advantage's sign flipped must not.
 
 Real TRL, the real grader and sandbox, the learner model built locally, offline. The SFT warm start
@@ -43,7 +43,7 @@ import preloaded
 from conftest import TRAIN
 from ocaml_grpo.problems import load_problems
 from ocaml_grpo.reward.parts import discounted
-from ocaml_grpo.training import demo
+from ocaml_grpo.commands import demo
 from ocaml_grpo.training.repair import sample_episodes
 from rewards import RewardConfig, RewardScorer
 

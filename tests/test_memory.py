@@ -1,4 +1,4 @@
-"""The memory estimate before any model loads (ocaml_grpo/training/memory.py): `python train.py
+"""The memory estimate before any model loads (ocaml_grpo/commands/memory.py): `python train.py
 --check` prints it beside what the device has and writes nothing; a run that cannot fit is refused
 naming settings that would fit. How close the estimate comes to measured peaks is
 bench/bench_memory.py's job (bench/BENCHMARKS.md), not a test's."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import preloaded
 from conftest import ROOT, TRAIN, run_env
-from ocaml_grpo.training import memory
+from ocaml_grpo.commands import memory
 from ocaml_grpo.models.tiny import ensure_plumbing_model, plumbing_model_dir
 
 # Qwen2.5-Coder-1.5B-Instruct's config.json, the fields the estimate reads
@@ -99,7 +99,7 @@ def test_a_gguf_files_metadata_gives_the_shape_its_converted_config_gives():
 
 FREED_BLOCKS = r"""
 import sys
-from ocaml_grpo.training import memory
+from ocaml_grpo.commands import memory
 if sys.argv[1] == "steady":
     assert memory.steady_allocator() is None
 def rss_mb():

@@ -13,7 +13,7 @@ from ocaml_grpo.problems import load_problems
 from ocaml_grpo.prompting import chat_messages
 from ocaml_grpo.reward.parts import discounted
 from ocaml_grpo.models.loading import load_model, load_tokenizer
-from ocaml_grpo.training.repair import ENDED_TURNS, FeedbackBlock, RepairRollout, first_answer_advantages
+from ocaml_grpo.training.repair import ENDED_TURNS, FeedbackBlock, RepairRollout, TurnGrades, first_answer_advantages
 from ocaml_grpo.models.tiny import ensure_plumbing_model
 from ocaml_grpo.training.trainer import OcamlGRPOTrainer
 from rewards import make_reward_function
@@ -32,7 +32,8 @@ def model_dir(cache_home):
 def test_a_right_first_answer_is_worth_more_than_any_repaired_one(scorer):
     """The reward function grades the final answer and discounts it per extra turn: fishing for
     feedback with a first answer can never beat answering right at once."""
-    reward = make_reward_function(None, scorer=scorer, repair_discount=0.8)
+    handed = TurnGrades()
+    reward = make_reward_function(None, scorer=scorer, repair_discount=0.8, on_turn_grades=handed)
     episodes = [{"answers": [fenced(RIGHT)], "feedback": [], "answer_tokens": [30], "turns": 1, "ended": "passed"},
                 {"answers": [fenced(WRONG), fenced(RIGHT)], "feedback": ["..."], "answer_tokens": [20, 30], "turns": 2,
                  "ended": "passed"},
@@ -42,6 +43,12 @@ def test_a_right_first_answer_is_worth_more_than_any_repaired_one(scorer):
     got = asyncio.run(reward(prompts=[None] * 3, completions=["the decoded episode, not graded"] * 3,
                              repair=episodes, **{k: [v] * 3 for k, v in row.items()}))
     assert got[0] == 1.0 and got[1] == pytest.approx(0.8) and got[2] < got[1]
+    # every answer's own grade, undiscounted, goes to the trainer by name; the episodes stay as they came
+    grades = handed.take(3)
+    assert grades[0] == [1.0] and grades[1][0] < 0.5 and grades[1][1] == 1.0 and len(grades[2]) == 2
+    assert all("grades" not in e for e in episodes)
+    with pytest.raises(RuntimeError, match="no episodes"):
+        handed.take(3)  # taken once: a batch never reads another batch's grades
     # whatever a second or third answer earns, it stays below a right first answer
     assert all(discounted(r, t, 0.8) < discounted(1.0, 1, 0.8) for r in (0.0, 0.5, 1.0) for t in (2, 3))
     assert discounted(None, 2, 0.8) is None
@@ -125,9 +132,10 @@ def test_the_trainer_gives_the_first_answer_its_own_advantage(tmp_path, model_di
     problems = [EVENS, PROBLEMS["p002_last_element"]]
     finals, firsts = [0.8, 0.0, 0.4, 0.0], [0.1, 0.3, 0.0, 0.2]
 
+    grades = TurnGrades()
+
     def scripted(completions, repair, **k):
-        for e, f, r in zip(repair, firsts, finals):
-            e["grades"] = [f, r]
+        grades([[f, r] for f, r in zip(firsts, finals)])
         return finals
 
     tok = load_tokenizer(str(model_dir))
@@ -136,7 +144,7 @@ def test_the_trainer_gives_the_first_answer_its_own_advantage(tmp_path, model_di
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     trainer = OcamlGRPOTrainer(model=load_model(str(model_dir)), reward_funcs=[scripted], args=args,
                                train_dataset=Dataset.from_list([{"prompt": chat_messages(p.prompt)} for p in problems]),
-                               processing_class=tok, tracker=None,
+                               processing_class=tok, tracker=None, turn_grades=grades,
                                rollout_func=RepairRollout(problems, scorer.feedback, 1, 8,
                                                           tok, scorer.pool))
     inputs = [{"prompt": chat_messages(p.prompt)} for p in problems for _ in range(2)]

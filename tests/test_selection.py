@@ -12,6 +12,7 @@ from dataclasses import asdict, replace
 import pytest
 
 import analyze
+from ocaml_grpo.report import run_report
 import preloaded
 from conftest import ADD, ROOT, fenced, log_lines, read_jsonl, run_env, small_dataset, train
 from ocaml_grpo.reward import group_kinds
@@ -20,7 +21,7 @@ from ocaml_grpo.reward.group_kinds import METRIC_FRAC_ZERO_STD, METRIC_GROUP, gr
 from ocaml_grpo.training.tracker import ProblemTracker
 from ocaml_grpo.training.learning_log import groups_line, metric_line
 from ocaml_grpo.training.metrics import StepRecord
-from ocaml_grpo.training.probe import grade
+from ocaml_grpo.commands.probe import grade
 from ocaml_grpo.training.selection import ProblemStats, read_stats, sampling_differences, select
 from ocaml_grpo.training.tracking import TrackedSampler
 from rewards import make_reward_function
@@ -166,7 +167,7 @@ def test_report_counts_problem_states_over_time_and_the_selection(tmp_path):
     t.close()
     (tmp_path / "problem_selection.jsonl").write_text("".join(json.dumps(c) + "\n" for c in (
         {"id": "a", "ok": True}, {"id": "b", "ok": True}, {"id": "c", "ok": True}, {"id": "d", "ok": False, "reason": "too_easy"})))
-    g = read_group_report(tmp_path, [], analyze.read_jsonl, analyze.drop_superseded)
+    g = read_group_report(tmp_path, [], run_report.read_jsonl, run_report.drop_superseded)
     assert g.selection == {"kept": 3, "problems": 4, "dropped": {"too_easy": 1}}
     assert [(step, c["unseen"], c["too_hard"], c["mixed"]) for step, c in g.states] == [(0, 1, 1, 1), (1, 1, 0, 2)]
     md = "\n".join(render(g))

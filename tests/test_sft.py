@@ -1,4 +1,4 @@
-"""`python train.py sft`: the SFT warm start (ocaml_grpo/training/sft.py), and GRPO starting from its output.
+"""`python train.py sft`: the SFT warm start (ocaml_grpo/commands/sft.py), and GRPO starting from its output.
 Real TRL, the tiny plumbing model (demo_model.py), offline."""
 import json
 import subprocess
@@ -11,7 +11,7 @@ import pytest
 import preloaded
 from ocaml_grpo.problems import Problem
 from ocaml_grpo.config.settings import Holdout
-from ocaml_grpo.training.sft import split_problems
+from ocaml_grpo.commands.sft import split_problems
 
 from conftest import TRAIN, log_lines, read_jsonl, run_env, small_dataset
 

@@ -1,4 +1,4 @@
-"""The SFT warm start's settings (`python train.py sft`, ocaml_grpo/training/sft.py): its own, and
+"""The SFT warm start's settings (`python train.py sft`, ocaml_grpo/commands/sft.py): its own, and
 the GRPO run's that mean the same there (SFT_REUSES)."""
 from __future__ import annotations
 

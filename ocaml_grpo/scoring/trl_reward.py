@@ -42,7 +42,8 @@ class RewardLogger:
 
 def make_reward_function(output_dir: str | Path | None, max_completion_tokens: int | None = None,
                          curriculum: bool = False, scorer: RewardScorer | None = None, rank: int = 0,
-                         group_size: int | None = None, on_groups=None, repair_discount: float = 1.0):
+                         group_size: int | None = None, on_groups=None, repair_discount: float = 1.0,
+                         on_turn_grades=None):
     """An async TRL reward function named `syntax_aware_reward`: TRL logs it under that name
     (`rewards/syntax_aware_reward/mean`), the name users know from the run this grew out of.
     Dataset columns used: Problem.to_row's (`id`, `problem`: the OCaml prompt, `tests`;
@@ -51,9 +52,9 @@ def make_reward_function(output_dir: str | Path | None, max_completion_tokens: i
     (group_kinds.py) and the groups are handed to `on_groups(step, groups)`.
     With repair turns (training/repair.py's rollout passes each completion's episode as `repair`)
     the final answer is graded on the hidden tests and discounted per extra turn; every answer is
-    graded too, for the logs and the [Repair] metrics, and each episode record gets its answers'
-    grades (`grades`, undiscounted): the trainer gives the first answer its own advantage from them
-    (training/trainer.py)."""
+    graded too, for the logs and the [Repair] metrics, and every episode's answers' grades
+    (undiscounted, one list per episode) go to `on_turn_grades(grades)`: the trainer gives the
+    first answer its own advantage from them (training/repair.py's TurnGrades)."""
     scorer = scorer or RewardScorer()
     # Under accelerate every process scores (and logs) its own share of the batch: each line is
     # written once, whole, by the process that scored it, tagged with its rank.
@@ -91,9 +92,10 @@ def make_reward_function(output_dir: str | Path | None, max_completion_tokens: i
             turns = [[{"completion": e["answers"][t], "feedback": e["feedback"][t] if t < len(e["feedback"]) else None,
                        "reward": (graded[(k, t)] if t < e["turns"] - 1 else breakdowns[k]).reward}
                       for t in range(e["turns"])] for k, e in enumerate(episodes)]
-            for b, e, record in zip(breakdowns, episodes, turns):
-                e["grades"] = [t["reward"] for t in record]
+            for b, e in zip(breakdowns, episodes):
                 b.reward = discounted(b.reward, e["turns"], repair_discount)
+            if on_turn_grades is not None:
+                on_turn_grades([[t["reward"] for t in record] for record in turns])
         for b in breakdowns:
             b.phase = phase
         groups = groups_of(breakdowns, group_size) if group_size else []

@@ -159,6 +159,27 @@ class RepairRollout:
                 "repair": [e.__dict__ | {"turns": e.turns} for e in episodes]}
 
 
+class TurnGrades:
+    """What crosses from the reward function to the trainer besides the rewards: the grade of every
+    answer of each repair episode (undiscounted), in the order the reward function got the episodes.
+    The reward function hands them over as its `on_turn_grades`; the trainer takes them as soon as
+    TRL has scored the batch, for the first answers' own advantages."""
+
+    def __init__(self):
+        self._grades: list[list[float | None]] | None = None
+
+    def __call__(self, grades: list[list[float | None]]) -> None:
+        self._grades = grades
+
+    def take(self, episodes: int) -> list[list[float | None]]:
+        grades, self._grades = self._grades, None
+        if grades is None or len(grades) != episodes:
+            raise RuntimeError(f"repair turns: the reward function handed over grades for "
+                               f"{'no' if grades is None else len(grades)} episodes, the batch holds {episodes} "
+                               "(scoring.make_reward_function's on_turn_grades)")
+        return grades
+
+
 def first_answer_advantages(episode_advantages, first_grades: list[float | None], first_lengths: list[int],
                             group_size: int, scale_rewards: str, width: int, mine: slice = slice(None)):
     """Per-token advantages, (completions, width): every token keeps its episode's advantage (TRL's,

@@ -1,5 +1,5 @@
 """Learnable-problem selection: keep the problems whose GRPO groups will have reward variance,
-judged from a probe's statistics (`python evaluate.py --probe`, ocaml_grpo/training/probe.py).
+judged from a probe's statistics (`python evaluate.py --probe`, ocaml_grpo/commands/probe.py).
 
 A problem is kept when its probe rewards differ (std >= GRPO_LEARNABLE_MIN_STD) and it is not
 nearly always solved (share solving every test < GRPO_LEARNABLE_MAX_SOLVED): group_kinds.learnable,

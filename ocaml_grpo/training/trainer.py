@@ -4,7 +4,7 @@
   of TRL's RepeatSampler (problems whose last group taught nothing come back less often).
 - Repair episodes (GRPO_REPAIR_TURNS): the first answer's tokens get the first answer's own
   advantage, the later answers' keep the episode's (repair.first_answer_advantages). The per-answer
-  grades come from the reward function, which writes them into each episode record (`grades`);
+  grades come from the reward function, which hands them over through `turn_grades`;
   TRL 1.16's loss takes advantages per token, shaped (completions, tokens), from a subclass.
 - Answers stop at the END marker (GRPO_STOP_AT_END, `stop`): generate gets the tokenizer its stop
   strings need, and each answer that stopped there ends its turn (engines.end_turn_at_stop).
@@ -42,7 +42,7 @@ from ocaml_grpo.training.engines import drop_orphaned_input_hooks, end_turn_at_s
 from ocaml_grpo.training.tracker import ProblemTracker
 from ocaml_grpo.training.llamacpp import LlamaEngine, Sampling, lora_tensors
 from ocaml_grpo.training.metrics import METRIC_IS_CLIPPED
-from ocaml_grpo.training.repair import first_answer_advantages
+from ocaml_grpo.training.repair import TurnGrades, first_answer_advantages
 from ocaml_grpo.training.run_dir import write_adapter_readme, write_readme
 from ocaml_grpo.training.tracking import TrackedSampler
 
@@ -59,8 +59,10 @@ class OcamlGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args, tracker: ProblemTracker | None, stop: str | None = None,
                  dynamic_rounds: int | None = None, group_log: ds.GroupLog | None = None, min_std: float = 0.0,
-                 llama: LlamaEngine | None = None, share_prompts: bool = False, **kwargs):
+                 llama: LlamaEngine | None = None, share_prompts: bool = False,
+                 turn_grades: TurnGrades | None = None, **kwargs):
         self.tracker = tracker
+        self.turn_grades = turn_grades
         self.stop = stop
         self.dynamic_rounds, self.group_log, self.min_std = dynamic_rounds, group_log, min_std
         self._round_rewards = self._round_lengths = None
@@ -166,11 +168,11 @@ class OcamlGRPOTrainer(GRPOTrainer):
         if not inputs or "repair" not in inputs[0]:
             return out
         episodes = [row["repair"] for row in inputs]
-        if any("grades" not in e for e in episodes):
-            raise RuntimeError("repair turns: an episode without its answers' grades (the reward function, "
-                               "scoring.make_reward_function, writes them)")
+        if self.turn_grades is None:
+            raise RuntimeError("repair turns need the trainer's turn_grades, handed to the reward function as its "
+                               "on_turn_grades (training/repair.py's TurnGrades)")
         # TRL normalises over the whole generation batch, which other processes hold parts of
-        grades = gather_object([e["grades"][0] for e in episodes])
+        grades = gather_object([g[0] for g in self.turn_grades.take(len(episodes))])
         lengths = gather_object([e["answer_tokens"][0] for e in episodes])
         start = self.accelerator.process_index * len(inputs)
         out["advantages"] = first_answer_advantages(out["advantages"], grades, lengths, self.num_generations,
