@@ -11,7 +11,7 @@ import analyze
 from ocaml_grpo.report import run_report
 from conftest import FIXTURES as FIX, ROOT
 from ocaml_grpo.report.outcomes import normalize_error
-from ocaml_grpo.training.learning_log import LogLine, dynamic_line, health_line, parse_learning_log, parse_metric_line
+from ocaml_grpo.training.learning_log import dynamic_line, health_line, parse_learning_log, parse_metric_line
 from ocaml_grpo.training.metrics import METRICS_FILE, StepRecord
 
 SEED_LINES = (FIX / "seed_learning.log").read_text(encoding="utf-8").splitlines()
@@ -77,7 +77,7 @@ def rng(report, name):
 def test_seed_ranges_and_parsing(seed_run):
     r = analyze.analyze(seed_run)
     assert len(r.lines) == 6 and r.skipped_lines == 1           # truncated last line dropped
-    assert [l.raw for l in r.lines] == SEED_LINES
+    assert [l.line for l in r.lines] == SEED_LINES
     assert r.header == ["# GRPO run started", "# model=Qwen/Qwen2.5-Coder-1.5B-Instruct"]
     assert rng(r, "Reward (mean)") == (0.066, 0.115)
     assert rng(r, "frac_zero_std") == (0.0, 0.5)
@@ -88,7 +88,7 @@ def test_seed_ranges_and_parsing(seed_run):
     assert rng(r, "Reward (std)") == (0.044, 0.077)
     lo, hi = rng(r, "Reward CV (std/mean)")                       # seed claimed 50-70%; data says 57-109%
     assert lo == pytest.approx(0.065 / 0.115) and hi == pytest.approx(0.072 / 0.066)
-    assert r.lines[0].values["syntax_rew_std"] == 0.078
+    assert r.lines[0].syntax_rew_std == 0.078
 
 
 def test_seed_status_findings_and_actions(seed_run):
@@ -203,8 +203,8 @@ def test_parser_keeps_extra_fields_and_skips_junk(tmp_path):
                     "[Epoch 0.12]  loss=0.02  lr=2e-06  reward=0.3±0.05\n", encoding="utf-8")
     header, lines, skipped = parse_learning_log(path)
     assert header == ["# header"] and skipped == 1 and [l.epoch for l in lines] == [0.10, 0.12]
-    assert lines[0].values["kl"] == 0.002 and lines[0].text == {"phase": "syntax"}
-    assert lines[0].values["reward_std"] == 0.05
+    assert lines[0].kl == 0.002 and lines[0].extra == {"phase": "syntax"}  # a record's field, and text as written
+    assert lines[0].reward_std == 0.05 and lines[0].learning_rate == 1e-06
 
 
 @pytest.mark.parametrize("lrs,expected", [([1e-6, 2e-6, 3e-6], "warm-up"), ([3e-6, 2e-6], "decay"),
@@ -268,7 +268,7 @@ def test_stop_criteria_at_epoch_1(tmp_path):
 
 def test_steps_redone_after_a_resume_are_counted_once():
     from ocaml_grpo.report.run_report import drop_superseded
-    lines = [LogLine(e, "", {}, {}) for e in (0.1, 0.2, 0.3, 0.4, 0.3, 0.4, 0.5)]  # killed at 0.4, resumed at 0.2
+    lines = [StepRecord(0, e) for e in (0.1, 0.2, 0.3, 0.4, 0.3, 0.4, 0.5)]  # killed at 0.4, resumed at 0.2
     assert [l.epoch for l in drop_superseded(lines, lambda l: l.epoch)] == [0.1, 0.2, 0.3, 0.4, 0.5]
     recs = [{"step": s} for s in (0, 0, 1, 1, 2, 2, 1, 1, 2, 2, 3)]
     assert [r["step"] for r in drop_superseded(recs, lambda r: r["step"])] == [0, 0, 1, 1, 2, 2, 3]
@@ -311,7 +311,7 @@ def test_a_resume_at_the_last_logged_step_is_counted_once(tmp_path):
                 recs += [{**rec(step, f"p{step}", 0.5), "rank": rank, "session": f"{session}-{rank}"}] * 2
     (run / "reward_logs" / "syntax_aware_breakdown.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     r = analyze.analyze(run)
-    assert [(l.epoch, l.values["loss"]) for l in r.lines] == [(0.1, 0.01), (0.2, 0.01), (0.3, 0.7), (0.4, 0.01)]
+    assert [(l.epoch, l.loss) for l in r.lines] == [(0.1, 0.01), (0.2, 0.01), (0.3, 0.7), (0.4, 0.01)]
     assert r.breakdown.n == 4 * 2 * 2 and r.breakdown.groups == 4  # 4 steps x 2 ranks x 2 completions
 
 
@@ -346,10 +346,9 @@ def seed_records(repair=None) -> list[dict]:
     """The seed's six log steps as metrics.jsonl records (with repair metrics, given `repair`)."""
     out = []
     for step, raw in enumerate(SEED_LINES, 1):
-        v = parse_metric_line(raw).values
-        out.append(StepRecord(step, parse_metric_line(raw).epoch, "s", v["loss"], v["grad"], v["lr"], v["reward"],
-                              v["reward_std"], entropy=v["entropy"], frac_zero_std=v["frac_zero_std"],
-                              repair=repair).to_json())
+        shown = parse_metric_line(raw)
+        out.append(replace(shown, step=step, session="s", syntax_rew=None, syntax_rew_std=None, line="",
+                           repair=repair).to_json())
     return out
 
 

@@ -14,11 +14,16 @@ from ocaml_grpo.training import health
 from ocaml_grpo.training.learning_log import render
 from ocaml_grpo.training.metrics import METRICS_FILE, StepRecord
 from ocaml_grpo.training.callbacks import LearningLog
-from ocaml_grpo.training.health import Point
 
 
-def flat(reward: float, n: int = 24, until: float = 1.5, fzs: float = 0.05) -> list[Point]:
-    return [Point(round(until * (i + 1) / n, 4), reward, 0.2 * reward, fzs, 0.15, 0.05, 0.01) for i in range(n)]
+def point(epoch: float, reward=None, reward_std=None, fzs=None, entropy=None, grad=None, loss=None) -> StepRecord:
+    """A log step as the rules read it, with only what they judge."""
+    return StepRecord(0, epoch, reward=reward, reward_std=reward_std, frac_zero_std=fzs, entropy=entropy,
+                      grad_norm=grad, loss=loss)
+
+
+def flat(reward: float, n: int = 24, until: float = 1.5, fzs: float = 0.05) -> list[StepRecord]:
+    return [point(round(until * (i + 1) / n, 4), reward, 0.2 * reward, fzs, 0.15, 0.05, 0.01) for i in range(n)]
 
 
 def by_name(verdict: health.StopVerdict) -> dict[str, str]:
@@ -76,36 +81,36 @@ def test_findings_on_the_recent_window():
     assert health.findings(healthy) == []
     keys = lambda pts: {f.key: f.severity for f in health.findings(pts)}  # noqa: E731
     # one noisy step of 2 identical groups out of 4 is not a collapse; three in a row are
-    assert "zero_std" not in keys(healthy[:-1] + [Point(1.5, 0.7, 0.14, 0.5, 0.15, 0.05)])
-    collapsed = healthy[:-3] + [Point(1.5, 0.7, 0.14, 0.5, 0.15, 0.05)] * 3
+    assert "zero_std" not in keys(healthy[:-1] + [point(1.5, 0.7, 0.14, 0.5, 0.15, 0.05)])
+    collapsed = healthy[:-3] + [point(1.5, 0.7, 0.14, 0.5, 0.15, 0.05)] * 3
     assert keys(collapsed)["zero_std"] == "critical"
-    assert keys(healthy[:-10] + [Point(1.5, 0.7, 0.14, 0.15, 0.15, 0.05)] * 10)["zero_std"] == "warning"
+    assert keys(healthy[:-10] + [point(1.5, 0.7, 0.14, 0.15, 0.15, 0.05)] * 10)["zero_std"] == "warning"
     assert keys(flat(0.30))["reward"] == "warning" and keys(flat(0.10))["reward"] == "critical"
-    assert keys(healthy + [Point(1.6, 0.7, 0.14, 0.0, 0.01, 0.05)] * 10)["entropy"] == "critical"
-    assert keys(healthy[:-1] + [Point(1.5, 0.7, 0.14, 0.0, 0.25, 0.05)])["entropy"] == "warning"
+    assert keys(healthy + [point(1.6, 0.7, 0.14, 0.0, 0.01, 0.05)] * 10)["entropy"] == "critical"
+    assert keys(healthy[:-1] + [point(1.5, 0.7, 0.14, 0.0, 0.25, 0.05)])["entropy"] == "warning"
     # the entropy finding is named by what is wrong with it
     title = lambda pts: {f.key: f.title for f in health.findings(pts)}["entropy"]  # noqa: E731
-    assert title(healthy + [Point(1.6, 0.7, 0.14, 0.0, 0.08, 0.05)] * 10) == "Low entropy"  # steady, below
-    assert title(healthy + [Point(1.6, 0.7, 0.14, 0.0, 0.25, 0.05)] * 10) == "High entropy"
-    swinging = healthy + [Point(1.6 + i / 100, 0.7, 0.14, 0.0, (0.12, 0.19, 0.30)[i % 3], 0.05) for i in range(9)]
+    assert title(healthy + [point(1.6, 0.7, 0.14, 0.0, 0.08, 0.05)] * 10) == "Low entropy"  # steady, below
+    assert title(healthy + [point(1.6, 0.7, 0.14, 0.0, 0.25, 0.05)] * 10) == "High entropy"
+    swinging = healthy + [point(1.6 + i / 100, 0.7, 0.14, 0.0, (0.12, 0.19, 0.30)[i % 3], 0.05) for i in range(9)]
     assert title(swinging) == "Unstable entropy"
-    assert keys(flat(0.70) + [Point(1.6, 0.7, 0.5, 0.0, 0.15, 0.05)] * 10)["cv"] == "info"  # the batch's spread
-    assert keys(healthy + [Point(1.6, 0.7, 0.14, 0.0, 0.15, 0.9)])["grad"] == "warning"
-    assert keys(healthy + [Point(1.6, 0.7, 0.14, 0.0, 0.15, float("nan"), float("nan"))])["nonfinite"] == "critical"
+    assert keys(flat(0.70) + [point(1.6, 0.7, 0.5, 0.0, 0.15, 0.05)] * 10)["cv"] == "info"  # the batch's spread
+    assert keys(healthy + [point(1.6, 0.7, 0.14, 0.0, 0.15, 0.9)])["grad"] == "warning"
+    assert keys(healthy + [point(1.6, 0.7, 0.14, 0.0, 0.15, float("nan"), float("nan"))])["nonfinite"] == "critical"
 
 
 # ---------------------------------------------------------------------------------------------
 # One verdict from both users of the rules.
 
-def trl_logs(p: Point, passes: float, crashed: float = 0.0) -> dict:
+def trl_logs(p: StepRecord, passes: float, crashed: float = 0.0) -> dict:
     """What TRL 1.16 hands on_log at a log step, reward metrics included."""
-    return {"loss": p.loss, "grad_norm": p.grad, "learning_rate": 5e-6, "reward": p.reward, "reward_std": p.reward_std,
+    return {"loss": p.loss, "grad_norm": p.grad_norm, "learning_rate": 5e-6, "reward": p.reward, "reward_std": p.reward_std,
             "rewards/syntax_aware_reward/mean": p.reward, "rewards/syntax_aware_reward/std": p.reward_std,
             "entropy": p.entropy, "frac_reward_zero_std": p.frac_zero_std, "epoch": p.epoch,
             rewards.METRIC_PASSED_ANY: passes, rewards.METRIC_CRASHED: crashed}
 
 
-def monitor(tmp_path, points: list[Point], passes: float, crashed: float = 0.0) -> tuple[TrainerControl, list[str]]:
+def monitor(tmp_path, points: list[StepRecord], passes: float, crashed: float = 0.0) -> tuple[TrainerControl, list[str]]:
     run = tmp_path / "run"
     run.mkdir()
     log = LearningLog(run / "learning.log", ["# started"], resumed=False, auto_stop=True, curriculum=None)
@@ -163,7 +168,7 @@ def test_learning_log_is_rendered_from_the_records_and_the_report_reads_them(tmp
     assert (report.status, report.stop_verdict) == (from_log.status, from_log.stop_verdict)
     assert report.stop_verdict.startswith("STOP")
     assert [l.epoch for l in report.lines] == [p.epoch for p in flat(0.10, n=24, until=1.5)[:16]]  # 0.0625, ..., 1.0
-    assert [l.raw for l in report.lines] == [l for l in lines if l.startswith("[Epoch ")]
+    assert [run_report.shown(l) for l in report.lines] == [l for l in lines if l.startswith("[Epoch ")]
     table = pd.read_json(run / METRICS_FILE, lines=True)
     assert list(table["step"]) == list(range(1, 17)) and table["reward"].iloc[0] == 0.10
 
@@ -182,7 +187,7 @@ def test_an_engine_that_drifts_from_the_trainer_is_reported_from_its_logged_reco
         back = [StepRecord.from_json(json.loads(json.dumps(r.to_json()))) for r in records]  # metrics.jsonl and back
         assert back == records and back[-1].engine == records[-1].engine
         assert any(line.startswith("[Engine] epoch") and "clipped_share=" in line for line in render(back))
-        points = [run_report.LogLine.from_record(r).point for r in back]
+        points = back
         found = [f for f in health.findings(points) if f.key == "engine"]
         assert bool(found) == expected, found
     assert "engine_logp_gap" in healthy[0].to_json()
@@ -203,7 +208,7 @@ def test_a_run_drifting_toward_stubs_is_reported_from_its_logged_record(tmp_path
     for records, expected in ((steady, False), (drifting, True)):
         back = [StepRecord.from_json(json.loads(json.dumps(r.to_json()))) for r in records]  # metrics.jsonl and back
         assert back == records and back[-1].stub == records[-1].stub
-        points = [run_report.LogLine.from_record(r).point for r in back]
+        points = back
         found = [f for f in health.findings(points) if f.key == "stub"]
         assert bool(found) == expected, found
         if expected:

@@ -14,7 +14,8 @@ from typing import Sequence
 
 from ocaml_grpo.report.groups import GroupReport
 from ocaml_grpo.report.outcomes import PASS_ANY, RUNAWAY, BreakdownStats
-from ocaml_grpo.training.health import Finding, Point, Thresholds, expected_reward, mean, recent, values, zero_std_rolled
+from ocaml_grpo.training.metrics import StepRecord
+from ocaml_grpo.training.health import Finding, Thresholds, expected_reward, mean, recent, values, zero_std_rolled
 
 
 DYNAMIC_MIN_MIXED = 0.25  # share of groups that teach below which dynamic sampling would mostly hit its cap
@@ -51,7 +52,7 @@ def same_value(current, value: str) -> bool:
         return str(current) == value
 
 
-def zero_std_figure(points: Sequence[Point], th: Thresholds) -> str:
+def zero_std_figure(points: Sequence[StepRecord], th: Thresholds) -> str:
     """The frac_zero_std figure the zero-variance finding rests on, with the threshold it crossed."""
     win = values(recent(points, th), "frac_zero_std")
     rolled = zero_std_rolled(win, th)
@@ -67,7 +68,7 @@ def kind_figure(g: GroupReport) -> str:
 
 
 def actions(findings: list[Finding], config: dict, bd: BreakdownStats | None, groups: GroupReport,
-            points: Sequence[Point], th: Thresholds) -> list[Action]:
+            points: Sequence[StepRecord], th: Thresholds) -> list[Action]:
     """Exact exports, computed from the config in use; none for a variable the config lacks."""
     keys = {f.key: f for f in findings}
     temp, gens = cfg_float(config, "GRPO_TEMPERATURE"), cfg_float(config, "GRPO_NUM_GENERATIONS")
@@ -88,7 +89,7 @@ def actions(findings: list[Finding], config: dict, bd: BreakdownStats | None, gr
                                f"from {int(gens)}: {why}; more samples per prompt, better odds one of them differs"))
     if "reward" in keys and lr is not None and "grad" not in keys:
         epoch = points[-1].epoch
-        grad = [g for g in values(points, "grad") if math.isfinite(g)]
+        grad = [g for g in values(points, "grad_norm") if math.isfinite(g)]
         band = (f", grad norm {min(grad):.4f} - {max(grad):.4f} (within {th.grad_low} - {th.grad_high})" if grad else "")
         acts.append(Action("GRPO_LEARNING_RATE", f"{float(f'{lr * 1.6:.2g}'):g}",
                            f"from {lr:g}: recent mean reward {mean(values(recent(points, th), 'reward')):.3f} vs "

@@ -12,10 +12,11 @@ from typing import Callable
 
 from ocaml_grpo.reward.parts import PART_NAMES
 from ocaml_grpo.training.health import THRESHOLDS, Thresholds, expected_reward
-from ocaml_grpo.training.learning_log import LogLine, series
+from ocaml_grpo.training.learning_log import series
+from ocaml_grpo.training.metrics import StepRecord
 
 
-def plot_epochs(lines: list[LogLine]) -> list[float]:
+def plot_epochs(lines: list[StepRecord]) -> list[float]:
     """x positions: the records' epochs. A bare learning.log rounds them to 0.01, so lines sharing a
     value are spread across that bin."""
     xs, i = [], 0
@@ -55,7 +56,7 @@ def _flat_range(ax, ys: list[float]) -> None:
         ax.set_ylim(sorted((0.0, 2 * top)))
 
 
-def make_plots(lines: list[LogLine], per_step: dict[int, dict[str, float]], lr_schedule: str, title: str,
+def make_plots(lines: list[StepRecord], per_step: dict[int, dict[str, float]], lr_schedule: str, title: str,
                out_dir: Path, th: Thresholds = THRESHOLDS, steps: list[int] | None = None) -> list[Path]:
     """training_curves.png from the log lines (x: their optimizer `steps` when known, metrics.jsonl's,
     else their epochs), reward_components.png from the breakdown log's per-step means of the reward
@@ -74,10 +75,10 @@ def make_plots(lines: list[LogLine], per_step: dict[int, dict[str, float]], lr_s
         by_step = bool(steps) and len(steps) == len(lines)
         x = [float(s) for s in steps] if by_step else plot_epochs(lines)
         epochs = [l.epoch for l in lines]
-        pick = lambda key: ([xi for xi, l in zip(x, lines) if key in l.values], series(lines, key))  # noqa: E731
+        pick = lambda key: ([xi for xi, l in zip(x, lines) if getattr(l, key) is not None], series(lines, key))  # noqa: E731
         ax = axes[0, 0]
         e, m = pick("reward")
-        s = [l.values.get("reward_std", 0.0) for l in lines if "reward" in l.values]
+        s = [0.0 if l.reward_std is None else l.reward_std for l in lines if l.reward is not None]
         ax.plot(e, m, "o-", ms=3, label="reward mean")
         # The reward lies in [0, 1]: a band past either end would show rewards no completion can get.
         ax.fill_between(e, [max(0.0, a - b) for a, b in zip(m, s)], [min(1.0, a + b) for a, b in zip(m, s)],
@@ -94,8 +95,8 @@ def make_plots(lines: list[LogLine], per_step: dict[int, dict[str, float]], lr_s
         panels = [(axes[0, 1], "frac_zero_std", "frac_zero_std (share of groups with identical rewards)",
                    [(th.zero_std_healthy, "g", "healthy <"), (th.zero_std_critical, "r", "critical ≥")]),
                   (axes[1, 0], "entropy", "Entropy", [(th.entropy_low, "g", "band"), (th.entropy_high, "g", None)]),
-                  (axes[1, 1], "lr", f"Learning rate ({lr_schedule})", []),
-                  (axes[2, 0], "grad", "Gradient norm", [(th.grad_low, "g", "band"), (th.grad_high, "g", None)]),
+                  (axes[1, 1], "learning_rate", f"Learning rate ({lr_schedule})", []),
+                  (axes[2, 0], "grad_norm", "Gradient norm", [(th.grad_low, "g", "band"), (th.grad_high, "g", None)]),
                   (axes[2, 1], "loss", "Loss", [(0.0, "k", None)])]
         for ax, key, panel_title, hlines in panels:
             ax.plot(*pick(key), "o-", ms=3)

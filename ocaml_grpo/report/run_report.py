@@ -19,10 +19,10 @@ from ocaml_grpo.report.plots import make_plots
 from ocaml_grpo.report.groups import GroupReport, explain, read_group_report, render as render_groups
 from ocaml_grpo.report.kept_groups import DynamicReport, read_dynamic_report, render as render_dynamic
 from ocaml_grpo.report.turns import RepairReport, read_repair_report, render as render_repair
-from ocaml_grpo.training.health import (THRESHOLDS, Check, Finding, Point, Thresholds, expected_reward, mean,
+from ocaml_grpo.training.health import (THRESHOLDS, Check, Finding, Thresholds, expected_reward, mean,
                                         recent, reward_trend, values)
 from ocaml_grpo.jsonl import read_jsonl
-from ocaml_grpo.training.learning_log import LogLine, parse_learning_log, series
+from ocaml_grpo.training.learning_log import metric_line, parse_learning_log, series
 from ocaml_grpo.training.metrics import METRICS_FILE, StepRecord
 from ocaml_grpo.config.settings import defaults
 from ocaml_grpo.config import SETTINGS
@@ -53,7 +53,7 @@ class Report:
     recommendation: str
     epoch: float                        # latest logged epoch (0.0 with no lines)
     header: list[str]
-    lines: list[LogLine]
+    lines: list[StepRecord]
     skipped_lines: int
     config: dict                        # the run's config.json, or the trainer's defaults
     config_source: str                  # "config.json" or DEFAULTS_SOURCE
@@ -116,7 +116,7 @@ class RunData:
     """What a run directory holds, read and cleaned (resumed steps counted once)."""
     run_dir: Path
     header: list[str]
-    lines: list[LogLine]
+    lines: list[StepRecord]
     skipped_lines: int
     config: dict
     config_source: str
@@ -131,7 +131,7 @@ class RunData:
     dynamic: DynamicReport | None = None
 
 
-def read_steps(run_dir: Path) -> tuple[list[str], list[LogLine], int, list[StepRecord] | None]:
+def read_steps(run_dir: Path) -> tuple[list[str], list[StepRecord], int, list[StepRecord] | None]:
     """(learning.log's `#` lines, one line per log step, unreadable lines skipped, their records):
     the steps from metrics.jsonl, else from a bare learning.log (no records). FileNotFoundError with neither."""
     log_path, metrics = run_dir / "learning.log", run_dir / METRICS_FILE
@@ -139,7 +139,7 @@ def read_steps(run_dir: Path) -> tuple[list[str], list[LogLine], int, list[StepR
         records, skipped = read_jsonl(metrics)
         header = parse_learning_log(log_path)[0] if log_path.is_file() else []
         parsed = [StepRecord.from_json(r) for r in records]
-        return header, [LogLine.from_record(r) for r in parsed], skipped, parsed
+        return header, parsed, skipped, parsed
     if log_path.is_file():
         return *parse_learning_log(log_path), None
     raise FileNotFoundError(f"learning log not found: {log_path} (nor {metrics.name} beside it)")
@@ -188,7 +188,7 @@ def judge(d: RunData, th: Thresholds = THRESHOLDS) -> Report:
     """The report on a run: health.py's rules (the live monitor's) on the logged metrics, plus the
     breakdown's and the audit's findings, the exports that address them, and the checkpoints."""
     lines, bd = d.lines, d.breakdown
-    points = [l.point for l in lines]
+    points = lines
     epoch = lines[-1].epoch if lines else 0.0
     trend, _ = reward_trend(series(lines, "reward"), th)
     findings: list[Finding] = []
@@ -201,7 +201,7 @@ def judge(d: RunData, th: Thresholds = THRESHOLDS) -> Report:
     if "zero_std" in level:  # which kind of zero variance it is, and its remedy
         title, why = explain(d.groups, d.config)
         findings = [replace(f, title=title, detail=f.detail + why) if f.key == "zero_std" else f for f in findings]
-    sched = lr_schedule(series(lines, "lr"))
+    sched = lr_schedule(series(lines, "learning_rate"))
     ranges = _ranges(lines, level, d.config, sched, epoch, th)
     findings += _lr_finding(lines, d.config, sched, epoch) + _record_findings(bd, d.audit, d.config, epoch, th)
     verdict = health.stop_verdict(points, bd.shares[PASS_ANY] if bd else None, th)
@@ -217,7 +217,7 @@ def judge(d: RunData, th: Thresholds = THRESHOLDS) -> Report:
                   d.dynamic)
 
 
-def _stop_earlier(notes: list[tuple[float, str]], points: list[Point], epoch: float, th: Thresholds) -> Finding:
+def _stop_earlier(notes: list[tuple[float, str]], points: list[StepRecord], epoch: float, th: Thresholds) -> Finding:
     """The stop criteria met during the run (the monitor's line) but not at its end: informational,
     the status is the end's. A demo's third step can meet them (a falling fit over 3 steps) and its
     reward rise after."""
@@ -231,7 +231,7 @@ def _stop_earlier(notes: list[tuple[float, str]], points: list[Point], epoch: fl
                    f"none is: {now}, reward trend {reward_trend(values(points, 'reward'), th)[0]}.")
 
 
-def _ranges(lines: list[LogLine], level: dict[str, str], config: dict, sched: str, epoch: float,
+def _ranges(lines: list[StepRecord], level: dict[str, str], config: dict, sched: str, epoch: float,
             th: Thresholds) -> list[MetricRange]:
     """Each metric's logged range against its expected band (the bands are Thresholds')."""
     def rng(name, xs, expected, assessment, lvl, fmt=".3f") -> MetricRange:
@@ -245,10 +245,10 @@ def _ranges(lines: list[LogLine], level: dict[str, str], config: dict, sched: st
     return [
         rng("Loss", series(lines, "loss"), "oscillating around 0 (policy gradient)",
             "non-finite" if "nonfinite" in level else "normal", level.get("nonfinite", "ok"), ".4f"),
-        rng("Gradient norm", series(lines, "grad"), f"{th.grad_low} - {th.grad_high}",
+        rng("Gradient norm", series(lines, "grad_norm"), f"{th.grad_low} - {th.grad_high}",
             "outside band" if "grad" in level else "healthy", level.get("grad", "ok"), ".4f"),
         # the schedule is read from the values instead of assuming warm-up
-        rng("Learning rate", series(lines, "lr"), f"configured peak {peak:g}" if peak else "configured peak", sched,
+        rng("Learning rate", series(lines, "learning_rate"), f"configured peak {peak:g}" if peak else "configured peak", sched,
             "info", ".3g"),
         rng("Entropy", series(lines, "entropy"), f"{th.entropy_low} - {th.entropy_high}, stable",
             *judged("entropy", {"ok": "stable, in band", "warning": "unstable / out of band", "critical": "collapsed"})),
@@ -257,28 +257,28 @@ def _ranges(lines: list[LogLine], level: dict[str, str], config: dict, sched: st
             f"> {expected_reward(1.0, th):.2f} by 1.0",
             *judged("reward", {"ok": "on track", "warning": "below trajectory", "critical": "far below"})),
         rng("Reward (std)", series(lines, "reward_std"), "see CV", "", "info"),
-        rng("Reward CV (std/mean)", health.reward_cvs([l.point for l in lines]), f"< {th.cv_max}",
+        rng("Reward CV (std/mean)", health.reward_cvs(lines), f"< {th.cv_max}",
             "too high" if "cv" in level else "ok", level.get("cv", "ok"), ".2f"),
         rng("frac_zero_std", series(lines, "frac_zero_std"),
             f"< {th.zero_std_healthy} (critical ≥ {th.zero_std_critical})",
             *judged("zero_std", {"ok": "healthy", "warning": "elevated", "critical": "critical"}), ".2f"),
     ] + ([  # GRPO_ENGINE=llamacpp: the engine's policy against the trainer's
-        rng("Engine logp gap (mean)", series(lines, "engine_logp_gap"), f"≤ {th.engine_gap_max}",
+        rng("Engine logp gap (mean)", series(lines, "logp_gap"), f"≤ {th.engine_gap_max}",
             *judged("engine", {"ok": "agree", "warning": "drifted apart"})),
-        rng("Engine ratios masked/clipped", series(lines, "engine_clipped_share"), f"≤ {th.engine_clipped_max}",
+        rng("Engine ratios masked/clipped", series(lines, "clipped_share"), f"≤ {th.engine_clipped_max}",
             *judged("engine", {"ok": "agree", "warning": "drifted apart"})),
-    ] if series(lines, "engine_logp_gap") else []) + ([
+    ] if series(lines, "logp_gap") else []) + ([
         rng("Stub answers (share)", series(lines, "stub"), f"≤ {th.stub_max}",
             *judged("stub", {"ok": "few", "warning": "drifting toward stubs"}), ".2f"),
     ] if series(lines, "stub") else [])
 
 
-def _lr_finding(lines: list[LogLine], config: dict, sched: str, epoch: float) -> list[Finding]:
+def _lr_finding(lines: list[StepRecord], config: dict, sched: str, epoch: float) -> list[Finding]:
     """What the learning rate did, read from the log (the analysis this project grew out of
     assumed warm-up where the schedule was decaying)."""
     if sched not in ("decay", "warm-up", "warm-up then decay"):
         return []
-    lrs, peak = series(lines, "lr"), cfg_float(config, "GRPO_LEARNING_RATE")
+    lrs, peak = series(lines, "learning_rate"), cfg_float(config, "GRPO_LEARNING_RATE")
     detail = f"{lrs[0]:.3g} → {lrs[-1]:.3g} over epochs {lines[0].epoch:g}-{epoch:g}"
     if peak:
         detail += f"; last value is {lrs[-1] / peak:.0%} of GRPO_LEARNING_RATE={peak:g}"
@@ -328,7 +328,7 @@ def _status(findings: list[Finding], actions: list[Action], stop: bool) -> tuple
     return status, rec
 
 
-def _checkpoints(lines: list[LogLine], bd: BreakdownStats | None, epoch: float, th: Thresholds) -> list[Check]:
+def _checkpoints(lines: list[StepRecord], bd: BreakdownStats | None, epoch: float, th: Thresholds) -> list[Check]:
     """The expected trajectory at epochs 0.5 and 1.0, judged on lines near each epoch; every label
     is written from the Thresholds it checks."""
     zero_std, reward_half, reward_one = (f"frac_zero_std < {th.zero_std_healthy:.2f}",
@@ -403,7 +403,7 @@ def render_markdown(r: Report, plots: list[Path] = ()) -> str:
         md += ["", "Log header:", "```"] + r.header + ["```"]
     head, tail = (r.lines, []) if len(r.lines) <= 6 else (r.lines[:3], r.lines[-3:])
     md += ["", "## Training Log", "", "### Sample log lines (first and last)", "```"]
-    md += [l.raw for l in head] + (["..."] + [l.raw for l in tail] if tail else []) + ["```"]
+    md += [shown(l) for l in head] + (["..."] + [shown(l) for l in tail] if tail else []) + ["```"]
     md += ["", "### Metric ranges", "", "| Metric | Range seen | Expected | Assessment |", "|---|---|---|---|"]
     md += [f"| **{m.name}** | {'n/a' if m.lo is None else f'{m.lo:{m.fmt}} - {m.hi:{m.fmt}}'} | {m.expected} "
            f"| {ICON[m.level]} {m.assessment} |" for m in r.ranges]
@@ -446,6 +446,11 @@ def render_markdown(r: Report, plots: list[Path] = ()) -> str:
     md += [f"| {s.name} | {s.status} | {s.detail} |" for s in r.checkpoints]
     md += ["", "## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in plots] if plots else []
     return "\n".join(md) + "\n"
+
+
+def shown(r: StepRecord) -> str:
+    """A log step's [Epoch] line: as a bare learning.log showed it, else rendered from its record."""
+    return r.line or metric_line(r)
 
 
 def display_path(run_dir: Path) -> str:

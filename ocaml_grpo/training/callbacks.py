@@ -21,8 +21,8 @@ from ocaml_grpo.jsonl import JsonlWriter, session_id
 from ocaml_grpo.reward.parts import Weights, curriculum_phase
 from ocaml_grpo.training import health
 from ocaml_grpo.reward.group_kinds import TITLES, ZERO_VARIANCE
-from ocaml_grpo.training.health import THRESHOLDS, Point, Thresholds
-from ocaml_grpo.training.learning_log import (LogLine, curriculum_line, end_line, health_line, metric_lines,
+from ocaml_grpo.training.health import THRESHOLDS, Thresholds
+from ocaml_grpo.training.learning_log import (curriculum_line, end_line, health_line, metric_lines,
                                               stop_line)
 from ocaml_grpo.training.metrics import METRICS_FILE, StepRecord, process_memory
 
@@ -45,7 +45,7 @@ class LearningLog(TrainerCallback):
         self.fd: int | None = None
         self.metrics: JsonlWriter | None = None
         self.session = session_id()
-        self.history: list[Point] = []
+        self.history: list[StepRecord] = []
         self.passes: list[float] = []  # per log step: share of completions passing >= 1 test
         self.last_warned: dict[str, int] = {}
         self.n_logs = 0
@@ -92,7 +92,7 @@ class LearningLog(TrainerCallback):
 
     def _remember(self, r: StepRecord) -> None:
         """A log step's point, as analyze.py will read it back from metrics.jsonl."""
-        self.history.append(LogLine.from_record(r).point)
+        self.history.append(r)
         if r.passed_any is not None:
             self.passes.append(r.passed_any)
         self.zero_kinds.update({k: r.groups[k] for k in ZERO_VARIANCE} if r.groups else {})

@@ -16,6 +16,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
+from ocaml_grpo.training.metrics import StepRecord
+
 
 @dataclass(frozen=True)
 class Thresholds:
@@ -57,22 +59,6 @@ THRESHOLDS = Thresholds()
 
 
 @dataclass(frozen=True)
-class Point:
-    """One log step as the rules see it: a metrics.jsonl record (the trainer's logs at that step), or
-    a bare learning.log line (learning_log.LogLine converts both). None: not logged."""
-    epoch: float
-    reward: float | None = None
-    reward_std: float | None = None
-    frac_zero_std: float | None = None
-    entropy: float | None = None
-    grad: float | None = None
-    loss: float | None = None
-    logp_gap: float | None = None       # GRPO_ENGINE=llamacpp: engine vs trainer (metrics.ENGINE_KEYS)
-    clipped_share: float | None = None
-    stub: float | None = None           # share of answers that only raise or never return (metrics.jsonl)
-
-
-@dataclass(frozen=True)
 class Finding:
     key: str                            # stable id: the live monitor repeats a persisting one sparingly
     title: str
@@ -87,15 +73,25 @@ class Check:
     detail: str
 
 
-def values(points: Sequence[Point], attr: str) -> list[float]:
-    return [v for p in points if (v := getattr(p, attr)) is not None]
+# A NaN loss or gradient norm is itself a finding; elsewhere it stands for a metric not logged.
+NAN_IS_A_VALUE = ("loss", "grad_norm")
+
+
+def values(points: Sequence[StepRecord], attr: str) -> list[float]:
+    """The logged values of `attr` (a StepRecord field or property) over the points."""
+    return [v for p in points if (v := logged(p, attr)) is not None]
+
+
+def logged(point: StepRecord, attr: str) -> float | None:
+    v = getattr(point, attr)
+    return None if v is None or (attr not in NAN_IS_A_VALUE and math.isnan(v)) else v
 
 
 def mean(xs: Sequence[float]) -> float | None:
     return statistics.fmean(xs) if xs else None
 
 
-def recent(points: Sequence[Point], th: Thresholds = THRESHOLDS) -> Sequence[Point]:
+def recent(points: Sequence[StepRecord], th: Thresholds = THRESHOLDS) -> Sequence[StepRecord]:
     return points[-th.recent_lines:]
 
 
@@ -129,7 +125,7 @@ def zero_std_rolled(recent_fzs: Sequence[float], th: Thresholds = THRESHOLDS) ->
 
 # ----------------------------------------------------------------------------- findings
 
-def findings(points: Sequence[Point], th: Thresholds = THRESHOLDS) -> list[Finding]:
+def findings(points: Sequence[StepRecord], th: Thresholds = THRESHOLDS) -> list[Finding]:
     """Every rule judged on the logged metrics: non-finite values and the grad band over the whole
     log, entropy, reward level, reward variance and reward diversity over the recent window."""
     out: list[Finding] = []
@@ -139,11 +135,12 @@ def findings(points: Sequence[Point], th: Thresholds = THRESHOLDS) -> list[Findi
     win, epoch = recent(points, th), points[-1].epoch
 
     # Policy-gradient loss oscillates around 0 by design; only non-finite values matter.
-    nonfinite = [k for k in ("loss", "grad") if any(not math.isfinite(v) for v in values(points, k))]
+    nonfinite = [k for k, attr in (("loss", "loss"), ("grad", "grad_norm"))
+                 if any(not math.isfinite(v) for v in values(points, attr))]
     if nonfinite:
         add("nonfinite", "Non-finite loss/grad", "critical", f"NaN/inf seen in: {', '.join(nonfinite)}.")
 
-    grad = [g for g in values(points, "grad") if math.isfinite(g)]
+    grad = [g for g in values(points, "grad_norm") if math.isfinite(g)]
     if grad and not (th.grad_low <= min(grad) and max(grad) <= th.grad_high):
         add("grad", "Gradient norm outside band", "warning",
             f"grad norm {min(grad):.4f} - {max(grad):.4f}, expected {th.grad_low} - {th.grad_high}.")
@@ -206,8 +203,9 @@ def findings(points: Sequence[Point], th: Thresholds = THRESHOLDS) -> list[Findi
     return out
 
 
-def reward_cvs(points: Sequence[Point]) -> list[float]:
-    return [p.reward_std / p.reward for p in points if p.reward and p.reward_std is not None]
+def reward_cvs(points: Sequence[StepRecord]) -> list[float]:
+    return [std / reward for p in points
+            if (reward := logged(p, "reward")) and (std := logged(p, "reward_std")) is not None]
 
 
 # ----------------------------------------------------------------------------- stop criteria
@@ -237,7 +235,7 @@ class StopVerdict:
         return f"not yet evaluable (epoch {self.epoch:g} < {th.stop_epoch:g}); currently failing: {names or 'none'}"
 
 
-def stop_verdict(points: Sequence[Point], passes_share: float | None, th: Thresholds = THRESHOLDS) -> StopVerdict:
+def stop_verdict(points: Sequence[StepRecord], passes_share: float | None, th: Thresholds = THRESHOLDS) -> StopVerdict:
     """The seed's stop criteria ("Stop if at epoch 1.0"): any one failing at/after stop_epoch
     means STOP. `passes_share`: the share of scored completions that passed at least one test
     (None: unknown).

@@ -21,13 +21,12 @@ from __future__ import annotations
 import math
 import re
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 from ocaml_grpo.reward.parts import PARTS, Weights, weight
 from ocaml_grpo.training.dynamic_sampling import DYNAMIC_KEYS
 from ocaml_grpo.reward.group_kinds import KINDS
-from ocaml_grpo.training.health import Point
 from ocaml_grpo.training.metrics import ENGINE_KEYS, REPAIR_KEYS, StepRecord
 
 METRIC_RE = re.compile(r"^\[Epoch\s+([-+0-9.eE]+)\]\s+(.*)$")
@@ -107,43 +106,6 @@ def render(records: list[StepRecord]) -> list[str]:
 
 # ----------------------------------------------------------------------------- reading
 
-@dataclass
-class LogLine:
-    epoch: float
-    raw: str
-    values: dict[str, float]            # reward=0.1±0.07 -> values["reward"], values["reward_std"]
-    text: dict[str, str] = field(default_factory=dict)   # non-numeric extra fields, kept as-is
-    session: int | str = 0              # training sessions before this line; a record's session id
-
-    @classmethod
-    def from_record(cls, r: StepRecord) -> "LogLine":
-        """A metrics.jsonl record as its [Epoch] line would read back, with the record's unrounded
-        values (a metric not logged is left out)."""
-        values = {}
-        for name, attr, _ in LINE_FIELDS:
-            for suffix in ("", "_std"):
-                if getattr(r, attr + suffix, None) is not None:
-                    values[name + suffix] = float(getattr(r, attr + suffix))
-        for k in ("logp_gap", "clipped_share"):
-            if r.engine and r.engine.get(k) is not None:
-                values[f"engine_{k}"] = float(r.engine[k])
-        if r.stub is not None:  # the records' alone (no line shows it): the stub rule reads it
-            values["stub"] = float(r.stub)
-        return cls(r.epoch, metric_line(r), values, session=r.session)
-
-    @property
-    def point(self) -> Point:
-        def logged(key: str) -> float | None:
-            # "nan" stands for a metric the trainer did not log; loss and grad keep it (a
-            # non-finite value there is itself a finding).
-            v = self.values.get(key)
-            return None if v is None or math.isnan(v) else v
-
-        return Point(self.epoch, logged("reward"), logged("reward_std"), logged("frac_zero_std"), logged("entropy"),
-                     self.values.get("grad"), self.values.get("loss"), logged("engine_logp_gap"),
-                     logged("engine_clipped_share"), logged("stub"))
-
-
 # The other line kinds, written by the trainer's callback (ocaml_grpo/training/callbacks.py decides when).
 HEADER_CONFIG = ("GRPO_BATCH_SIZE", "GRPO_GRAD_ACCUM_STEPS", "GRPO_NUM_GENERATIONS", "GRPO_MAX_PROMPT",
                  "GRPO_MAX_COMPLETION", "GRPO_NUM_EPOCHS", "GRPO_LEARNING_RATE", "GRPO_TEMPERATURE", "GRPO_BETA",
@@ -176,8 +138,9 @@ def end_line(ended: str, step: int, epoch: float) -> str:
     return f"# {ended} at step {step}, epoch {epoch:.2f}, {time.strftime('%Y-%m-%d %H:%M:%S')}"
 
 
-def parse_learning_log(path: Path) -> tuple[list[str], list[LogLine], int]:
-    """Return (header lines, metric lines, skipped malformed/truncated metric lines)."""
+def parse_learning_log(path: Path) -> tuple[list[str], list[StepRecord], int]:
+    """Return (header lines, the [Epoch] lines read back as records, skipped malformed/truncated
+    metric lines)."""
     raw_lines = Path(path).read_text(encoding="utf-8", errors="replace").split("\n")
     # The trainer writes whole lines; text after the last "\n" is a line still being written.
     skipped = 1 if raw_lines[-1].strip() else 0
@@ -197,25 +160,42 @@ def parse_learning_log(path: Path) -> tuple[list[str], list[LogLine], int]:
     return header, out, skipped
 
 
-def parse_metric_line(raw: str) -> LogLine:
-    """One `[Epoch ...]` line; ValueError when it is malformed (e.g. cut in half)."""
+# A line's field name -> the record's field (LINE_FIELDS' names where they differ; a `name±std`
+# field fills `<field>` and `<field>_std`).
+LINE_NAMES = {name: attr for name, attr, _ in LINE_FIELDS}
+RECORD_FIELDS = {f.name for f in fields(StepRecord)} - {"step", "epoch", "session", "notes", "line", "extra", "groups",
+                                                        "parts", "repair", "dynamic", "engine"}
+
+
+def parse_metric_line(raw: str) -> StepRecord:
+    """One `[Epoch ...]` line as a record with the values it shows (rounded as shown; "nan": a
+    metric the trainer did not log); ValueError when it is malformed (e.g. cut in half)."""
     m = METRIC_RE.match(raw.strip())
     if not m:
         raise ValueError(raw)
-    values, text = {}, {}
+    shown: dict[str, float] = {}
+    extra: dict[str, float | str] = {}
     for tok in m.group(2).split():
         if not (fm := FIELD_RE.match(tok)):
             raise ValueError(tok)   # e.g. a token cut in half
         key, val = fm.groups()
+        attr = LINE_NAMES.get(key, key)
         if "±" in val:
             mean, std = val.split("±", 1)
-            values[key], values[key + "_std"] = float(mean), float(std)
+            pairs = [(attr, float(mean)), (attr + "_std", float(std))]
         elif NUMBER_RE.fullmatch(val):
-            values[key] = float(val)
+            pairs = [(attr, float(val))]
         else:
-            text[key] = val
-    return LogLine(float(m.group(1)), raw, values, text)
+            extra[key] = val
+            continue
+        for name, v in pairs:
+            if name in RECORD_FIELDS:
+                shown[name] = v
+            else:
+                extra[name] = v
+    return StepRecord(0, float(m.group(1)), line=raw, extra=extra, **shown)
 
 
-def series(lines: list[LogLine], key: str) -> list[float]:
-    return [l.values[key] for l in lines if key in l.values]
+def series(records: list[StepRecord], attr: str) -> list[float]:
+    """The values of `attr` (a StepRecord field or property) where logged, as logged (NaN kept)."""
+    return [v for r in records if (v := getattr(r, attr)) is not None]

@@ -1,8 +1,9 @@
 """The run's machine-readable record: metrics.jsonl in the output directory, one `StepRecord` per
 log step, appended by the trainer's callback (callbacks.LearningLog) through jsonl.py.
 
-Everything else about a log step derives from its record: learning.log's lines (learning_log.py
-renders them), the live health monitor's points, analyze.py's report and plots. The values are
+A log step has this one type: learning.log's lines are rendered from it (learning_log.py), a bare
+learning.log's [Epoch] lines are read back into it (with the line as shown), and the live health
+monitor, analyze.py's report and its plots read it. The values are
 TRL's and the reward function's as logged (unrounded; a NaN stays NaN, a metric not logged is
 null). pandas reads the file as it is: `pd.read_json(path, lines=True)`, a column per field, the
 group kinds as `groups_<kind>` and the reward's parts as `part_<name>`; `stub`, the share of
@@ -66,10 +67,12 @@ def process_memory(status: str = "/proc/self/status") -> tuple[float | None, flo
 
 @dataclass
 class StepRecord:
-    """One log step. Shares (compiled ... crashed, the groups) are of the step's completions and groups."""
-    step: int
+    """One log step. Shares (compiled ... crashed, the groups) are of the step's completions and groups.
+    None: not logged."""
+    step: int                           # 0: read back from a bare learning.log line, which shows no step
     epoch: float
-    session: str = ""                   # the training session (start or resume) that logged it
+    session: str | int = ""             # the training session (start or resume) that logged it; read back
+                                        # from learning.log: the sessions before its line
     loss: float | None = None
     grad_norm: float | None = None
     learning_rate: float | None = None
@@ -98,6 +101,20 @@ class StepRecord:
     rss_gb: float | None = None         # the training process's resident memory at the log step, GB
     peak_rss_gb: float | None = None    # and its peak so far (the kernel's high-water mark)
     notes: list[str] = field(default_factory=list)  # the monitor's lines after the metrics ([Health] ...)
+    # Read back from a bare learning.log only (not in metrics.jsonl): the [Epoch] line as it was
+    # shown, and the fields it shows that no other field holds (numbers, or text kept as written).
+    line: str = ""
+    extra: dict[str, float | str] = field(default_factory=dict)
+
+    @property
+    def logp_gap(self) -> float | None:
+        """The llama.cpp engine's mean per-token |log-probability gap| to the trainer (ENGINE_KEYS)."""
+        return (self.engine or {}).get("logp_gap")
+
+    @property
+    def clipped_share(self) -> float | None:
+        """The share of the engine's importance ratios its bound masked or clipped (ENGINE_KEYS)."""
+        return (self.engine or {}).get("clipped_share")
 
     @classmethod
     def from_logs(cls, step: int, epoch: float, logs: Mapping[str, Any], session: str = "") -> "StepRecord | None":
@@ -120,7 +137,7 @@ class StepRecord:
 
     def to_json(self) -> dict[str, Any]:
         """One metrics.jsonl line: flat, so that each group kind and each part is a column."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("groups", "parts", "repair", "dynamic", "engine", "notes")}
+        out = {k: v for k, v in asdict(self).items() if k not in ("groups", "parts", "repair", "dynamic", "engine", "notes", "line", "extra")}
         out |= {f"groups_{k}": v for k, v in (self.groups or {}).items()}
         out |= {f"part_{k}": v for k, v in self.parts.items()}
         out |= {f"repair_{k}": v for k, v in (self.repair or {}).items()}
@@ -130,7 +147,7 @@ class StepRecord:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "StepRecord":
-        known = {f.name for f in fields(cls)} - {"groups", "parts", "repair", "dynamic", "engine"}
+        known = {f.name for f in fields(cls)} - {"groups", "parts", "repair", "dynamic", "engine", "line", "extra"}
         groups = {k: d[f"groups_{k}"] for k in KINDS} if all(f"groups_{k}" in d for k in KINDS) else None
         repair = {k: d.get(f"repair_{k}") for k in REPAIR_KEYS} if "repair_turns" in d else None
         dynamic = {k: d.get(k) for k in DYNAMIC_KEYS} if "generation_rounds" in d else None
