@@ -51,6 +51,21 @@ SORT_EACH = Problem(id="sort_each7", prompt="(** Sort each array in place. *)\nl
   assert (a = [| 1; 2 |]);
   assert (b = [| 7; 8; 9 |])
 ;;""")
+SWAP_FIRST = Problem(id="swap_first7", prompt="(** Swap the first elements of a and b in place. *)\n"
+                     "let swap_first (p : int array * int array) : unit =", tests="""let () =
+  let a = [| 1; 2 |] and b = [| 9 |] in
+  swap_first (a, b);
+  assert (a = [| 9; 2 |]);
+  assert (b = [| 1 |])
+;;""")
+FILL_SOME = Problem(id="fill_some7", prompt="(** Fill the array, if any, with 7. *)\nlet fill_some (o : int array option) : unit =",
+                    tests="""let () =
+  let a = [| 1; 2 |] in
+  fill_some (Some a);
+  assert (a = [| 7; 7 |]);
+  fill_some None;
+  assert (a = [| 7; 7 |])
+;;""")
 APPLY_ALL = Problem(id="apply_all7", prompt="(** f on each element. *)\nlet apply_all (f : int -> int) (xs : int list) : int list =",
                     tests="""let () =
   assert (apply_all succ [1; 2] = [2; 3]);
@@ -83,8 +98,15 @@ CASES = [
     pytest.param(SAME_LIST, "let same a b = a == b", id="identity-twice", marks=NOT_YET),
     pytest.param(SAME_LIST, "let same a b = a = b", id="identity-structural"),
     # nested mutation: rows sorted in place, and arrays inside a list
-    pytest.param(SORT_ROWS, "let sort_rows m = Array.iter (Array.sort compare) m", id="mutation-rows", marks=NOT_YET),
-    pytest.param(SORT_EACH, "let sort_each l = List.iter (Array.sort compare) l", id="mutation-in-list", marks=NOT_YET),
+    pytest.param(SORT_ROWS, "let sort_rows m = Array.iter (Array.sort compare) m", id="mutation-rows"),
+    pytest.param(SORT_EACH, "let sort_each l = List.iter (Array.sort compare) l", id="mutation-in-list"),
+    # a row replaced, not changed: the tests' old row keeps its contents and is no longer the matrix's
+    pytest.param(SORT_ROWS, "let sort_rows m = Array.iteri (fun i r -> let c = Array.copy r in Array.sort compare c; "
+                 "m.(i) <- c) m", id="mutation-rows-replaced"),
+    # arrays inside a tuple and an option, one changed and one not
+    pytest.param(SWAP_FIRST, "let swap_first (a, b) = let t = a.(0) in a.(0) <- b.(0); b.(0) <- t", id="mutation-in-tuple"),
+    pytest.param(FILL_SOME, "let fill_some o = match o with Some a -> Array.fill a 0 (Array.length a) 7 | None -> ()",
+                 id="mutation-in-option"),
     # the tests' own exceptions raised inside the answer keep their constructor
     pytest.param(APPLY_ALL, "let apply_all f xs = List.map f xs", id="test-exceptions"),
     # a test helper's parameter named `compare` is the tests' closure, not Stdlib's

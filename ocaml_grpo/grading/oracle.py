@@ -181,6 +181,83 @@ class _Gen:
             read = f"(fun r -> {self.W}.r_vals r; {read} r)"
         return f"(fun {' '.join(xs)} -> {self.W}.call h {write} {read})"
 
+    # -- mutation: the mutable blocks inside an argument (arrays in lists, rows of a matrix), written
+    # back in place after each call, a block the answer replaced sent whole (wire.ml, `blit_back`)
+    def mutable_inside(self, t: Type) -> bool:
+        """Whether an array or bytes may sit in a value of this type, through lists, options,
+        tuples and arrays (the prompt's own types and functions are not looked into)."""
+        t = self.resolve(t)
+        if t[0] == "tuple":
+            return any(self.mutable_inside(a) for a in t[1])
+        if t[0] != "con" or t[1] in self.defs or map_key(t[1]) is not None or t[1] in SIGNALS:
+            return False
+        name = ALIASES.get(t[1], t[1])
+        return name in ("array", "bytes") or (name in ("list", "option") and any(self.mutable_inside(a) for a in t[2]))
+
+    def _parts(self, t: Type) -> tuple[str, list[Type]]:
+        t = self.resolve(t)
+        return ("tuple", list(t[1])) if t[0] == "tuple" else (ALIASES.get(t[1], t[1]), list(t[2]))
+
+    def shadow(self, t: Type) -> str:
+        """U: `τ -> σ`, taken before a call: each array's elements that hold mutable blocks, as the
+        answer received them, so that what it replaced can be told from what it changed."""
+        if not self.mutable_inside(t):
+            return "(fun _ -> ())"
+        kind, args = self._parts(t)
+        if kind == "tuple":
+            xs = [f"x{i}" for i in range(len(args))]
+            return f"(fun ({', '.join(xs)}) -> ({', '.join(f'{self.shadow(a)} {x}' for a, x in zip(args, xs))}))"
+        if kind == "array" and self.mutable_inside(args[0]):
+            return f"(fun x -> Stdlib.Array.map (fun y -> (y, {self.shadow(args[0])} y)) x)"
+        if kind in ("list", "option"):
+            return f"(Stdlib.{kind.capitalize()}.map {self.shadow(args[0])})"
+        return "(fun _ -> ())"  # a flat array or bytes: its contents go back whole
+
+    def write_back(self, t: Type, env: dict[str, str]) -> str:
+        """U: `Stdlib.Buffer.t -> τ -> σ -> unit` after a call: the mutable blocks inside the argument,
+        each kept block's contents, each replaced block whole."""
+        W = self.W
+        if not self.mutable_inside(t):
+            return "(fun _ _ _ -> ())"
+        kind, args = self._parts(t)
+        if kind == "tuple":
+            xs, ss = [f"x{i}" for i in range(len(args))], [f"s{i}" for i in range(len(args))]
+            body = "; ".join(f"{self.write_back(a, env)} b {x} {s_}" for a, x, s_ in zip(args, xs, ss))
+            return f"(fun b ({', '.join(xs)}) ({', '.join(ss)}) -> {body})"
+        if kind == "bytes":
+            return f"(fun b x () -> {W}.w_bytes b x)"
+        e = args[0]
+        if kind == "array" and not self.mutable_inside(e):
+            return f"(fun b x () -> {W}.w_array {self.w(e, env)} b x)"
+        if kind == "array":
+            return (f"(fun b x s -> Stdlib.Array.iteri (fun i y -> let (y0, s0) = s.(i) in if y == y0 then "
+                    f"({W}.w_bool b false; {self.write_back(e, env)} b y s0) else ({W}.w_bool b true; {self.w(e, env)} b y)) x)")
+        if kind == "list":
+            return f"(fun b x s -> Stdlib.List.iter2 (fun y s0 -> {self.write_back(e, env)} b y s0) x s)"
+        return f"(fun b x s -> match x, s with Some y, Some s0 -> {self.write_back(e, env)} b y s0 | _ -> ())"
+
+    def read_back(self, t: Type, env: dict[str, str]) -> str:
+        """T: `reader -> τ -> unit`: the oracle's write_back applied in place to the tests' own value
+        (a kept block updated, a replaced one set where it was)."""
+        W = self.W
+        if not self.mutable_inside(t):
+            return "(fun _ _ -> ())"
+        kind, args = self._parts(t)
+        if kind == "tuple":
+            xs = [f"x{i}" for i in range(len(args))]
+            return f"(fun r ({', '.join(xs)}) -> " + "; ".join(f"{self.read_back(a, env)} r {x}" for a, x in zip(args, xs)) + ")"
+        if kind == "bytes":
+            return f"(fun r x -> {W}.bytes_back x ({W}.r_bytes r))"
+        e = args[0]
+        if kind == "array" and not self.mutable_inside(e):
+            return f"(fun r x -> {W}.blit_back x ({W}.r_array {self.r(e, env)} r))"
+        if kind == "array":
+            return (f"(fun r x -> Stdlib.Array.iteri (fun i y -> if {W}.r_bool r then x.(i) <- {self.r(e, env)} r "
+                    f"else {self.read_back(e, env)} r y) x)")
+        if kind == "list":
+            return f"(fun r x -> Stdlib.List.iter ({self.read_back(e, env)} r) x)"
+        return f"(fun r x -> match x with Some y -> {self.read_back(e, env)} r y | None -> ())"
+
     def has_var(self, t: Type) -> bool:
         """Whether values of type variables may cross with a value of this type (both sides agree)."""
         t = self.resolve(t)
@@ -312,6 +389,18 @@ def _param_type(label: str, t: Type) -> Type:
     return ("con", "option", (t,)) if label.startswith("?") else t
 
 
+def _flat(g: _Gen, t: Type) -> str:
+    """A top-level array (of values without mutable blocks) or bytes argument, sent back whole."""
+    kind = _is_array(g, t)
+    return kind if kind == "bytes" or (kind == "array" and not g.mutable_inside(g.resolve(t)[2][0])) else ""
+
+
+def _nested(g: _Gen, label: str, t: Type) -> bool:
+    """An argument holding mutable blocks that are not simply its own contents: arrays in a list,
+    the rows of a matrix."""
+    return not _flat(g, t) and g.mutable_inside(_param_type(label, t))
+
+
 def _same_params(g: _Gen, e: Entry) -> list[int]:
     """The array (or bytes) parameters of the result's own type: the result may be one of them."""
     if not _is_array(g, e.result):
@@ -354,8 +443,9 @@ def _stub(g: _Gen, k: int, e: Entry, signals: bool, instance: str = "", table: s
     if instance:
         writes = f"{wire}.w_int b {instance}; {writes}"
     backs = "".join(f" {wire}.blit_back {x} ({wire}.r_array {g.r(g.resolve(p)[2][0], env)} r);"
-                    if _is_array(g, p) == "array" else f" {wire}.bytes_back {x} ({wire}.r_bytes r);"
-                    for (_, p), x in zip(e.params, xs) if _is_array(g, p))
+                    if _flat(g, p) == "array" else f" {wire}.bytes_back {x} ({wire}.r_bytes r);" if _flat(g, p)
+                    else f" {g.read_back(_param_type(lab, p), env)} r {x};" if _nested(g, lab, p) else ""
+                    for (lab, p), x in zip(e.params, xs))
     same = _same_params(g, e)
     value = g.r(e.result, env) + " r"
     if same:  # the oracle says when the result is one of the arguments, as the tests may check (==)
@@ -473,15 +563,19 @@ def _serve(g: _Gen, k: int, e: Entry, env: dict[str, str], lambdas: tuple["Lambd
     if any(g.has_var(_param_type(lab, p)) for lab, p in e.params):  # the trusted side's values, first
         reads = f"{wire}.r_vals r; " + reads
     args = " ".join(_labelled(lab, x) for (lab, _), x in zip(e.params, xs))
-    backs = "".join(f"; {wire}.w_array {g.w(g.resolve(p)[2][0], env)} b {x}" if _is_array(g, p) == "array"
-                    else f"; {wire}.w_bytes b {x}" for (_, p), x in zip(e.params, xs) if _is_array(g, p))
+    backs = "".join(f"; {wire}.w_array {g.w(g.resolve(p)[2][0], env)} b {x}" if _flat(g, p) == "array"
+                    else f"; {wire}.w_bytes b {x}" if _flat(g, p)
+                    else f"; {g.write_back(_param_type(lab, p), env)} b {x} s{i}" if _nested(g, lab, p) else ""
+                    for i, ((lab, p), x) in enumerate(zip(e.params, xs)))
+    shadows = "".join(f" let s{i} = {g.shadow(_param_type(lab, p))} {x} in"
+                      for i, ((lab, p), x) in enumerate(zip(e.params, xs)) if _nested(g, lab, p))
     call = f"entry_{k} {args}" if e.params else f"entry_{k}"
     write = f"{g.w(e.result, env)} b v"
     same = _same_params(g, e)
     if same:
         which = " else ".join(f"if v == {xs[i]} then {i}" for i in same) + " else -1"
         write = f"(match {which} with -1 -> {wire}.w_int b (-1); {write} | i -> {wire}.w_int b i)"
-    return f"(fun r b -> {reads} {wire}.r_end r; let v = {call} in {write}{backs})"
+    return f"(fun r b -> {reads} {wire}.r_end r;{shadows} let v = {call} in {write}{backs})"
 
 
 def _functor_server(g: _Gen) -> str:
