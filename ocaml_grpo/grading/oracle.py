@@ -401,6 +401,28 @@ def _nested(g: _Gen, label: str, t: Type) -> bool:
     return not _flat(g, t) and g.mutable_inside(_param_type(label, t))
 
 
+# Types whose values are immediate: nothing to alias.
+IMMEDIATE = {"int", "bool", "char", "unit"}
+
+
+def _aliases(g: _Gen, e: Entry) -> dict[int, list[int]]:
+    """Each argument that may be the same block as an earlier one of the same type (`f a a`): the
+    earlier ones. The oracle then gets one block for both, as the answer would in one program.
+    Functions and values of type variables have their own ways (handles; one blob, sharing kept)."""
+    seen: dict[str, list[int]] = {}
+    out: dict[int, list[int]] = {}
+    for i, (lab, p) in enumerate(e.params):
+        t = g.resolve(_param_type(lab, p))
+        if t[0] == "arrow" or g.has_var(t) or (t[0] == "con" and ALIASES.get(t[1], t[1]) in IMMEDIATE
+                                                and t[1] not in g.defs):
+            continue
+        key = g.ty(t, {})
+        if seen.get(key):
+            out[i] = list(seen[key])
+        seen.setdefault(key, []).append(i)
+    return out
+
+
 def _same_params(g: _Gen, e: Entry) -> list[int]:
     """The array (or bytes) parameters of the result's own type: the result may be one of them."""
     if not _is_array(g, e.result):
@@ -436,8 +458,15 @@ def _stub(g: _Gen, k: int, e: Entry, signals: bool, instance: str = "", table: s
     ty = g.ty(full, {}) if e.params else g.ty(e.result, {})
     xs = [f"a{i}" for i in range(len(e.params))]
     binders = " ".join(_labelled(lab, x) for (lab, _), x in zip(e.params, xs))
-    writes = "; ".join([_arg_writer(g, k, i, lab, p, env) + f" b {x}"
-                        for i, ((lab, p), x) in enumerate(zip(e.params, xs))]) or "()"
+    aliases = _aliases(g, e)
+
+    def write(i: int, lab: str, p: Type, x: str) -> str:
+        w = _arg_writer(g, k, i, lab, p, env) + f" b {x}"
+        if i not in aliases:
+            return w
+        same = " else ".join(f"if {x} == {xs[j]} then {wire}.w_int b {j}" for j in aliases[i])
+        return f"({same} else ({wire}.w_int b (-1); {w}))"
+    writes = "; ".join([write(i, lab, p, x) for i, ((lab, p), x) in enumerate(zip(e.params, xs))]) or "()"
     if any(g.has_var(_param_type(lab, p)) for lab, p in e.params):  # the values first, as one blob
         writes = f"{wire}.w_vals tb (fun b -> {writes}) b"
     if instance:
@@ -558,8 +587,15 @@ def _serve(g: _Gen, k: int, e: Entry, env: dict[str, str], lambdas: tuple["Lambd
     the arrays it changed); `env`: the type variables' writers and readers."""
     wire = g.W
     xs = [f"a{i}" for i in range(len(e.params))]
-    reads = " ".join(f"let {x} = {_arg_reader(g, k, i, lab, p, env, lambdas, lambda_unit)} r in"
-                     for i, ((lab, p), x) in enumerate(zip(e.params, xs)))
+    aliases = _aliases(g, e)
+
+    def read(i: int, lab: str, p: Type) -> str:
+        rd = f"{_arg_reader(g, k, i, lab, p, env, lambdas, lambda_unit)} r"
+        if i not in aliases:
+            return rd
+        cases = " | ".join(f"{j} -> {xs[j]}" for j in aliases[i])
+        return f"(match {wire}.r_int r with -1 -> {rd} | {cases} | _ -> Stdlib.raise {wire}.Bad)"
+    reads = " ".join(f"let {x} = {read(i, lab, p)} in" for i, ((lab, p), x) in enumerate(zip(e.params, xs)))
     if any(g.has_var(_param_type(lab, p)) for lab, p in e.params):  # the trusted side's values, first
         reads = f"{wire}.r_vals r; " + reads
     args = " ".join(_labelled(lab, x) for (lab, _), x in zip(e.params, xs))
