@@ -169,7 +169,7 @@ let add a b =
   else if a = 10 then reply "R 3\\nabc"                (* too short for an int *)
   else if a = 100 then reply "C 8\\n\\009\\000\\000\\000\\000\\000\\000\\000"  (* a handle that does not exist *)
   else if a = 7 then reply "X 1\\n?"                   (* an exception no test can name *)
-  else if a = -1 then reply "R 8\\n\\000\\000\\000\\000\\000\\000\\000\\000"  (* the value 0, right *)
+  else if a = -1 then reply ("R 16\\n" ^ String.make 16 '\\000')  (* the partial application's handle, then the value 0, right *)
   else a + b
 '''
 

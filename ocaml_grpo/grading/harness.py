@@ -105,7 +105,8 @@ def render_oracle(solution: str, iface: Interface, wire: str, lambdas: tuple[Lam
     (oracle.entry_check): an entry point that is weak, or whose labels the prompt lacks, fails
     it, and the grader then decides by the tests appended to the answer (grader._compile)."""
     check = entry_check(iface, eta=False) if strict and not iface.functor else ""
-    return "\n".join(_solution_module(solution, iface) + [check + oracle_server(iface, wire, lambdas, lambda_unit)])
+    return "\n".join(_solution_module(solution, iface) + [check + oracle_server(iface, wire, lambdas, lambda_unit,
+                                                                                  direct=bool(check))])
 
 
 def render_entry_check(solution: str, iface: Interface, eta: bool = True) -> str:

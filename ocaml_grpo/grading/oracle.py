@@ -401,6 +401,14 @@ def _nested(g: _Gen, label: str, t: Type) -> bool:
     return not _flat(g, t) and g.mutable_inside(_param_type(label, t))
 
 
+def _staged(e: Entry, signals: bool, instance: str = "") -> bool:
+    """An entry point of two or more unlabelled arguments and no type variables (outside a functor,
+    beside no signal): a partial application of it in the tests happens in the oracle, once, and
+    stays the answer's closure there (wire.ml, `call_staged`), so `let triple = scale 3` is one
+    application of `scale` however often `triple` is called."""
+    return len(e.params) >= 2 and not instance and not signals and not e.vars() and not any(lab for lab, _ in e.params)
+
+
 # Types whose values are immediate: nothing to alias.
 IMMEDIATE = {"int", "bool", "char", "unit"}
 
@@ -481,6 +489,12 @@ def _stub(g: _Gen, k: int, e: Entry, signals: bool, instance: str = "", table: s
         value = (f"(match {wire}.r_int r with -1 -> {value} | "
                  + " | ".join(f"{i} -> {xs[i]}" for i in same) + f" | _ -> Stdlib.raise {wire}.Bad)")
     read = f"(fun r -> let v = {value} in{backs} v)"
+    if _staged(e, signals, instance):
+        ws = "; ".join(f"(fun b -> {write(i, lab, p, x)})" for i, ((lab, p), x) in enumerate(zip(e.params, xs)))
+        ps = [f"p{i}" for i in range(len(xs) - 1)]
+        lam = "".join(f"fun {x} -> let {q} = {wire}.prefix () in " for x, q in zip(xs, ps))
+        body = f"{wire}.call_staged {k} [| {'; '.join(ps)} |] [| {ws} |] {read}"
+        return f"let {e.name} : {ty} = {lam}fun {xs[-1]} -> {body}\n"
     strict = "false" if g.iface.functor or g.named_handles() or signals else "true"
     tb = table or f"{wire}.tokens {len(vs)} {strict}"
     body = (f"let tb = {tb} in " if vs else "") + f"let write b = {writes} in "
@@ -562,21 +576,30 @@ def entry_check(iface: Interface, eta: bool = True) -> str:
     return "".join(entry_binding(g, k, f"_entry_{k}", {}, quantify=True, eta=eta) for k in range(len(iface.entries)))
 
 
-def oracle_server(iface: Interface, wire: str, lambdas: tuple["Lambda", ...] = (), lambda_unit: str = "") -> str:
+def oracle_server(iface: Interface, wire: str, lambdas: tuple["Lambda", ...] = (), lambda_unit: str = "",
+                  direct: bool = False) -> str:
     """U's code after the answer's `Solution` module: each entry point bound at the prompt's type
     (each type variable a token type of its own), registered as handle k, then the serve loop.
-    `lambdas` (compiled in `lambda_unit`): the tests' closures it holds as well."""
+    `lambdas` (compiled in `lambda_unit`): the tests' closures it holds as well. `direct`: the
+    entry points are known to bind directly at the prompt's types (harness.render_oracle's strict
+    check precedes this code), so a staged one is bound as the answer's own function, and its
+    partial applications are the answer's; else through a total application (labels the prompt
+    lacks), whose partial applications do nothing until the last argument."""
     g = _Gen(iface, wire, "U")
     if iface.functor:
         return _functor_server(g)
+    signals = any(mentions(e.result, SIGNALS - set(g.defs)) for e in iface.entries)
     out = [g.codecs(), g.exception_codec()]
     for k, e in enumerate(iface.entries):
         # Each type variable its own abstract token type (wire.ml, Tok<i>): else `fun (a, b) -> (a, b)`
         # would be bound at `'a * 'b -> 'b * 'a`. A weak one is fine, as when tests are appended.
         mods = {v: f"{wire}.Tok{i}" for i, v in enumerate(e.vars())}
-        out.append(entry_binding(g, k, f"entry_{k}", {v: f"{m}.t" for v, m in mods.items()}, quantify=False))
+        staged = _staged(e, signals)
+        out.append(entry_binding(g, k, f"entry_{k}", {v: f"{m}.t" for v, m in mods.items()}, quantify=False,
+                                 eta=not (staged and direct)))
         env = {v: f"{m}.w" for v, m in mods.items()} | {"r:" + v: f"{m}.r" for v, m in mods.items()}
-        out.append(f"let () = ignore ({wire}.register {_serve(g, k, e, env, lambdas, lambda_unit)})\n")
+        serve = _serve_staged if staged else _serve
+        out.append(f"let () = ignore ({wire}.register {serve(g, k, e, env, lambdas, lambda_unit)})\n")
     out.append(f"let () = {wire}.serve ()\n")
     return "".join(out)
 
@@ -612,6 +635,44 @@ def _serve(g: _Gen, k: int, e: Entry, env: dict[str, str], lambdas: tuple["Lambd
         which = " else ".join(f"if v == {xs[i]} then {i}" for i in same) + " else -1"
         write = f"(match {which} with -1 -> {wire}.w_int b (-1); {write} | i -> {wire}.w_int b i)"
     return f"(fun r b -> {reads} {wire}.r_end r;{shadows} let v = {call} in {write}{backs})"
+
+
+def _serve_staged(g: _Gen, k: int, e: Entry, env: dict[str, str], lambdas: tuple["Lambda", ...] = (),
+                  lambda_unit: str = "") -> str:
+    """How the oracle serves a staged entry point (`_staged`): one argument at a time, each partial
+    application registered as a handle the trusted side calls from then on (its number written
+    back), the last one called; then the result and what changed in the arguments, as `_serve`."""
+    wire, n = g.W, len(e.params)
+    xs = [f"a{i}" for i in range(n)]
+    aliases = _aliases(g, e)
+
+    def read(i: int, p: Type) -> str:
+        rd = f"{_arg_reader(g, k, i, '', p, env, lambdas, lambda_unit)} r"
+        if i not in aliases:
+            return rd
+        cases = " | ".join(f"{j} -> {xs[j]}" for j in aliases[i])
+        return f"(match {wire}.r_int r with -1 -> {rd} | {cases} | _ -> Stdlib.raise {wire}.Bad)"
+    backs = "".join(f"; {wire}.w_array {g.w(g.resolve(p)[2][0], env)} b {x}" if _flat(g, p) == "array"
+                    else f"; {wire}.w_bytes b {x}" if _flat(g, p)
+                    else f"; {g.write_back(p, env)} b {x} s{i}" if _nested(g, '', p) else ""
+                    for i, ((_, p), x) in enumerate(zip(e.params, xs)))
+    shadows = "".join(f" let s{i} = {g.shadow(p)} {x} in" for i, ((_, p), x) in enumerate(zip(e.params, xs))
+                      if _nested(g, '', p))
+    write = f"{g.w(e.result, env)} b v"
+    same = _same_params(g, e)
+    if same:
+        which = " else ".join(f"if v == {xs[i]} then {i}" for i in same) + " else -1"
+        write = f"(match {which} with -1 -> {wire}.w_int b (-1); {write} | i -> {wire}.w_int b i)"
+    # stage s: the closure `c` after arguments 0 .. s-1 (held as a0 .. a{s-1}) reads argument s
+    last = n - 1
+    stages = [f"let stage{last} {' '.join(xs[:last])} c = fun r b -> let {xs[last]} = {read(last, e.params[last][1])} in "
+              f"{wire}.r_end r;{shadows} let v = c {xs[last]} in {write}{backs} in"]
+    for s_ in range(last - 1, -1, -1):
+        held = " ".join(xs[:s_ + 1])
+        stages.append(f"let stage{s_} {' '.join(xs[:s_])} c = fun r b -> let {xs[s_]} = {read(s_, e.params[s_][1])} in "
+                      f"let c = c {xs[s_]} in {wire}.w_int b ({wire}.register (stage{s_ + 1} {held} c)); "
+                      f"stage{s_ + 1} {held} c r b in")
+    return "(" + " ".join(stages) + f" stage0 entry_{k})"
 
 
 def _functor_server(g: _Gen) -> str:

@@ -9,7 +9,8 @@
 
    Both link this unit (under a random name, off the allowlist). Messages are frames
    "KIND LEN\n" + LEN bytes: C (call: a handle, then the arguments), R (the return value), X (an
-   exception), Y (U is initialised). Calls go both ways: a function value crossing the wire stays
+   exception), Y (U is initialised), F (T's partial applications it dropped). Calls go both
+   ways: a function value crossing the wire stays
    in its sender's table and reaches the receiver as a handle (the tests' closures passed to a
    higher-order entry point, a function an entry point returns).
 
@@ -490,6 +491,12 @@ let register (f : reader -> Buffer.t -> unit) =
 
 let w_fun b f = w_int b (register f)
 
+(* The oracle: closures the trusted side dropped (`prefix`). Their numbers are never used again. *)
+let drop payload =
+  let r = reader payload in
+  let dead _ _ = raise Bad in
+  List.iter (fun h -> if h >= 0 && h < !count then !table.(h) <- dead) (r_list r_int r)
+
 (* A closure of the tests' text that the oracle holds too, compiled from the same text (oracle.py,
    `shippable`): sent as its number instead of a handle, so a callback costs no round trip. The
    tests mark it where it is written (`shipped`); it is found again by physical equality. *)
@@ -600,6 +607,7 @@ let rec wait read =
   | Some ('X', p) ->
     raise (match decode_exn ~trusted:!trusted p with e -> e | exception _ -> if !trusted then refuse () else fail ())
   | Some ('C', p) -> serve_one p; wait read
+  | Some ('F', p) when not !trusted -> (try drop p with Bad -> fail ()); wait read
   | Some _ -> if !trusted then refuse () else fail ()
 
 (* The oracle says it is initialised before its first call: one that dies before (the answer's
@@ -608,13 +616,40 @@ let is_ready = ref false
 let await_ready () =
   if not !is_ready then (match read_frame () with Some ('Y', "") -> is_ready := true | _ -> fail ())
 
+(* The trusted side's handles of partial applications it no longer holds (`prefix`), told to the
+   oracle before its next call, which drops the closures they stand for. *)
+let freed : int list ref = ref []
+
 let call h write read =
   await_ready ();
+  (match !freed with
+   | [] -> ()
+   | hs -> freed := []; let b = Buffer.create 64 in w_list w_int b hs; send 'F' (Buffer.contents b));
   let b = Buffer.create 64 in
   w_int b h;
   write b;
   send 'C' (Buffer.contents b);
   wait read
+
+(* A partial application of an entry point in the tests (`let triple = scale 3`): it happens in
+   the oracle once, at the first call through it, which leaves the answer's closure there as a
+   handle; later calls go to that closure (oracle.py, `_staged`). `h`: -1 until then. *)
+type prefix = { mutable h : int }
+
+let prefix () =
+  let p = { h = -1 } in
+  Gc.finalise (fun p -> if p.h >= 0 then freed := p.h :: !freed) p;
+  p
+
+(* A total call through the prefixes `ps` of entry point `k` (ps.(i): its closure once arguments 0
+   to i are applied): from the deepest one the oracle holds, with the arguments after it; the
+   oracle replies with a handle for each prefix it made on the way, then the result. *)
+let call_staged k (ps : prefix array) (ws : (Buffer.t -> unit) array) read =
+  let n = Array.length ws in
+  let rec deepest i = if i < 0 || ps.(i).h >= 0 then i else deepest (i - 1) in
+  let d = deepest (n - 2) in
+  call (if d < 0 then k else ps.(d).h) (fun b -> for i = d + 1 to n - 1 do ws.(i) b done)
+    (fun r -> for i = d + 1 to n - 2 do ps.(i).h <- r_int r done; read r)
 
 (* A function value of the peer's, as a handle: calls go to the peer. *)
 let r_handle r = r_int r
@@ -685,5 +720,6 @@ let serve () =
     match read_frame () with
     | None -> exit 0
     | Some ('C', p) -> serve_one p; loop ()
+    | Some ('F', p) -> (try drop p with Bad -> exit 2); loop ()
     | Some _ -> exit 2 in
   loop ()
