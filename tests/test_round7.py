@@ -104,6 +104,19 @@ let () =
   assert (by compare [2; 1] = [1; 2])
 ;;""")
 
+REV_LAZY = Problem(id="rev_lazy7", prompt="(** l reversed. *)\nlet rev_all (l : 'a list) : 'a list =", tests="""let () =
+  let hits = ref 0 in
+  let l = [lazy (incr hits; 1); lazy (incr hits; 2)] in
+  let r = rev_all l in
+  assert (!hits = 0);
+  assert (Lazy.force (List.hd r) = 2);
+  assert (!hits = 1);
+  assert (List.hd r == List.nth l 1);
+  let f = lazy (fun x -> x + 1) in
+  ignore (Lazy.force f);
+  assert (Lazy.force (List.hd (rev_all [f])) 1 = 2)
+;;""")
+
 CASES = [
     # a closure right only once: truth 1/3; replayed per call it earns 3/3
     pytest.param(SCALE, "let scale k = let used = ref false in fun x -> if !used then 0 else (used := true; k * x)",
@@ -135,6 +148,8 @@ CASES = [
     pytest.param(SWAP_FIRST, "let swap_first (a, b) = let t = a.(0) in a.(0) <- b.(0); b.(0) <- t", id="mutation-in-tuple"),
     pytest.param(FILL_SOME, "let fill_some o = match o with Some a -> Array.fill a 0 (Array.length a) 7 | None -> ()",
                  id="mutation-in-option"),
+    # values of a type variable that are lazy, unforced or forced to a function, cross as themselves
+    pytest.param(REV_LAZY, "let rev_all l = List.rev l", id="lazy-values"),
     # the tests' own exceptions raised inside the answer keep their constructor
     pytest.param(APPLY_ALL, "let apply_all f xs = List.map f xs", id="test-exceptions"),
     # a test helper's parameter named `compare` is the tests' closure, not Stdlib's
