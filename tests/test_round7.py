@@ -11,6 +11,7 @@ from conftest import fenced
 from ocaml_grpo.problems import Problem
 from test_round6 import plain_ocaml_passes
 
+APART = pytest.mark.xfail(strict=True, reason="round 7: blocks inside one argument cross as copies (docs/grader.md)")
 NOT_YET = pytest.mark.xfail(strict=True, reason="round 7: a partial application happens at the first call through it (docs/grader.md)")
 
 SCALE = Problem(id="scale7", prompt="(** k times x. *)\nlet scale (k : int) (x : int) : int =", tests="""let () =
@@ -117,6 +118,35 @@ REV_LAZY = Problem(id="rev_lazy7", prompt="(** l reversed. *)\nlet rev_all (l : 
   assert (Lazy.force (List.hd (rev_all [f])) 1 = 2)
 ;;""")
 
+INCR_ALL = Problem(id="incr_all7", prompt="(** Add one to every ref. *)\nlet incr_all (l : int ref list) : unit =",
+                   tests="""let () =
+  let a = ref 1 and b = ref 5 in
+  incr_all [a; b];
+  assert (!a = 2 && !b = 6)
+;;""")
+INCR_TWICE = Problem(id="incr_twice7", prompt=INCR_ALL.prompt, tests="""let () =
+  let a = ref 1 in
+  incr_all [a; a];
+  assert (!a = 3)
+;;""")
+SWAP_REFS = Problem(id="swap_refs7", prompt="(** Swap the contents of a and b. *)\nlet swap_refs (a : 'a ref) (b : 'a ref) : unit =",
+                    tests="""let () =
+  let a = ref "x" and b = ref "y" in
+  swap_refs a b;
+  assert (!a = "y" && !b = "x");
+  let c = ref [| 1 |] and d = ref [| 2 |] in
+  let c0 = !c in
+  swap_refs c d;
+  assert (!d == c0)
+;;""")
+PUSH = Problem(id="push7", prompt="(** Put x in front of the stack. *)\nlet push (s : int list ref) (x : int) : unit =",
+               tests="""let () =
+  let s = ref [] in
+  push s 1;
+  push s 2;
+  assert (!s = [2; 1])
+;;""")
+
 CASES = [
     # a closure right only once: truth 1/3; replayed per call it earns 3/3
     pytest.param(SCALE, "let scale k = let used = ref false in fun x -> if !used then 0 else (used := true; k * x)",
@@ -148,6 +178,13 @@ CASES = [
     pytest.param(SWAP_FIRST, "let swap_first (a, b) = let t = a.(0) in a.(0) <- b.(0); b.(0) <- t", id="mutation-in-tuple"),
     pytest.param(FILL_SOME, "let fill_some o = match o with Some a -> Array.fill a 0 (Array.length a) 7 | None -> ()",
                  id="mutation-in-option"),
+    # refs: their contents written back in place, through a list too, aliased or not
+    pytest.param(INCR_ALL, "let incr_all l = List.iter incr l", id="refs-in-list"),
+    # one block twice inside one argument: two copies in the oracle
+    pytest.param(INCR_TWICE, "let incr_all l = List.iter incr l", id="alias-inside-an-argument", marks=APART),
+    pytest.param(SWAP_REFS, "let swap_refs a b = let t = !a in a := !b; b := t", id="refs-polymorphic"),
+    pytest.param(PUSH, "let push s x = s := x :: !s", id="ref-argument"),
+    pytest.param(PUSH, "let push s x = ignore (ref (x :: !s))", id="ref-argument-untouched"),
     # values of a type variable that are lazy, unforced or forced to a function, cross as themselves
     pytest.param(REV_LAZY, "let rev_all l = List.rev l", id="lazy-values"),
     # the tests' own exceptions raised inside the answer keep their constructor

@@ -16,7 +16,7 @@ from ocaml_grpo.grading import source as src
 from ocaml_grpo.grading.completions import first_word, prompt_definitions
 
 BUILTINS = {"int", "float", "bool", "char", "string", "bytes", "unit", "int32", "int64", "list", "array",
-            "option", "result"}
+            "option", "result", "ref"}
 ALIASES = {"Result.t": "result", "Stdlib.result": "result", "Stdlib.Result.t": "result", "List.t": "list",
            "Option.t": "option", "Array.t": "array", "String.t": "string", "Int.t": "int", "Float.t": "float",
            "Bool.t": "bool", "Char.t": "char", "Bytes.t": "bytes", "Int64.t": "int64", "Int32.t": "int32"}

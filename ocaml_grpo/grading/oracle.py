@@ -151,7 +151,7 @@ class _Gen:
                     f"let k = {W}.r_{k} r in let v = {sub(t[2][0], env)} r in (k, v)) r) with "
                     f"`Ok m -> m | `Duplicate_key _ -> Stdlib.raise {W}.Bad)")
         name = ALIASES.get(t[1], t[1])
-        if name in ("list", "array", "option", "result"):
+        if name in ("list", "array", "option", "result", "ref"):
             return f"({self.W}.{way}_{name} " + " ".join(sub(a, env) for a in t[2]) + ")"
         return f"{self.W}.{way}_{name}"
 
@@ -184,15 +184,15 @@ class _Gen:
     # -- mutation: the mutable blocks inside an argument (arrays in lists, rows of a matrix), written
     # back in place after each call, a block the answer replaced sent whole (wire.ml, `blit_back`)
     def mutable_inside(self, t: Type) -> bool:
-        """Whether an array or bytes may sit in a value of this type, through lists, options,
-        tuples and arrays (the prompt's own types and functions are not looked into)."""
+        """Whether an array, bytes or a ref may sit in a value of this type, through lists, options,
+        tuples, arrays and refs (the prompt's own types and functions are not looked into)."""
         t = self.resolve(t)
         if t[0] == "tuple":
             return any(self.mutable_inside(a) for a in t[1])
         if t[0] != "con" or t[1] in self.defs or map_key(t[1]) is not None or t[1] in SIGNALS:
             return False
         name = ALIASES.get(t[1], t[1])
-        return name in ("array", "bytes") or (name in ("list", "option") and any(self.mutable_inside(a) for a in t[2]))
+        return name in ("array", "bytes", "ref") or (name in ("list", "option") and any(self.mutable_inside(a) for a in t[2]))
 
     def _parts(self, t: Type) -> tuple[str, list[Type]]:
         t = self.resolve(t)
@@ -209,6 +209,8 @@ class _Gen:
             return f"(fun ({', '.join(xs)}) -> ({', '.join(f'{self.shadow(a)} {x}' for a, x in zip(args, xs))}))"
         if kind == "array" and self.mutable_inside(args[0]):
             return f"(fun x -> Stdlib.Array.map (fun y -> (y, {self.shadow(args[0])} y)) x)"
+        if kind == "ref" and self.mutable_inside(args[0]):
+            return f"(fun x -> let y = Stdlib.( ! ) x in (y, {self.shadow(args[0])} y))"
         if kind in ("list", "option"):
             return f"(Stdlib.{kind.capitalize()}.map {self.shadow(args[0])})"
         return "(fun _ -> ())"  # a flat array or bytes: its contents go back whole
@@ -232,6 +234,11 @@ class _Gen:
         if kind == "array":
             return (f"(fun b x s -> Stdlib.Array.iteri (fun i y -> let (y0, s0) = s.(i) in if y == y0 then "
                     f"({W}.w_bool b false; {self.write_back(e, env)} b y s0) else ({W}.w_bool b true; {self.w(e, env)} b y)) x)")
+        if kind == "ref" and not self.mutable_inside(e):
+            return f"(fun b x () -> {self.w(e, env)} b (Stdlib.( ! ) x))"
+        if kind == "ref":
+            return (f"(fun b x (y0, s0) -> let y = Stdlib.( ! ) x in if y == y0 then "
+                    f"({W}.w_bool b false; {self.write_back(e, env)} b y s0) else ({W}.w_bool b true; {self.w(e, env)} b y))")
         if kind == "list":
             return f"(fun b x s -> Stdlib.List.iter2 (fun y s0 -> {self.write_back(e, env)} b y s0) x s)"
         return f"(fun b x s -> match x, s with Some y, Some s0 -> {self.write_back(e, env)} b y s0 | _ -> ())"
@@ -254,6 +261,11 @@ class _Gen:
         if kind == "array":
             return (f"(fun r x -> Stdlib.Array.iteri (fun i y -> if {W}.r_bool r then x.(i) <- {self.r(e, env)} r "
                     f"else {self.read_back(e, env)} r y) x)")
+        if kind == "ref" and not self.mutable_inside(e):
+            return f"(fun r x -> Stdlib.( := ) x ({self.r(e, env)} r))"
+        if kind == "ref":
+            return (f"(fun r x -> if {W}.r_bool r then Stdlib.( := ) x ({self.r(e, env)} r) "
+                    f"else {self.read_back(e, env)} r (Stdlib.( ! ) x))")
         if kind == "list":
             return f"(fun r x -> Stdlib.List.iter ({self.read_back(e, env)} r) x)"
         return f"(fun r x -> match x with Some y -> {self.read_back(e, env)} r y | None -> ())"

@@ -41,6 +41,7 @@ let w_option w b = function None -> Buffer.add_char b '\000' | Some x -> Buffer.
 let w_result wo we b = function
   | Ok x -> Buffer.add_char b '\000'; wo b x
   | Error e -> Buffer.add_char b '\001'; we b e
+let w_ref w b x = w b !x
 let w_tag = w_int  (* a constructor's index in the prompt's declaration *)
 let w_ptag = w_string  (* a polymorphic variant's tag name *)
 
@@ -88,6 +89,7 @@ let r_array rd r =
   end
 let r_option rd r = match r_byte r with '\000' -> None | '\001' -> Some (rd r) | _ -> raise Bad
 let r_result ro re r = match r_byte r with '\000' -> Ok (ro r) | '\001' -> Error (re r) | _ -> raise Bad
+let r_ref rd r = ref (rd r)
 let r_tag = r_int
 let r_ptag = r_string
 let r_end r = if r.pos <> String.length r.s then raise Bad
