@@ -147,6 +147,33 @@ PUSH = Problem(id="push7", prompt="(** Put x in front of the stack. *)\nlet push
   assert (!s = [2; 1])
 ;;""")
 
+ACCOUNT = "type account = { owner : string; mutable balance : int }\n"
+DEPOSIT = Problem(id="deposit7", prompt=ACCOUNT + "\n(** Add x to the balance. *)\nlet deposit (a : account) (x : int) : unit =",
+                  tests="""let () =
+  let a = { owner = "x"; balance = 100 } in
+  deposit a 50;
+  assert (a.balance = 150);
+  deposit a 1;
+  assert (a.balance = 151 && a.owner = "x")
+;;""")
+RESET_ALL = Problem(id="reset_all7", prompt=ACCOUNT + "\n(** Set every balance to 0. *)\nlet reset_all (l : account list) : unit =",
+                    tests="""let () =
+  let a = { owner = "a"; balance = 5 } and b = { owner = "b"; balance = 7 } in
+  reset_all [a; b];
+  assert (a.balance = 0);
+  assert (b.balance = 0)
+;;""")
+BUF = "type buf = { mutable data : int array; mutable len : int }\n"
+PUSH_BUF = Problem(id="push_buf7", prompt=BUF + "\n(** Append x, growing data when full. *)\nlet push_buf (b : buf) (x : int) : unit =",
+                   tests="""let () =
+  let b = { data = [| 0 |]; len = 0 } in
+  let first = b.data in
+  push_buf b 1;
+  assert (b.data == first && first.(0) = 1);
+  push_buf b 2;
+  assert (b.len = 2 && b.data.(1) = 2 && b.data != first)
+;;""")
+
 CASES = [
     # a closure right only once: truth 1/3; replayed per call it earns 3/3
     pytest.param(SCALE, "let scale k = let used = ref false in fun x -> if !used then 0 else (used := true; k * x)",
@@ -185,6 +212,13 @@ CASES = [
     pytest.param(SWAP_REFS, "let swap_refs a b = let t = !a in a := !b; b := t", id="refs-polymorphic"),
     pytest.param(PUSH, "let push s x = s := x :: !s", id="ref-argument"),
     pytest.param(PUSH, "let push s x = ignore (ref (x :: !s))", id="ref-argument-untouched"),
+    # records with mutable fields: a field set, an array in one changed or replaced
+    pytest.param(DEPOSIT, ACCOUNT + "let deposit a x = a.balance <- a.balance + x", id="mutable-field"),
+    pytest.param(DEPOSIT, ACCOUNT + "let deposit a x = ignore { a with balance = a.balance + x }", id="mutable-field-untouched"),
+    pytest.param(RESET_ALL, ACCOUNT + "let reset_all l = List.iter (fun a -> a.balance <- 0) l", id="mutable-fields-in-list"),
+    pytest.param(PUSH_BUF, BUF + "let push_buf b x =\n  if b.len = Array.length b.data then begin\n"
+                 "    let d = Array.make (2 * b.len) 0 in Array.blit b.data 0 d 0 b.len; b.data <- d end;\n"
+                 "  b.data.(b.len) <- x; b.len <- b.len + 1", id="mutable-field-replaced"),
     # values of a type variable that are lazy, unforced or forced to a function, cross as themselves
     pytest.param(REV_LAZY, "let rev_all l = List.rev l", id="lazy-values"),
     # the tests' own exceptions raised inside the answer keep their constructor
@@ -201,3 +235,17 @@ def test_a_value_across_the_wire_behaves_as_in_one_program(scorer, tmp_path, pro
     truth = plain_ocaml_passes(tmp_path, code, problem.tests)
     b = scorer.score_one(problem, fenced(code))
     assert b.compiled and b.tests_passed == truth, (b.tests_passed, truth, b.first_error)
+
+
+def test_a_record_with_a_mutable_field_crosses_only_where_it_can_be_written_back():
+    """Through lists, options, tuples, arrays, refs and records, yes; through a variant, a function,
+    or in a type that holds itself, the problem is unverifiable (no test credit, said why)."""
+    from ocaml_grpo.grading.interface import interface_of
+    assert not interface_of(DEPOSIT.prompt, "deposit").unverifiable
+    assert not interface_of(RESET_ALL.prompt, "reset_all").unverifiable
+    looped = interface_of("type node = { v : int; mutable next : node option }\nlet f (n : node) : unit =", "f")
+    assert "holds a value of its own type" in looped.unverifiable
+    boxed = interface_of(ACCOUNT + "type t = A of account | B\nlet f (x : t) : unit =", "f")
+    assert "constructor holds a record with a mutable field" in boxed.unverifiable
+    called = interface_of(ACCOUNT + "let f (g : account -> unit) : unit =", "f")
+    assert "a function passed or returned" in called.unverifiable

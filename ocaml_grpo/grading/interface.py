@@ -2,7 +2,8 @@
 the prompt's own types and exceptions, and whether all of it has a wire format (ocaml/wire.ml).
 
 What has none (an abstract type, a library type such as `Hashtbl.t`, a functor over anything but an
-ordered type, a mutable field) makes the problem unverifiable: `Interface.unverifiable` says why,
+ordered type, a record with a mutable field where what changes in it cannot be written back: inside
+a variant, through a function, in a type that holds itself) makes the problem unverifiable: `Interface.unverifiable` says why,
 and such a problem earns no test credit. The types are read from the prompt's text; everything
 generated from them is checked by the compiler at both ends (oracle.py).
 """
@@ -63,6 +64,7 @@ class TypeDef:
     params: tuple[str, ...]
     kind: str  # alias | variant | record | poly | abstract | handle (abstract, listed by the interface)
     body: object  # alias: Type; variant: ((ctor, (types...)), ...); record: ((field, Type), ...); poly: tags
+    mutable: frozenset[str] = frozenset()  # a record's mutable fields
 
 
 @dataclass(frozen=True)
@@ -299,17 +301,18 @@ def _parse_typedefs(text: str) -> list[TypeDef]:
 def _parse_body(tk: _Tokens, name: str, params: tuple[str, ...]) -> TypeDef:
     if tk.peek() == "{":
         tk.take()
-        fields = []
+        fields, mutable = [], set()
         while tk.peek() != "}":
             if tk.peek() == "mutable":
-                raise Unverifiable(f"type {name} has a mutable field")
+                tk.take()
+                mutable.add(tk.peek())
             fname = tk.take()
             tk.take(":")
             fields.append((fname, _parse_type(tk)))
             if tk.peek() == ";":
                 tk.take()
         tk.take("}")
-        return TypeDef(name, params, "record", tuple(fields))
+        return TypeDef(name, params, "record", tuple(fields), frozenset(mutable))
     if tk.peek() == "|" or (tk.peek()[:1].isupper() and "." not in tk.peek()):
         ctors = []
         if tk.peek() == "|":
@@ -514,8 +517,54 @@ def _replace_cons(t: Type, names: set[str], by: Type) -> Type:
 # ---------------------------------------------------------------------------------------------
 # What has a wire format.
 
+def _mentions_any(t: Type, names: set[str], defs: dict, seen: set[str]) -> bool:
+    """Whether a value of type `t` may hold a value of one of the types `names`, through every type
+    (the prompt's own looked into once each)."""
+    k = t[0]
+    if k == "con":
+        if t[1] in names:
+            return True
+        if t[1] in defs and t[1] not in seen:
+            seen.add(t[1])
+            d = defs[t[1]]
+            inner = ([d.body] if d.kind in ("alias", "poly") else [a for _, a in d.body] if d.kind == "record"
+                     else [a for _, args in d.body for a in args] if d.kind == "variant" else [])
+            if any(_mentions_any(a, names, defs, seen) for a in inner if a is not None and not isinstance(a, str)):
+                return True
+        return any(_mentions_any(a, names, defs, seen) for a in t[2])
+    if k == "tuple":
+        return any(_mentions_any(a, names, defs, seen) for a in t[1])
+    if k == "arrow":
+        return _mentions_any(t[2], names, defs, seen) or _mentions_any(t[3], names, defs, seen)
+    if k == "poly":
+        return any(a is not None and _mentions_any(a, names, defs, seen) for _, a in t[1])
+    return False
+
+
+def _check_mutable(defs: dict) -> None:
+    """A record with a mutable field crosses when what an entry point changes in it can be written
+    back (oracle._Gen.write_back): not through a variant, and not in a type that refers to itself
+    (_check: nor through a function's arguments)."""
+    mutable = {n for n, d in defs.items() if d.kind == "record" and d.mutable}
+    for n in sorted(mutable):
+        d = defs[n]
+        if any(_mentions_any(a, {n}, defs, set()) for _, a in d.body):
+            raise Unverifiable(f"type {n} has a mutable field and holds a value of its own type")
+    for n, d in defs.items():
+        if d.kind == "variant" and any(_mentions_any(a, mutable, defs, set()) for _, args in d.body for a in args):
+            raise Unverifiable(f"type {n}: a constructor holds a record with a mutable field")
+        if d.kind == "poly" and _mentions_any(d.body, mutable, defs, set()):
+            raise Unverifiable(f"type {n}: a tag holds a record with a mutable field")
+
+
 def _check(iface: Interface) -> None:
     defs = {d.name: d for d in iface.types}
+    _check_mutable(defs)
+    mutable = {n for n, d in defs.items() if d.kind == "record" and d.mutable}
+    for e in iface.entries:
+        for t in [p for _, p in e.params] + [e.result]:
+            if t[0] == "arrow" and _mentions_any(t, mutable, defs, set()):
+                raise Unverifiable(f"{e.name}: a function passed or returned holds a record with a mutable field")
 
     def ok(t: Type, params: tuple[str, ...] | None) -> None:
         kind = t[0]

@@ -189,6 +189,10 @@ class _Gen:
         t = self.resolve(t)
         if t[0] == "tuple":
             return any(self.mutable_inside(a) for a in t[1])
+        if t[0] == "con" and t[1] in self.defs and self.defs[t[1]].kind == "record":
+            # not a type that refers to itself (interface._check_mutable): the recursion ends
+            d = self.defs[t[1]]
+            return bool(d.mutable) or any(self.mutable_inside(a) for _, a in self._fields(t))
         if t[0] != "con" or t[1] in self.defs or map_key(t[1]) is not None or t[1] in SIGNALS:
             return False
         name = ALIASES.get(t[1], t[1])
@@ -196,7 +200,22 @@ class _Gen:
 
     def _parts(self, t: Type) -> tuple[str, list[Type]]:
         t = self.resolve(t)
+        if t[0] == "con" and t[1] in self.defs:
+            return "record", [a for _, a in self._fields(t)]
         return ("tuple", list(t[1])) if t[0] == "tuple" else (ALIASES.get(t[1], t[1]), list(t[2]))
+
+    def _fields(self, t: Type) -> list[tuple[str, Type]]:
+        """A record's fields at this instance of its parameters."""
+        d = self.defs[t[1]]
+        m = dict(zip(d.params, t[2]))
+        return [(f, _subst(a, m)) for f, a in d.body]
+
+    def _record_pieces(self, t: Type) -> list[tuple[str, Type, bool]]:
+        """The fields that matter after a call: (name, type, mutable), those that are mutable or hold
+        mutable blocks."""
+        d = self.defs[self.resolve(t)[1]]
+        return [(f, a, f in d.mutable) for f, a in self._fields(self.resolve(t))
+                if f in d.mutable or self.mutable_inside(a)]
 
     def shadow(self, t: Type) -> str:
         """U: `τ -> σ`, taken before a call: each array's elements that hold mutable blocks, as the
@@ -211,6 +230,9 @@ class _Gen:
             return f"(fun x -> Stdlib.Array.map (fun y -> (y, {self.shadow(args[0])} y)) x)"
         if kind == "ref" and self.mutable_inside(args[0]):
             return f"(fun x -> let y = Stdlib.( ! ) x in (y, {self.shadow(args[0])} y))"
+        if kind == "record":  # each piece's value as received, and its own shadow
+            pieces = self._record_pieces(t)
+            return "(fun x -> (" + ", ".join(f"(x.{self.q}{f}, {self.shadow(a)} x.{self.q}{f})" for f, a, _ in pieces) + ", ()))"
         if kind in ("list", "option"):
             return f"(Stdlib.{kind.capitalize()}.map {self.shadow(args[0])})"
         return "(fun _ -> ())"  # a flat array or bytes: its contents go back whole
@@ -234,6 +256,18 @@ class _Gen:
         if kind == "array":
             return (f"(fun b x s -> Stdlib.Array.iteri (fun i y -> let (y0, s0) = s.(i) in if y == y0 then "
                     f"({W}.w_bool b false; {self.write_back(e, env)} b y s0) else ({W}.w_bool b true; {self.w(e, env)} b y)) x)")
+        if kind == "record":
+            pieces = self._record_pieces(t)
+            ss = [f"s{i}" for i in range(len(pieces))]
+            body = []
+            for (f, a, mut), s_ in zip(pieces, ss):
+                y = f"x.{self.q}{f}"
+                if mut:  # a mutable field: kept (its insides written back) or set anew (written whole)
+                    body.append(f"(let (y0, s0) = {s_} in if {y} == y0 then ({W}.w_bool b false; "
+                                f"{self.write_back(a, env)} b {y} s0) else ({W}.w_bool b true; {self.w(a, env)} b {y}))")
+                else:
+                    body.append(f"(let (_, s0) = {s_} in {self.write_back(a, env)} b {y} s0)")
+            return f"(fun b x ({', '.join(ss)}, ()) -> " + "; ".join(body) + ")"
         if kind == "ref" and not self.mutable_inside(e):
             return f"(fun b x () -> {self.w(e, env)} b (Stdlib.( ! ) x))"
         if kind == "ref":
@@ -261,6 +295,14 @@ class _Gen:
         if kind == "array":
             return (f"(fun r x -> Stdlib.Array.iteri (fun i y -> if {W}.r_bool r then x.(i) <- {self.r(e, env)} r "
                     f"else {self.read_back(e, env)} r y) x)")
+        if kind == "record":
+            body = []
+            for f, a, mut in self._record_pieces(t):
+                if mut:
+                    body.append(f"(if {W}.r_bool r then x.{f} <- {self.r(a, env)} r else {self.read_back(a, env)} r x.{f})")
+                else:
+                    body.append(f"{self.read_back(a, env)} r x.{f}")
+            return "(fun r x -> " + "; ".join(body) + ")"
         if kind == "ref" and not self.mutable_inside(e):
             return f"(fun r x -> Stdlib.( := ) x ({self.r(e, env)} r))"
         if kind == "ref":
