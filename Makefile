@@ -72,7 +72,7 @@ demo: setup
 # The offline bundle, rebuilt when what it is made of changes (its wheels' lists, the launcher's and compile server's sources).
 bundle: $(BUNDLE)
 	@echo "$(BUNDLE): up to date"
-$(BUNDLE): bundle.py requirements.txt requirements-offline.txt ocaml_grpo/grading/launch.c $(wildcard ocaml_grpo/grading/ocaml/*) | setup
+$(BUNDLE): bundle.py ocaml_grpo/commands/offline_bundle.py requirements.txt requirements-offline.txt ocaml_grpo/grading/launch.c $(wildcard ocaml_grpo/grading/ocaml/*) | setup
 	$(PY) bundle.py $@
 
 # Two tiers: `make test` the fast one (everything not marked slow), `make test-slow` the end-to-end

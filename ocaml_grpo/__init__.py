@@ -3,7 +3,8 @@ it (tests/test_layout.py checks it), so each can be read without the ones above:
 
     commands/   the commands' bodies: a GRPO run's phases (preflight.py: config, data and memory
                 before any model loads; grpo_run.py: model, trainer, run), SFT, the demo, the
-                memory estimate, evaluation and its probe, the reward CLI's re-scoring
+                memory estimate, evaluation and its probe, the reward CLI's re-scoring, the
+                offline bundle's build
     report/     the training-health report analyze.py prints (run_report.py), its plots, the
                 groups' and repair turns' reports
     training/   the trainer and what it runs on: callbacks, health rules, learning log, problem
