@@ -254,25 +254,18 @@ class _Gen:
         if kind == "array" and not self.mutable_inside(e):
             return f"(fun b x () -> {W}.w_array {self.w(e, env)} b x)"
         if kind == "array":
-            return (f"(fun b x s -> Stdlib.Array.iteri (fun i y -> let (y0, s0) = s.(i) in if y == y0 then "
-                    f"({W}.w_bool b false; {self.write_back(e, env)} b y s0) else ({W}.w_bool b true; {self.w(e, env)} b y)) x)")
+            return f"(fun b x s -> Stdlib.Array.iteri (fun i y -> let (y0, s0) = s.(i) in {self._slot_w('y', e, env)}) x)"
         if kind == "record":
             pieces = self._record_pieces(t)
             ss = [f"s{i}" for i in range(len(pieces))]
-            body = []
-            for (f, a, mut), s_ in zip(pieces, ss):
-                y = f"x.{self.q}{f}"
-                if mut:  # a mutable field: kept (its insides written back) or set anew (written whole)
-                    body.append(f"(let (y0, s0) = {s_} in if {y} == y0 then ({W}.w_bool b false; "
-                                f"{self.write_back(a, env)} b {y} s0) else ({W}.w_bool b true; {self.w(a, env)} b {y}))")
-                else:
-                    body.append(f"(let (_, s0) = {s_} in {self.write_back(a, env)} b {y} s0)")
+            body = [f"(let (y0, s0) = {s_} in {self._slot_w(f'x.{self.q}{f}', a, env)})" if mut
+                    else f"(let (_, s0) = {s_} in {self.write_back(a, env)} b x.{self.q}{f} s0)"
+                    for (f, a, mut), s_ in zip(pieces, ss)]
             return f"(fun b x ({', '.join(ss)}, ()) -> " + "; ".join(body) + ")"
         if kind == "ref" and not self.mutable_inside(e):
             return f"(fun b x () -> {self.w(e, env)} b (Stdlib.( ! ) x))"
         if kind == "ref":
-            return (f"(fun b x (y0, s0) -> let y = Stdlib.( ! ) x in if y == y0 then "
-                    f"({W}.w_bool b false; {self.write_back(e, env)} b y s0) else ({W}.w_bool b true; {self.w(e, env)} b y))")
+            return f"(fun b x (y0, s0) -> let y = Stdlib.( ! ) x in {self._slot_w('y', e, env)})"
         if kind == "list":
             return f"(fun b x s -> Stdlib.List.iter2 (fun y s0 -> {self.write_back(e, env)} b y s0) x s)"
         return f"(fun b x s -> match x, s with Some y, Some s0 -> {self.write_back(e, env)} b y s0 | _ -> ())"
@@ -293,24 +286,32 @@ class _Gen:
         if kind == "array" and not self.mutable_inside(e):
             return f"(fun r x -> {W}.blit_back x ({W}.r_array {self.r(e, env)} r))"
         if kind == "array":
-            return (f"(fun r x -> Stdlib.Array.iteri (fun i y -> if {W}.r_bool r then x.(i) <- {self.r(e, env)} r "
-                    f"else {self.read_back(e, env)} r y) x)")
+            return f"(fun r x -> Stdlib.Array.iteri (fun i y -> {self._slot_r('x.(i) <- {}', 'y', e, env)}) x)"
         if kind == "record":
-            body = []
-            for f, a, mut in self._record_pieces(t):
-                if mut:
-                    body.append(f"(if {W}.r_bool r then x.{f} <- {self.r(a, env)} r else {self.read_back(a, env)} r x.{f})")
-                else:
-                    body.append(f"{self.read_back(a, env)} r x.{f}")
-            return "(fun r x -> " + "; ".join(body) + ")"
+            return "(fun r x -> " + "; ".join(self._slot_r(f"x.{f} <- {{}}", f"x.{f}", a, env) if mut
+                                              else f"{self.read_back(a, env)} r x.{f}"
+                                              for f, a, mut in self._record_pieces(t)) + ")"
         if kind == "ref" and not self.mutable_inside(e):
             return f"(fun r x -> Stdlib.( := ) x ({self.r(e, env)} r))"
         if kind == "ref":
-            return (f"(fun r x -> if {W}.r_bool r then Stdlib.( := ) x ({self.r(e, env)} r) "
-                    f"else {self.read_back(e, env)} r (Stdlib.( ! ) x))")
+            return f"(fun r x -> {self._slot_r('Stdlib.( := ) x ({})', '(Stdlib.( ! ) x)', e, env)})"
         if kind == "list":
             return f"(fun r x -> Stdlib.List.iter ({self.read_back(e, env)} r) x)"
         return f"(fun r x -> match x with Some y -> {self.read_back(e, env)} r y | None -> ())"
+
+    # A mutable slot (an array's element, a record's mutable field, a ref's contents) holding a value
+    # that may hold mutable blocks itself: the oracle says whether the answer kept what it received
+    # there (its insides written back) or put something else (written whole).
+    def _slot_w(self, y: str, t: Type, env: dict[str, str]) -> str:
+        """U: the slot now holding `y`, received as `y0` with its shadow `s0`."""
+        W = self.W
+        return (f"(if {y} == y0 then ({W}.w_bool b false; {self.write_back(t, env)} b {y} s0) "
+                f"else ({W}.w_bool b true; {self.w(t, env)} b {y}))")
+
+    def _slot_r(self, set_to: str, current: str, t: Type, env: dict[str, str]) -> str:
+        """T: the slot set (`set_to` with the value for {}) or its `current` value updated in place."""
+        return (f"(if {self.W}.r_bool r then {set_to.format(f'({self.r(t, env)} r)')} "
+                f"else {self.read_back(t, env)} r {current})")
 
     def has_var(self, t: Type) -> bool:
         """Whether values of type variables may cross with a value of this type (both sides agree)."""
