@@ -293,8 +293,11 @@ let rec without_closures depth o =
   else
     let t = Obj.tag o in
     if t = Obj.closure_tag || t = Obj.infix_tag then Obj.repr (marker, closure_number o)
-    (* a lazy value, unforced (its closure) or forced to a function: copied like any block, the
-       closure a marker (the answer cannot force a value of a type variable; the tests force their own) *)
+    (* a forced lazy value: its value (compare, hash and Marshal look through it too); a block made
+       with that tag here could be short-circuited by the GC before its field is set *)
+    else if t = Obj.forward_tag then without_closures depth (Obj.field o 0)
+    (* an unforced one: copied like any block, its closure a marker (the answer cannot force a
+       value of a type variable; the tests force their own) *)
     else if t >= Obj.no_scan_tag || t = Obj.object_tag then o
     else begin
       let c = Obj.new_block t (Obj.size o) in
