@@ -173,6 +173,16 @@ PUSH_BUF = Problem(id="push_buf7", prompt=BUF + "\n(** Append x, growing data wh
   push_buf b 2;
   assert (b.len = 2 && b.data.(1) = 2 && b.data != first)
 ;;""")
+REV_LAZY_MANY = Problem(id="rev_lazy7b", prompt=REV_LAZY.prompt, tests="""let () =
+  let l = List.init 20000 (fun i -> lazy (fun x -> x + i)) in
+  List.iteri (fun i z -> if i mod 2 = 0 then ignore (Lazy.force z)) l;
+  let r = rev_all l in
+  assert (Lazy.force (List.hd r) 1 = 20000 && List.for_all2 (==) (List.rev r) l);
+  let m = List.init 20000 (fun i -> lazy (ref i)) in
+  List.iteri (fun i z -> if i mod 3 = 0 then incr (Lazy.force z)) m;
+  let s = rev_all m in
+  assert (!(Lazy.force (List.hd s)) = 19999 && !(Lazy.force (List.nth s 19999)) = 1)
+;;""")
 
 CASES = [
     # a closure right only once: truth 1/3; replayed per call it earns 3/3
@@ -221,6 +231,8 @@ CASES = [
                  "  b.data.(b.len) <- x; b.len <- b.len + 1", id="mutable-field-replaced"),
     # values of a type variable that are lazy, unforced or forced to a function, cross as themselves
     pytest.param(REV_LAZY, "let rev_all l = List.rev l", id="lazy-values"),
+    # many of them, half forced: the copies are made while the collector runs
+    pytest.param(REV_LAZY_MANY, "let rev_all l = List.rev l", id="lazy-values-many"),
     # the tests' own exceptions raised inside the answer keep their constructor
     pytest.param(APPLY_ALL, "let apply_all f xs = List.map f xs", id="test-exceptions"),
     # a test helper's parameter named `compare` is the tests' closure, not Stdlib's
