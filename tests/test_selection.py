@@ -11,7 +11,6 @@ from dataclasses import asdict, replace
 
 import pytest
 
-import analyze
 from ocaml_grpo.report import run_report
 import preloaded
 from conftest import ADD, ROOT, fenced, log_lines, read_jsonl, run_env, small_dataset, train

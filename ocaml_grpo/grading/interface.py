@@ -541,7 +541,7 @@ def _mentions_any(t: Type, names: set[str], defs: dict, seen: set[str]) -> bool:
     return False
 
 
-def _check_mutable(defs: dict) -> None:
+def _check_mutable(defs: dict) -> set[str]:
     """A record with a mutable field crosses when what an entry point changes in it can be written
     back (oracle._Gen.write_back): not through a variant, and not in a type that refers to itself
     (_check: nor through a function's arguments)."""
@@ -555,12 +555,12 @@ def _check_mutable(defs: dict) -> None:
             raise Unverifiable(f"type {n}: a constructor holds a record with a mutable field")
         if d.kind == "poly" and _mentions_any(d.body, mutable, defs, set()):
             raise Unverifiable(f"type {n}: a tag holds a record with a mutable field")
+    return mutable
 
 
 def _check(iface: Interface) -> None:
     defs = {d.name: d for d in iface.types}
-    _check_mutable(defs)
-    mutable = {n for n, d in defs.items() if d.kind == "record" and d.mutable}
+    mutable = _check_mutable(defs)  # the records with a mutable field
     for e in iface.entries:
         for t in [p for _, p in e.params] + [e.result]:
             if t[0] == "arrow" and _mentions_any(t, mutable, defs, set()):

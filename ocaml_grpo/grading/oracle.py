@@ -659,37 +659,55 @@ def oracle_server(iface: Interface, wire: str, lambdas: tuple["Lambda", ...] = (
     return "".join(out)
 
 
-def _serve(g: _Gen, k: int, e: Entry, env: dict[str, str], lambdas: tuple["Lambda", ...] = (),
-           lambda_unit: str = "") -> str:
-    """How the oracle serves calls of `entry_k`: read the arguments, call, write the result (and
-    the arrays it changed); `env`: the type variables' writers and readers."""
-    wire = g.W
-    xs = [f"a{i}" for i in range(len(e.params))]
-    aliases = _aliases(g, e)
+def _arg_reads(g: _Gen, k: int, e: Entry, env: dict[str, str], lambdas: tuple["Lambda", ...],
+               lambda_unit: str):
+    """The oracle's reader of argument i (`read(i)`): an argument that may be an earlier one of its
+    type (`_aliases`) is that one when the trusted side says so."""
+    wire, xs, aliases = g.W, [f"a{i}" for i in range(len(e.params))], _aliases(g, e)
 
-    def read(i: int, lab: str, p: Type) -> str:
+    def read(i: int) -> str:
+        lab, p = e.params[i]
         rd = f"{_arg_reader(g, k, i, lab, p, env, lambdas, lambda_unit)} r"
         if i not in aliases:
             return rd
         cases = " | ".join(f"{j} -> {xs[j]}" for j in aliases[i])
         return f"(match {wire}.r_int r with -1 -> {rd} | {cases} | _ -> Stdlib.raise {wire}.Bad)"
-    reads = " ".join(f"let {x} = {read(i, lab, p)} in" for i, ((lab, p), x) in enumerate(zip(e.params, xs)))
-    if any(g.has_var(_param_type(lab, p)) for lab, p in e.params):  # the trusted side's values, first
-        reads = f"{wire}.r_vals r; " + reads
-    args = " ".join(_labelled(lab, x) for (lab, _), x in zip(e.params, xs))
+    return read
+
+
+def _call_and_reply(g: _Gen, e: Entry, env: dict[str, str], call: str) -> str:
+    """The oracle's code once every argument is read (a0 ...): the shadows of the arguments that
+    hold mutable blocks, `call` as `v`, the result (or which argument it is), then what changed in
+    the arguments."""
+    wire = g.W
+    xs = [f"a{i}" for i in range(len(e.params))]
     backs = "".join(f"; {wire}.w_array {g.w(g.resolve(p)[2][0], env)} b {x}" if _flat(g, p) == "array"
                     else f"; {wire}.w_bytes b {x}" if _flat(g, p)
                     else f"; {g.write_back(_param_type(lab, p), env)} b {x} s{i}" if _nested(g, lab, p) else ""
                     for i, ((lab, p), x) in enumerate(zip(e.params, xs)))
     shadows = "".join(f" let s{i} = {g.shadow(_param_type(lab, p))} {x} in"
                       for i, ((lab, p), x) in enumerate(zip(e.params, xs)) if _nested(g, lab, p))
-    call = f"entry_{k} {args}" if e.params else f"entry_{k}"
     write = f"{g.w(e.result, env)} b v"
     same = _same_params(g, e)
     if same:
         which = " else ".join(f"if v == {xs[i]} then {i}" for i in same) + " else -1"
         write = f"(match {which} with -1 -> {wire}.w_int b (-1); {write} | i -> {wire}.w_int b i)"
-    return f"(fun r b -> {reads} {wire}.r_end r;{shadows} let v = {call} in {write}{backs})"
+    return f"{shadows} let v = {call} in {write}{backs}"
+
+
+def _serve(g: _Gen, k: int, e: Entry, env: dict[str, str], lambdas: tuple["Lambda", ...] = (),
+           lambda_unit: str = "") -> str:
+    """How the oracle serves calls of `entry_k`: read the arguments, call, write the result (and
+    what it changed in the arguments); `env`: the type variables' writers and readers."""
+    wire = g.W
+    xs = [f"a{i}" for i in range(len(e.params))]
+    read = _arg_reads(g, k, e, env, lambdas, lambda_unit)
+    reads = " ".join(f"let {x} = {read(i)} in" for i, x in enumerate(xs))
+    if any(g.has_var(_param_type(lab, p)) for lab, p in e.params):  # the trusted side's values, first
+        reads = f"{wire}.r_vals r; " + reads
+    args = " ".join(_labelled(lab, x) for (lab, _), x in zip(e.params, xs))
+    call = f"entry_{k} {args}" if e.params else f"entry_{k}"
+    return f"(fun r b -> {reads} {wire}.r_end r;{_call_and_reply(g, e, env, call)})"
 
 
 def _serve_staged(g: _Gen, k: int, e: Entry, env: dict[str, str], lambdas: tuple["Lambda", ...] = (),
@@ -699,32 +717,14 @@ def _serve_staged(g: _Gen, k: int, e: Entry, env: dict[str, str], lambdas: tuple
     back), the last one called; then the result and what changed in the arguments, as `_serve`."""
     wire, n = g.W, len(e.params)
     xs = [f"a{i}" for i in range(n)]
-    aliases = _aliases(g, e)
-
-    def read(i: int, p: Type) -> str:
-        rd = f"{_arg_reader(g, k, i, '', p, env, lambdas, lambda_unit)} r"
-        if i not in aliases:
-            return rd
-        cases = " | ".join(f"{j} -> {xs[j]}" for j in aliases[i])
-        return f"(match {wire}.r_int r with -1 -> {rd} | {cases} | _ -> Stdlib.raise {wire}.Bad)"
-    backs = "".join(f"; {wire}.w_array {g.w(g.resolve(p)[2][0], env)} b {x}" if _flat(g, p) == "array"
-                    else f"; {wire}.w_bytes b {x}" if _flat(g, p)
-                    else f"; {g.write_back(p, env)} b {x} s{i}" if _nested(g, '', p) else ""
-                    for i, ((_, p), x) in enumerate(zip(e.params, xs)))
-    shadows = "".join(f" let s{i} = {g.shadow(p)} {x} in" for i, ((_, p), x) in enumerate(zip(e.params, xs))
-                      if _nested(g, '', p))
-    write = f"{g.w(e.result, env)} b v"
-    same = _same_params(g, e)
-    if same:
-        which = " else ".join(f"if v == {xs[i]} then {i}" for i in same) + " else -1"
-        write = f"(match {which} with -1 -> {wire}.w_int b (-1); {write} | i -> {wire}.w_int b i)"
+    read = _arg_reads(g, k, e, env, lambdas, lambda_unit)
     # stage s: the closure `c` after arguments 0 .. s-1 (held as a0 .. a{s-1}) reads argument s
     last = n - 1
-    stages = [f"let stage{last} {' '.join(xs[:last])} c = fun r b -> let {xs[last]} = {read(last, e.params[last][1])} in "
-              f"{wire}.r_end r;{shadows} let v = c {xs[last]} in {write}{backs} in"]
+    stages = [f"let stage{last} {' '.join(xs[:last])} c = fun r b -> let {xs[last]} = {read(last)} in "
+              f"{wire}.r_end r;{_call_and_reply(g, e, env, f'c {xs[last]}')} in"]
     for s_ in range(last - 1, -1, -1):
         held = " ".join(xs[:s_ + 1])
-        stages.append(f"let stage{s_} {' '.join(xs[:s_])} c = fun r b -> let {xs[s_]} = {read(s_, e.params[s_][1])} in "
+        stages.append(f"let stage{s_} {' '.join(xs[:s_])} c = fun r b -> let {xs[s_]} = {read(s_)} in "
                       f"let c = c {xs[s_]} in {wire}.w_int b ({wire}.register (stage{s_ + 1} {held} c)); "
                       f"stage{s_ + 1} {held} c r b in")
     return "(" + " ".join(stages) + f" stage0 entry_{k})"
