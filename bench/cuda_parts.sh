@@ -15,7 +15,8 @@
 # CPU, then no machine was lent; how long the 18 calls take is not measured yet). The flags planned
 # for it (issue #55's 1.5B arm; the step count a guess to fit what the transfers leave of 15 minutes):
 # --arms base,base_grpo --k 8 --multiple 0 --batch-problems 24 --no-selection --dynamic --no-pool-eval
-# --pool 99 --grpo-steps 20 --grpo-prompts 2 --grpo-generations 8 --grpo-lr 5e-5 --grpo-min-lines 0 (a GRPO stage the box cuts resumes from its checkpoint when the same call runs again).
+# --pool 99 --grpo-steps 20 --grpo-prompts 2 --grpo-generations 8 --grpo-lr 5e-5 --grpo-min-lines 0
+# (a GRPO stage the box cuts resumes from its checkpoint when the same call runs again).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
