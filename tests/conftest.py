@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 BENCHMARKS_DIR = Path(os.environ.get("BENCHMARKS_DIR") or ROOT.parent / "shared" / "benchmarks")
 # Rows written for these tests: OUnit-style tests, a problem that needs `base`, a MultiPL-E-style
-# `let candidate = ...` block and an invalid entry point (each with a solution and a stub) ...
+# `let candidate = ...` block, an invalid entry point and an abstract type the tests compare (each
+# with a solution and a stub) ...
 GRADED = FIXTURES / "problems_graded.jsonl"
 # ... and rows no answer can pass, each with the audit reason it must get (`expect`).
 BROKEN = FIXTURES / "problems_broken.jsonl"

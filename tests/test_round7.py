@@ -1,9 +1,8 @@
 """Round 7's shapes: a value that crosses between the answer's process and the tests' keeps its
 identity, its aliases and its mutations, and a partial application the tests make once happens
 once. The truth for each is plain `ocaml` with the tests appended, each assertion on its own
-(test_round6.plain_ocaml_passes). Where today's grader differs from the truth, the case is an
-expected failure (strict: it must flip when the wire keeps one program's semantics; docs/grader.md,
-"Not covered yet").
+(test_round6.plain_ocaml_passes). What the wire does not keep yet is listed in docs/grader.md,
+"Not covered yet".
 """
 import pytest
 
@@ -11,8 +10,6 @@ from conftest import fenced
 from ocaml_grpo.problems import Problem
 from test_round6 import plain_ocaml_passes
 
-APART = pytest.mark.xfail(strict=True, reason="round 7: blocks inside one argument cross as copies (docs/grader.md)")
-NOT_YET = pytest.mark.xfail(strict=True, reason="round 7: a partial application happens at the first call through it (docs/grader.md)")
 
 SCALE = Problem(id="scale7", prompt="(** k times x. *)\nlet scale (k : int) (x : int) : int =", tests="""let () =
   let triple = scale 3 in
@@ -36,6 +33,18 @@ CLAMP = Problem(id="clamp7", prompt="(** x clamped to [lo, hi]. *)\nlet clamp (l
 SCALE_CHECKED = Problem(id="scale7b", prompt=SCALE.prompt, tests="""let () =
   assert (try ignore (scale 0); false with Invalid_argument _ -> true);
   assert (scale 2 3 = 6)
+;;""")
+CLAMP_CHECKED = Problem(id="clamp7b", prompt=CLAMP.prompt, tests="""let () =
+  let from5 = clamp 5 in
+  assert (try ignore (clamp 5 1); false with Invalid_argument _ -> true);
+  assert (from5 9 7 = 7);
+  assert (try ignore (from5 1 7); false with Invalid_argument _ -> true)
+;;""")
+SCALE_ONCE = Problem(id="scale7d", prompt=SCALE.prompt, tests="""let () =
+  let triple = scale 3 in
+  assert (try ignore (triple (-1)); false with Invalid_argument _ -> true);
+  assert (triple 2 = 6);
+  assert (triple 5 = 15)
 ;;""")
 REVERSE_INTO = Problem(id="reverse_into7", prompt=(
     "(** Write src reversed into dst (same length). *)\nlet reverse_into (src : int array) (dst : int array) : unit ="),
@@ -187,6 +196,71 @@ REV_LAZY_MANY = Problem(id="rev_lazy7b", prompt=REV_LAZY.prompt, tests="""let ()
   assert (!(Lazy.force (List.nth s 19999)) = 1)
 ;;""")
 
+# Values of an abstract type: `=`, `compare` and `Hashtbl.hash` as on their representation, deep in
+# lists and hash tables too (a counter that bumps in place is the same value after; nan is unordered).
+COUNTER_IFACE = ("(** A counter.\n*)\n(* Implement the following interface (counter.mli):\ntype counter\n\n"
+                 "val make : int -> counter\n\nval bump : counter -> counter\n\nval get : counter -> int\n*)\n"
+                 "let rec get (x : counter) : int =")
+COUNTER_EQ = Problem(id="counter_eq7", prompt=COUNTER_IFACE, tests="""let () =
+  assert (make 1 = make 1);
+  assert (bump (make 0) = make 1);
+  assert (bump (make 0) <> make 0);
+  assert (compare (make 2) (make 3) < 0);
+  assert (List.mem (make 2) [make 1; make 2]);
+  assert (List.sort compare [make 3; make 1; make 2] = [make 1; make 2; make 3]);
+  assert (Hashtbl.hash (make 5) = Hashtbl.hash (make 5));
+  let h = Hashtbl.create 4 in
+  Hashtbl.replace h (make 1) "one";
+  assert (Hashtbl.find h (make 1) = "one");
+  let c = make 0 in
+  let d = bump c in
+  assert (c = d)
+;;""")
+COUNTER = "type counter = int ref\nlet make n = ref n\nlet get c = !c\n"
+COUNTER_NAN = Problem(id="counter_nan7", prompt=COUNTER_IFACE, tests="""let () =
+  assert (make 0 = make 0);
+  assert (compare (make 0) (make 0) = 0);
+  assert (not (make 0 < make 1));
+  assert (make 1 = make 1)
+;;""")
+STACK_IFACE = ("(** A stack.\n*)\n(* Implement the following interface (stack.mli):\ntype 'a stack\n\n"
+               "val empty : unit -> 'a stack\n\nval push : 'a -> 'a stack -> 'a stack\n\nval top : 'a stack -> 'a option\n*)\n"
+               "let rec top (s : 'a stack) : 'a option =")
+STACKS = Problem(id="stacks7", prompt=STACK_IFACE, tests="""let () =
+  assert (top (push 1 (empty ())) = Some 1);
+  let inner = push 2 (empty ()) in
+  let outer = push inner (empty ()) in
+  assert (top outer = Some inner);
+  assert (match top outer with Some s -> top s = Some 2 | None -> false);
+  assert (push 1 (empty ()) = push 1 (empty ()))
+;;""")
+ZERO_ROW = Problem(id="zero_row7", prompt=(
+    "(** Zero row, then set m.(0).(0) to 7. *)\nlet zero_row (m : int array array) (row : int array) : unit ="),
+    tests="""let () =
+  let m = [| [| 1; 2 |]; [| 3; 4 |] |] in
+  zero_row m m.(1);
+  assert (m = [| [| 7; 2 |]; [| 0; 0 |] |]);
+  let m = [| [| 1; 2 |]; [| 3; 4 |] |] in
+  zero_row m m.(0);
+  assert (m.(0) = [| 7; 0 |]);
+  let r = [| 5 |] in
+  let m = [| r; r |] in
+  zero_row m [| 1 |];
+  assert (m.(1).(0) = 7)
+;;""")
+SCALE_ALL = Problem(id="scale_all7", prompt="(** Double every element of every array, in place. *)\nlet scale_all (rows : int array list) : unit =",
+                    tests="""let () =
+  let a = [| 1; 2 |] in
+  scale_all [a; [| 3 |]];
+  assert (a = [| 2; 4 |]);
+  let b = [| 1 |] in
+  scale_all [b; b; b];
+  assert (b = [| 8 |]);
+  let e = [||] in
+  scale_all [e; e];
+  assert (e = [||])
+;;""")
+
 CASES = [
     # a closure right only once: truth 1/3; replayed per call it earns 3/3
     pytest.param(SCALE, "let scale k = let used = ref false in fun x -> if !used then 0 else (used := true; k * x)",
@@ -199,7 +273,18 @@ CASES = [
                  "if !calls > 1 then -1 else max lo (min hi x)", id="partial-three"),
     # validated early: the partial application itself raises in one program
     pytest.param(SCALE_CHECKED, "let scale k = if k = 0 then invalid_arg \"scale\" else fun x -> k * x",
-                 id="partial-raises-early", marks=NOT_YET),
+                 id="partial-raises-early"),
+    # applied short of its arity, a function runs nothing: `scale 0` does not raise here
+    pytest.param(SCALE_CHECKED, "let scale k x = if k = 0 then invalid_arg \"scale\" else k * x",
+                 id="partial-runs-nothing"),
+    # the second of three arguments runs the answer's code (`clamp 5 1` raises), the first does not
+    pytest.param(CLAMP_CHECKED, "let clamp lo = fun hi -> if hi < lo then invalid_arg \"clamp\" else fun x -> max lo (min hi x)",
+                 id="partial-raises-at-the-second"),
+    pytest.param(CLAMP_CHECKED, "let clamp lo hi x = if hi < lo then invalid_arg \"clamp\" else max lo (min hi x)",
+                 id="partial-raises-at-the-last"),
+    # a partial application made once, whatever its calls raise after it
+    pytest.param(SCALE_ONCE, "let made = ref 0\nlet scale k = incr made; if !made > 1 then failwith \"twice\" "
+                 "else fun x -> if x < 0 then invalid_arg \"x\" else k * x", id="partial-once-after-a-raise"),
     pytest.param(SCALE, "let scale k x = k * x", id="partial-honest"),
     # aliasing: a naive reverse into itself is wrong in OCaml
     pytest.param(REVERSE_INTO, "let reverse_into src dst =\n  let n = Array.length src in\n"
@@ -221,7 +306,13 @@ CASES = [
     # refs: their contents written back in place, through a list too, aliased or not
     pytest.param(INCR_ALL, "let incr_all l = List.iter incr l", id="refs-in-list"),
     # one block twice inside one argument: two copies in the oracle
-    pytest.param(INCR_TWICE, "let incr_all l = List.iter incr l", id="alias-inside-an-argument", marks=APART),
+    pytest.param(INCR_TWICE, "let incr_all l = List.iter incr l", id="alias-inside-an-argument"),
+    pytest.param(ZERO_ROW, "let zero_row m row = Array.fill row 0 (Array.length row) 0; m.(0).(0) <- 7",
+                 id="alias-between-arguments"),
+    pytest.param(SCALE_ALL, "let scale_all rows = List.iter (fun r -> Array.iteri (fun i x -> r.(i) <- 2 * x) r) rows",
+                 id="alias-in-a-list-of-arrays"),
+    pytest.param(SCALE_ALL, "let scale_all rows = List.iter (fun r -> ignore (Array.map (fun x -> 2 * x) r)) rows",
+                 id="alias-in-a-list-of-arrays-untouched"),
     pytest.param(SWAP_REFS, "let swap_refs a b = let t = !a in a := !b; b := t", id="refs-polymorphic"),
     pytest.param(PUSH, "let push s x = s := x :: !s", id="ref-argument"),
     pytest.param(PUSH, "let push s x = ignore (ref (x :: !s))", id="ref-argument-untouched"),
@@ -242,6 +333,17 @@ CASES = [
     pytest.param(SORT_WITH, "let sort_with cmp xs = List.sort cmp xs", id="test-parameter"),
     pytest.param(SORT_WITH_LAMBDA, "let sort_with cmp xs = List.sort cmp xs", id="test-parameter-in-a-closure"),
     pytest.param(SORT_WITH, "let sort_with _ xs = List.sort compare xs", id="test-parameter-ignored"),
+    # values of an abstract type compare and hash as their representations
+    pytest.param(COUNTER_EQ, COUNTER + "let bump c = ref (!c + 1)", id="abstract-equal"),
+    pytest.param(COUNTER_EQ, COUNTER + "let bump c = c", id="abstract-bump-does-nothing"),
+    pytest.param(COUNTER_EQ, COUNTER + "let bump c = incr c; c", id="abstract-bump-in-place"),
+    pytest.param(COUNTER_EQ, "type counter = { n : int; f : unit -> int }\nlet make n = { n; f = (fun () -> n) }\n"
+                 "let get c = c.f ()\nlet bump c = make (c.n + 1)", id="abstract-holding-a-closure"),
+    pytest.param(COUNTER_NAN, "type counter = float\nlet make n = if n = 0 then Float.nan else float n\n"
+                 "let get c = int_of_float c\nlet bump c = c +. 1.", id="abstract-unordered"),
+    # a stack of stacks: the tests' handles cross inside values of a type variable, and come back
+    pytest.param(STACKS, "type 'a stack = 'a list\nlet empty () = []\nlet push x s = x :: s\n"
+                 "let top = function [] -> None | x :: _ -> Some x", id="abstract-inside-a-type-variable"),
 ]
 
 

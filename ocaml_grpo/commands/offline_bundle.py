@@ -15,7 +15,9 @@ from pathlib import Path
 from ocaml_grpo.grading import toolcache
 from ocaml_grpo.grading.server import build_server, server_sources
 from ocaml_grpo.config.settings import cache_dir
+from ocaml_grpo.grading.harness import HANDLES_C
 from ocaml_grpo.grading.sandbox import build_launcher, launcher_sources
+from ocaml_grpo.grading.trusted import build_handle_stubs
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: its requirements files and dist/
 ARCHIVE = ROOT / "dist" / "ocaml-grpo-offline.tar.xz"
@@ -140,6 +142,8 @@ def toolchain(dest: Path) -> None:
     for name, exe, sources in (("launch", build_launcher(cache), launcher_sources()),
                                ("compile_server", build_server(cache), list(server_sources().values()))):
         copy(exe, dest / toolcache.PREBUILT / toolcache.binary_name(name, sources))
+    # the handles' primitives, which the bundle's bytecode trusted programs load (trusted.py)
+    copy(build_handle_stubs(cache), dest / toolcache.STUBLIBS / f"dll{toolcache.binary_name('handles', [HANDLES_C])}.so")
 
     # What is in it, and the oldest glibc its binaries run with (the newest symbol version they name).
     packages_versions = re.sub(r" \[distributed with .*\]", "", run(["ocamlfind", "query", "-format", "%p %v", *packages]))

@@ -20,6 +20,7 @@ from ocaml_grpo.grading.interface import Interface
 from ocaml_grpo.grading.oracle import Lambda, entry_aliases, entry_check, oracle_server, trusted_stubs
 
 WIRE_ML = (Path(__file__).resolve().parent / "ocaml" / "wire.ml").read_text()
+HANDLES_C = (Path(__file__).resolve().parent / "ocaml" / "handles.c").read_text()  # the trusted program's, for abstract types
 ENTRY_FILE = "entry.ml"  # where the oracle binds the entry points: an error there is the answer's
 
 _plan_lock = threading.Lock()

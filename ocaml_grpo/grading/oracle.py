@@ -15,12 +15,15 @@ instances: one per application in the tests, its values' calls carrying the inst
 """
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 from ocaml_grpo.grading import source as src
 from ocaml_grpo.grading.completions import OCAML_KEYWORDS
 from ocaml_grpo.grading.interface import (ALIASES, BUILTINS, ELEMENT_VAR, MAP_KEYS, ORDERED_SIG, SIGNALS, Entry,
                                           Functor, Interface, Type, map_key, mentions)
+
+HANDLES = "Handles__"  # T's module of the handles' primitives (ocaml/handles.c)
 
 # ---------------------------------------------------------------------------------------------
 # Code generation. `side` is "T" (prompt types in scope) or "U" (the answer's, as Solution.*).
@@ -30,6 +33,7 @@ class _Gen:
         self.iface, self.W, self.side = iface, wire, side
         self.defs = {d.name: d for d in iface.types}
         self.q = "" if side == "T" else "Solution."
+        self.share = False  # the mutable blocks written or read now are shared within the frame (`sharing`)
 
     def resolve(self, t: Type) -> Type:
         """Aliases of the prompt expanded (their parameters substituted)."""
@@ -75,13 +79,13 @@ class _Gen:
         if k == "var":
             return env[t[1]]
         if k == "con":
-            return self.con(t, env, "w")
+            return self.shared(t, self.con(t, env, "w"), "w")
         if k == "tuple":
             xs = [f"x{i}" for i in range(len(t[1]))]
             body = "; ".join(f"{self.w(a, env)} b {x}" for a, x in zip(t[1], xs))
             return f"(fun b ({', '.join(xs)}) -> {body})"
         if k == "arrow":
-            return f"(fun b f -> {W}.w_fun b {self.invoker(t, env)})"
+            return f"(fun b f -> {W}.w_fun b {self.unshared(self.invoker, t, env)})"
         if k == "poly":
             cases = []
             for tag, a in t[1]:
@@ -100,13 +104,13 @@ class _Gen:
         if k == "var":
             return env["r:" + t[1]]
         if k == "con":
-            return self.con(t, env, "r")
+            return self.shared(t, self.con(t, env, "r"), "r")
         if k == "tuple":
             xs = [f"x{i}" for i in range(len(t[1]))]
             reads = " ".join(f"let {x} = {self.r(a, env)} r in" for a, x in zip(t[1], xs))
             return f"(fun r -> {reads} ({', '.join(xs)}))"
         if k == "arrow":
-            return f"(fun r -> let h = {W}.r_handle r in {self.proxy(t, env)})"
+            return f"(fun r -> let h = {W}.r_handle r in {self.unshared(self.proxy, t, env)})"
         if k == "poly":
             cases = []
             for tag, a in t[1]:
@@ -116,6 +120,30 @@ class _Gen:
                     cases.append(f"{_ocaml_string(tag)} -> `{tag} ({self.r(a, env)} r)")
             return f"(fun r -> match {W}.r_ptag r with " + " | ".join(cases) + f" | _ -> Stdlib.raise {W}.Bad)"
         raise AssertionError(t)
+
+    # -- sharing: the same mutable block twice among one frame's arguments (`incr_all [a; a]`, a
+    # matrix and one of its rows) reaches the oracle as one block (wire.ml, `w_shared`)
+    def shared(self, t: Type, codec: str, way: str) -> str:
+        """`codec` (a writer or reader of `t`) through the frame's table of shared blocks, when
+        sharing is on and `t` is a mutable block: an array, bytes, a ref, a record with a mutable field."""
+        if not self.share:
+            return codec
+        name = ALIASES.get(t[1], t[1])
+        d = self.defs.get(t[1])
+        if not ((d is None and name in ("array", "bytes", "ref")) or (d is not None and d.kind == "record" and d.mutable)):
+            return codec
+        # the type is part of the key: a block is only ever shared with a position of its own type
+        # (the empty array is one block of every type)
+        key = zlib.crc32(repr(t).encode()) & 0x3FFFFFFF
+        return f"({self.W}.{way}_shared {key} {codec})"
+
+    def unshared(self, make, t: Type, env: dict[str, str]) -> str:
+        """A function's invoker or proxy: its arguments cross in frames of their own, unshared."""
+        share, self.share = self.share, False
+        try:
+            return make(t, env)
+        finally:
+            self.share = share
 
     def con(self, t: Type, env: dict[str, str], way: str) -> str:
         """A named type's writer (way "w") or reader ("r"): the prompt's own, or the wire's."""
@@ -130,8 +158,9 @@ class _Gen:
             if any(j != "-1" for j in js):
                 W, arr = self.W, "[| " + "; ".join(js) + " |]"
                 if way == "w":
-                    return f"(fun b (Handle__{t[1]} (h, ns)) -> {W}.w_int b h; {W}.link tb ns {arr})"
-                return (f"(fun r -> Handle__{t[1]} ({W}.r_int r, [| "
+                    return (f"(fun b (Handle__{t[1]} h) -> {W}.w_int b ({HANDLES}.number h); "
+                            f"{W}.link tb ({HANDLES}.classes h) {arr})")
+                return (f"(fun r -> Handle__{t[1]} ({HANDLES}.read r [| "
                         + "; ".join(f"{W}.node tb ({j})" for j in js) + " |]))")
         if d is not None:
             return "(" + " ".join([f"{way}_{t[1]}"] + [sub(a, env) for a in t[2]]) + ")"
@@ -353,7 +382,8 @@ class _Gen:
                 rbody = f"match {W}.r_tag r with " + " | ".join(rc) + f" | _ -> Stdlib.raise {W}.Bad"
             elif d.kind == "handle" and self.side == "T":
                 # nested in another type: no classes for its parameters (they are not merged)
-                wbody, rbody = f"match v with Handle__{d.name} (h, _) -> {W}.w_int b h", f"Handle__{d.name} ({W}.r_int r, [||])"
+                wbody = f"match v with Handle__{d.name} h -> {W}.w_int b ({HANDLES}.number h)"
+                rbody = f"Handle__{d.name} ({HANDLES}.read r [||])"
             elif d.kind == "handle":  # the oracle keeps the value; the trusted program holds its number
                 wbody, rbody = f"{W}.w_int b ({W}.keep v)", f"{W}.kept ({W}.r_int r)"
             else:
@@ -375,9 +405,32 @@ class _Gen:
         return any(d.kind == "handle" for d in self.iface.types)
 
     def handle_types(self) -> str:
-        """T's types of the handles: the number of a value the oracle keeps."""
-        return "".join(f"type {_params_text(d.params)}{d.name} = Handle__{d.name} of int * int array\n"
+        """T's types of the handles: a value the oracle keeps, as a block whose `=`, `compare` and
+        `Hashtbl.hash` ask the oracle (ocaml/handles.c)."""
+        return "".join(f"type {_params_text(d.params)}{d.name} = Handle__{d.name} of {HANDLES}.t\n"
                        for d in self.iface.types if d.kind == "handle" and self.side == "T")
+
+    def handle_runtime(self) -> str:
+        """T's side of the handles (once, before any handle type): handles.c's primitives, and the
+        classes each handle's parameters had where it was read (wire.ml, `link`). After the
+        prompt's preamble (an `open Base`): every name it uses is qualified."""
+        if not self.named_handles() or self.side != "T":
+            return ""
+        W = self.W
+        return (f"module {HANDLES} = struct\n"
+                "  type t\n"
+                '  external make : int -> t = "ocaml_grpo_handle_make"\n'
+                '  external number : t -> int = "ocaml_grpo_handle_number" [@@noalloc]\n'
+                '  external init : Stdlib.out_channel -> Stdlib.in_channel -> unit = "ocaml_grpo_handle_init"\n'
+                "  let kept_classes : (int, int array) Stdlib.Hashtbl.t = Stdlib.Hashtbl.create 16\n"
+                f"  let read r ns = let h = {W}.r_int r in\n"
+                "    if Stdlib.(ns <> [||]) then Stdlib.Hashtbl.replace kept_classes h ns; make h\n"
+                "  let classes h = match Stdlib.Hashtbl.find_opt kept_classes (number h) with Some ns -> ns | None -> [||]\n"
+                f"  let () = init (Stdlib.(!) {W}.rep_out) (Stdlib.(!) {W}.req_in);\n"
+                f'    Stdlib.Callback.register "ocaml_grpo_handle_reply" {W}.query_reply;\n'
+                f'    Stdlib.Callback.register "ocaml_grpo_handle_broken" {W}.fail;\n'
+                f"    {W}.handle_ops := Stdlib.Obj.raw_field (Stdlib.Obj.repr (make 0)) 0\n"
+                "end\n")
 
     def exception_codec(self) -> str:
         if not self.iface.exceptions:
@@ -456,6 +509,13 @@ def _nested(g: _Gen, label: str, t: Type) -> bool:
     return not _flat(g, t) and g.mutable_inside(_param_type(label, t))
 
 
+def _sharing(g: _Gen, e: Entry) -> bool:
+    """An entry point with an argument that holds mutable blocks inside (`_nested`): its arguments'
+    mutable blocks are shared within each frame, so a block twice among them is one block in the
+    oracle (arguments that are one block at the top level: `_aliases`)."""
+    return any(_nested(g, lab, p) for lab, p in e.params)
+
+
 def _staged(e: Entry, signals: bool, instance: str = "") -> bool:
     """An entry point of two or more unlabelled arguments and no type variables (outside a functor,
     beside no signal): a partial application of it in the tests happens in the oracle, once, and
@@ -501,7 +561,7 @@ def trusted_stubs(iface: Interface, wire: str) -> str:
     if iface.functor:
         return _functor_stubs(g)
     signals = any(mentions(e.result, SIGNALS - set(g.defs)) for e in iface.entries)
-    return "".join([g.handle_types(), g.codecs(), g.exception_codec()]
+    return "".join([g.handle_runtime(), g.handle_types(), g.codecs(), g.exception_codec()]
                    + [_stub(g, k, e, signals) for k, e in enumerate(iface.entries)])
 
 
@@ -524,7 +584,9 @@ def _stub(g: _Gen, k: int, e: Entry, signals: bool, instance: str = "", table: s
     aliases = _aliases(g, e)
 
     def write(i: int, lab: str, p: Type, x: str) -> str:
+        g.share = _sharing(g, e)
         w = _arg_writer(g, k, i, lab, p, env) + f" b {x}"
+        g.share = False
         if i not in aliases:
             return w
         same = " else ".join(f"if {x} == {xs[j]} then {wire}.w_int b {j}" for j in aliases[i])
@@ -545,9 +607,12 @@ def _stub(g: _Gen, k: int, e: Entry, signals: bool, instance: str = "", table: s
                  + " | ".join(f"{i} -> {xs[i]}" for i in same) + f" | _ -> Stdlib.raise {wire}.Bad)")
     read = f"(fun r -> let v = {value} in{backs} v)"
     if _staged(e, signals, instance):
-        ws = "; ".join(f"(fun b -> {write(i, lab, p, x)})" for i, ((lab, p), x) in enumerate(zip(e.params, xs)))
+        ws_list = [f"(fun b -> {write(i, lab, p, x)})" for i, ((lab, p), x) in enumerate(zip(e.params, xs))]
+        ws = "; ".join(ws_list)
         ps = [f"p{i}" for i in range(len(xs) - 1)]
-        lam = "".join(f"fun {x} -> let {q} = {wire}.prefix () in " for x, q in zip(xs, ps))
+        # each application short of the last may run the answer's code now (wire.ml, `eager`)
+        lam = "".join(f"fun {x} -> let {q} = {wire}.prefix () in {wire}.eager {k} [| {'; '.join(ps[:i + 1])} |] "
+                      f"[| {'; '.join(ws_list[:i + 1])} |]; " for i, (x, q) in enumerate(zip(xs, ps)))
         body = f"{wire}.call_staged {k} [| {'; '.join(ps)} |] [| {ws} |] {read}"
         return f"let {e.name} : {ty} = {lam}fun {xs[-1]} -> {body}\n"
     strict = "false" if g.iface.functor or g.named_handles() or signals else "true"
@@ -577,7 +642,7 @@ def _functor_stubs(g: _Gen) -> str:
     f, W = g.iface.functor, g.W
     env = {"r:" + ELEMENT_VAR: f"({W}.r_var grader_tb 0)"}
     head = f"functor ({f.param} : {ORDERED_SIG}) ->"
-    return "".join([f"module {f.name} : {_functor_type(f)} = {head} struct\n", g.handle_types(),
+    return "".join([g.handle_runtime(), f"module {f.name} : {_functor_type(f)} = {head} struct\n", g.handle_types(),
                     f.types_text + "\n", g.codecs(), f"let grader_tb = {W}.instance_table ()\n",
                     f"let grader_instance : int = {W}.call 0 (fun b -> {g.w(ELEMENT_COMPARE, env)} b {f.param}.compare) {W}.r_int\n"]
                    + [_stub(g, k + 1, e, False, "grader_instance", "grader_tb") for k, e in enumerate(g.iface.entries)]
@@ -655,6 +720,9 @@ def oracle_server(iface: Interface, wire: str, lambdas: tuple["Lambda", ...] = (
         env = {v: f"{m}.w" for v, m in mods.items()} | {"r:" + v: f"{m}.r" for v, m in mods.items()}
         serve = _serve_staged if staged else _serve
         out.append(f"let () = ignore ({wire}.register {serve(g, k, e, env, lambdas, lambda_unit)})\n")
+        # how many arguments the bound closure takes before the answer's code runs (wire.ml, `eager`)
+        arity = f"{wire}.closure_arity entry_{k}" if staged else "0"
+        out.append(f"let () = {wire}.staged_arity := ({arity}) :: Stdlib.( ! ) {wire}.staged_arity\n")
     out.append(f"let () = {wire}.serve ()\n")
     return "".join(out)
 
@@ -667,7 +735,9 @@ def _arg_reads(g: _Gen, k: int, e: Entry, env: dict[str, str], lambdas: tuple["L
 
     def read(i: int) -> str:
         lab, p = e.params[i]
+        g.share = _sharing(g, e)
         rd = f"{_arg_reader(g, k, i, lab, p, env, lambdas, lambda_unit)} r"
+        g.share = False
         if i not in aliases:
             return rd
         cases = " | ".join(f"{j} -> {xs[j]}" for j in aliases[i])
@@ -724,8 +794,11 @@ def _serve_staged(g: _Gen, k: int, e: Entry, env: dict[str, str], lambdas: tuple
               f"{wire}.r_end r;{_call_and_reply(g, e, env, f'c {xs[last]}')} in"]
     for s_ in range(last - 1, -1, -1):
         held = " ".join(xs[:s_ + 1])
+        # a frame that ends here made a partial application the tests hold (wire.ml, `eager`):
+        # its handle, then how many arguments its closure takes before it runs
         stages.append(f"let stage{s_} {' '.join(xs[:s_])} c = fun r b -> let {xs[s_]} = {read(s_)} in "
                       f"let c = c {xs[s_]} in {wire}.w_int b ({wire}.register (stage{s_ + 1} {held} c)); "
+                      f"if {wire}.at_end r then {wire}.w_int b ({wire}.closure_arity c) else "
                       f"stage{s_ + 1} {held} c r b in")
     return "(" + " ".join(stages) + f" stage0 entry_{k})"
 

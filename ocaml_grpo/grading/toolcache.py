@@ -105,3 +105,15 @@ class Toolchain:
                                  "of the project. Run `make bundle` on a machine with the system toolchain "
                                  "and install the new archive")
         return exe
+
+    def prebuilt_stubs(self, name: str, sources: list[str]) -> str:
+        """The bundle's C stubs built from these sources, as `ocamlc -dllib -lLIB` names them: LIB =
+        NAME-KEY, the file dllLIB.so among the stublibs, where bytecode programs find their C stubs
+        (CAML_LD_LIBRARY_PATH, in the sandbox too)."""
+        lib = binary_name(name, sources)
+        if not (Path(self.stublibs) / f"dll{lib}.so").is_file():
+            raise ToolchainError(f"OCAML_TOOLCHAIN_DIR={self.root} holds no {name} stubs built from this checkout's "
+                                 f"sources (no {STUBLIBS}/dll{lib}.so): the bundle was made from another version "
+                                 "of the project. Run `make bundle` on a machine with the system toolchain "
+                                 "and install the new archive")
+        return lib

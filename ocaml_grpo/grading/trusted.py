@@ -23,11 +23,11 @@ from pathlib import Path
 from ocaml_grpo.grading import source as src
 from ocaml_grpo.grading.compilers import WARNINGS_OFF, CompileBudget, Compilers, OcamlcSteps
 from ocaml_grpo.grading.diagnostics import TIMED_OUT, parse_compiler_error
-from ocaml_grpo.grading.harness import WIRE_ML, plan_of, render_trusted
+from ocaml_grpo.grading.harness import HANDLES_C, WIRE_ML, plan_of, render_trusted
 from ocaml_grpo.grading.interface import Interface
 from ocaml_grpo.grading.oracle import Lambda, lambda_unit_text, names_the_tests_may_bind, rewrite_tests, shippable
 from ocaml_grpo.grading.sandbox import Sandbox
-from ocaml_grpo.grading.toolcache import Toolchain
+from ocaml_grpo.grading.toolcache import Toolchain, ToolchainError, cached_binary
 
 TRUSTED_IN_USE_S = 3600  # a trusted program used this recently is never swept from the cache
 TRUSTED_META = "trusted.json"  # in a cached trusted program's directory: its build error, closures, unit
@@ -39,7 +39,8 @@ def grader_code_digest() -> str:
     makes every cached trusted program and audit verdict stale."""
     here = Path(__file__).resolve().parent
     text = "\0".join((here / f).read_text() for f in ("grader.py", "trusted.py", "harness.py", "oracle.py",
-                                                       "interface.py", "source.py", "ocaml/wire.ml"))
+                                                       "interface.py", "source.py", "ocaml/wire.ml",
+                                                       "ocaml/handles.c"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -198,7 +199,7 @@ class TrustedPrograms:
         (d / "twire.ml").write_text(WIRE_ML)
         packages = ["-package", ",".join(requires), "-linkpkg"] if requires else []
         build = shlex.join(["ocamlfind", self.sandbox.toolchain.trusted_compiler, *WARNINGS_OFF, *packages,
-                            "-o", "prog", "twire.ml", "trusted.ml"])
+                            *self._handle_stubs(iface, d), "-o", "prog", "twire.ml", "trusted.ml"])
         (d / "trusted.ml").write_text(text.replace(f"{wire}.", "Twire."))
         res = self.compilers.run_script(f"{build} >build.out 2>&1; echo $? >build.rc\n", d, limit)
         self.sandbox.disown(d)
@@ -208,6 +209,36 @@ class TrustedPrograms:
                 TIMED_OUT.message if res.timed_out else parse_compiler_error(_read_text(d / "build.out")).message)
         plan = plan_of(tests)
         return Trusted(d / "prog", error, lambdas, unit if lambdas else "", d, src.assertion_count(plan), plan is not None)
+
+
+    def _handle_stubs(self, iface: Interface, d: Path) -> list[str]:
+        """The handles' C primitives (ocaml/handles.c), for an interface with abstract types: compiled
+        in with ocamlopt; the bundle's bytecode loads them prebuilt (it has no C compiler)."""
+        if not any(t.kind == "handle" for t in iface.types):
+            return []
+        toolchain = self.sandbox.toolchain
+        if toolchain.trusted_compiler == "ocamlc":
+            return ["-dllib", "-l" + toolchain.prebuilt_stubs("handles", [HANDLES_C])]
+        (d / "handles.c").write_text(HANDLES_C)
+        return ["handles.c"]
+
+
+def build_handle_stubs(cache: Path, toolchain: Toolchain = Toolchain()) -> Path:
+    """ocaml/handles.c as the shared library a bytecode trusted program loads: the offline bundle's
+    (`make bundle` ships it among its stublibs: Toolchain.prebuilt_stubs)."""
+    cc = toolchain.which("cc", "gcc")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    where = subprocess.run(["ocamlc", "-where"], capture_output=True, text=True, env=toolchain.host_env).stdout.strip()
+
+    def build(tmp: Path) -> Path:
+        (tmp / "handles.c").write_text(HANDLES_C)
+        res = subprocess.run([cc, "-O2", "-Wall", "-shared", "-fPIC", "-I", where, "-o", "dllhandles.so", "handles.c"],
+                             cwd=tmp, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise ToolchainError(f"building the handles' stubs with `{cc}` failed: {(res.stderr or res.stdout).strip()[-600:]}")
+        return tmp / "dllhandles.so"
+
+    return cached_binary(cache, "dllhandles", [HANDLES_C, version, where], build)
 
 
 def _read_text(path: Path) -> str:

@@ -9,7 +9,8 @@
 
    Both link this unit (under a random name, off the allowlist). Messages are frames
    "KIND LEN\n" + LEN bytes: C (call: a handle, then the arguments), R (the return value), X (an
-   exception), Y (U is initialised), F (T's partial applications it dropped). Calls go both
+   exception), Y (U is initialised), F (T's partial applications it dropped), Q and H (T compares
+   or hashes values of an abstract type: `serve_query`). Calls go both
    ways: a function value crossing the wire stays
    in its sender's table and reaches the receiver as a handle (the tests' closures passed to a
    higher-order entry point, a function an entry point returns).
@@ -53,6 +54,7 @@ let reader s = { s; pos = 0 }
 
 let need r n = if n < 0 || n > String.length r.s - r.pos then raise Bad
 
+let at_end r = r.pos = String.length r.s
 let r_byte r = need r 1; let c = r.s.[r.pos] in r.pos <- r.pos + 1; c
 let r_int r = need r 8; let x = String.get_int64_le r.s r.pos in r.pos <- r.pos + 8; Int64.to_int x
 let r_bool r = match r_byte r with '\000' -> false | '\001' -> true | _ -> raise Bad
@@ -130,6 +132,55 @@ let kept k = if k < 0 || k >= !kept_count then raise Bad else Obj.obj !kept_valu
 exception Refused
 let refused = ref false
 let refuse () = refused := true; raise Refused
+
+(* ---------------------------------------------------------------- sharing within a frame *)
+
+(* The mutable blocks among one frame's arguments (oracle.py, `sharing`): the trusted side writes
+   each one the first time as -1 and its contents, and again as its number in the frame; the
+   oracle reads that number as the block it made, so `incr_all [a; a]` adds two to one ref there,
+   as in one program. A block is found by its address: the frame's first shared write promotes
+   the tests' values to the major heap, which the trusted program never compacts (start_trusted).
+   The key is the position's type: a block is only ever the same block at its own type. *)
+let share_ids : (int, int * int) Hashtbl.t = Hashtbl.create 16  (* T: address -> (key, number) *)
+let share_count = ref 0
+let share_promoted = ref false
+
+type slot = { key : int; mutable v : Obj.t; mutable made : bool }
+let u_share : slot array ref = ref [||]  (* U: the frame's blocks, by number *)
+
+let new_frame () =
+  if !share_count > 0 then (Hashtbl.reset share_ids; share_count := 0);
+  share_promoted := false
+
+let w_shared key write b x =
+  let o = Obj.repr x in
+  if not !share_promoted then (Gc.minor (); share_promoted := true);
+  let a : int = Obj.magic o in
+  match List.assoc_opt key (Hashtbl.find_all share_ids a) with
+  | Some n -> w_int b n
+  | None ->
+    let n = !share_count in
+    incr share_count;
+    if Obj.size o > 0 then Hashtbl.add share_ids a (key, n);
+    w_int b (-1); write b x
+
+let r_shared key read r =
+  match r_int r with
+  | -1 ->
+    let n = !share_count in
+    if n = Array.length !u_share then begin
+      let t = Array.init (max 16 (2 * n)) (fun _ -> { key = -1; v = Obj.repr 0; made = false }) in
+      Array.blit !u_share 0 t 0 n;
+      u_share := t
+    end;
+    !u_share.(n) <- { key; v = Obj.repr 0; made = false };
+    incr share_count;
+    let x = read r in
+    !u_share.(n).v <- Obj.repr x; !u_share.(n).made <- true;
+    x
+  | n ->
+    if n < 0 || n >= !share_count || !u_share.(n).key <> key || not !u_share.(n).made then raise Bad;
+    Obj.obj !u_share.(n).v
 
 (* ---------------------------------------------------------------- type variables *)
 
@@ -277,7 +328,8 @@ let w_var tb i b v =
   else begin w_int b tb.cursor; tb.cursor <- tb.cursor + 1 end
 
 (* Closures cannot be marshalled (nor run in U): each one among the values is replaced by a
-   marker naming it, and U puts a closure of its own in its place (the same for the same one). *)
+   marker naming it, and U puts a closure of its own in its place (the same for the same one).
+   So are the handles below. *)
 let marker = "\000grader-closure\000"
 let closures : Obj.t list ref = ref []
 
@@ -287,12 +339,20 @@ let closure_number o =
     | c :: rest -> if c == o then k else find (k + 1) rest in
   find 0 !closures
 
+(* The trusted side's handles on values of an abstract type are custom blocks (handles.c) that
+   Marshal cannot write: among the values, each crosses as a marker with its number, which U keeps
+   as it is (the answer cannot look inside a value of a type variable, and gives it back by name). *)
+let handle_marker = "\000grader-handle\000"
+let handle_ops = ref 0n  (* handles.c's operations, set by the trusted program's handle runtime *)
+
 let rec without_closures depth o =
   if depth > 10_000 then raise Refused;
   if Obj.is_int o then o
   else
     let t = Obj.tag o in
     if t = Obj.closure_tag || t = Obj.infix_tag then Obj.repr (marker, closure_number o)
+    else if t = Obj.custom_tag && !handle_ops <> 0n && Obj.raw_field o 0 = !handle_ops then
+      Obj.repr (handle_marker, Nativeint.to_int (Obj.raw_field o 1))
     (* a forced lazy value: its value (compare, hash and Marshal look through it too); a block made
        with that tag here could be short-circuited by the GC before its field is set *)
     else if t = Obj.forward_tag then without_closures depth (Obj.field o 0)
@@ -309,6 +369,7 @@ let rec without_closures depth o =
 let w_vals tb (write : Buffer.t -> unit) (b : Buffer.t) =
   let base = tb.n in
   tb.collecting <- true; tb.fresh <- [];
+  new_frame ();  (* each pass numbers the shared blocks afresh *)
   (match write (Buffer.create 16) with
    | () -> tb.collecting <- false
    | exception e -> tb.collecting <- false; raise e);
@@ -323,6 +384,7 @@ let w_vals tb (write : Buffer.t -> unit) (b : Buffer.t) =
       | exception Invalid_argument _ -> "C" ^ Marshal.to_string (List.map (without_closures 0) news) [] in
   w_int b tb.id; w_string b blob;
   tb.cursor <- base;
+  new_frame ();
   write b
 
 (* A value U names for variable [i]: one T sent, or a float U boxed from a sent float's bits. *)
@@ -590,12 +652,40 @@ let serve_one payload =
   let b = Buffer.create 64 in
   if h < 0 || h >= !count then (if !trusted then (refused := true; send 'X' "?") else fail ())
   else
-    match !table.(h) r b with
+    match new_frame (); !table.(h) r b with
     | () -> send 'R' (Buffer.contents b)
     | exception Bad when !trusted -> refused := true; send 'X' "?"  (* its arguments: malformed *)
     | exception e ->
       let e = if !trusted then Foreign (keep_raised e) else e in
       send 'X' (encode_exn e)
+
+(* Values of an abstract type compared or hashed by the tests (handles.c, in the trusted program):
+   the oracle compares or hashes the values themselves. Q: two numbers; the reply is the total
+   order's result and whether <, = and > hold (none of them: unordered, as with nan). H: a number;
+   the reply is the value's hash. An exception (a closure inside: `compare: functional value`)
+   goes back as any call's. *)
+let serve_query kind payload =
+  let r = reader payload in
+  let b = Buffer.create 16 in
+  match kind with
+  | 'Q' ->
+    let x : Obj.t = (try kept (r_int r) with Bad -> fail ()) in
+    let y : Obj.t = (try kept (r_int r) with Bad -> fail ()) in
+    (match compare x y, x < y, x = y, x > y with
+     | c, lt, eq, gt ->
+       w_int b c;
+       Buffer.add_char b (Char.chr ((if lt then 1 else 0) lor (if eq then 2 else 0) lor (if gt then 4 else 0)));
+       send 'R' (Buffer.contents b)
+     | exception e -> send 'X' (encode_exn e))
+  | _ ->
+    let x : Obj.t = (try kept (r_int r) with Bad -> fail ()) in
+    w_int b (Hashtbl.hash x); send 'R' (Buffer.contents b)
+
+(* The trusted side: a reply to Q or H that is not the value (handles.c hands it over; it never
+   returns): the exception it carries, else refused. *)
+let query_reply kind payload =
+  if Char.chr kind <> 'X' then refuse ();
+  raise (match decode_exn ~trusted:true payload with e -> e | exception _ -> refuse ())
 
 (* The trusted side notes, once a run, that a call of the answer's returned a value: an answer
    whose calls only raise or never return is a stub, whatever its text (a metric, never credit). *)
@@ -615,13 +705,23 @@ let rec wait read =
     raise (match decode_exn ~trusted:!trusted p with e -> e | exception _ -> if !trusted then refuse () else fail ())
   | Some ('C', p) -> serve_one p; wait read
   | Some ('F', p) when not !trusted -> (try drop p with Bad -> fail ()); wait read
+  | Some (('Q' | 'H') as k, p) when not !trusted -> serve_query k p; wait read
   | Some _ -> if !trusted then refuse () else fail ()
 
 (* The oracle says it is initialised before its first call: one that dies before (the answer's
    top level failed) fails every assertion, with no fresh oracle to retry on. *)
 let is_ready = ref false
+(* With it, the arity of each entry point as the oracle bound it (`closure_arity`; 0 where not a
+   staged one): how many arguments it takes before its code runs. *)
+let entry_arity : int array ref = ref [||]
 let await_ready () =
-  if not !is_ready then (match read_frame () with Some ('Y', "") -> is_ready := true | _ -> fail ())
+  if not !is_ready then
+    match read_frame () with
+    | Some ('Y', p) ->
+      (match let r = reader p in let a = r_array r_int r in r_end r; a with
+       | a -> entry_arity := a; is_ready := true
+       | exception Bad -> fail ())
+    | _ -> fail ()
 
 (* The trusted side's handles of partial applications it no longer holds (`prefix`), told to the
    oracle before its next call, which drops the closures they stand for. *)
@@ -634,27 +734,45 @@ let call h write read =
    | hs -> freed := []; let b = Buffer.create 64 in w_list w_int b hs; send 'F' (Buffer.contents b));
   let b = Buffer.create 64 in
   w_int b h;
+  new_frame ();
   write b;
   send 'C' (Buffer.contents b);
   wait read
 
 (* A partial application of an entry point in the tests (`let triple = scale 3`): it happens in
-   the oracle once, at the first call through it, which leaves the answer's closure there as a
-   handle; later calls go to that closure (oracle.py, `_staged`). `h`: -1 until then. *)
-type prefix = { mutable h : int }
+   the oracle once, which leaves the answer's closure there as a handle; later calls go to that
+   closure (oracle.py, `_staged`). It happens where the tests make it when the answer's code runs
+   there (`eager`), else at the first call through it (an application short of a closure's arity
+   runs nothing, in one program too). `h`: -1 until made; `left`: the arity of the closure made. *)
+type prefix = { mutable h : int; mutable left : int }
 
 let prefix () =
-  let p = { h = -1 } in
+  let p = { h = -1; left = 0 } in
   Gc.finalise (fun p -> if p.h >= 0 then freed := p.h :: !freed) p;
   p
+
+let rec deepest (ps : prefix array) i = if i < 0 || ps.(i).h >= 0 then i else deepest ps (i - 1)
+
+(* The tests applied argument s (the last of `ps`, short of the last argument): when that saturates
+   the closure the oracle holds (the entry point's own, or the deepest prefix made), the answer's
+   code runs now, as in one program (`scale 0` raises here, a table is built once here), and the
+   prefixes on the way are made; else nothing runs yet. An arity the oracle did not say is 0:
+   every application is then made at once (never wrong, only slower). *)
+let eager k (ps : prefix array) (ws : (Buffer.t -> unit) array) =
+  await_ready ();
+  let s = Array.length ps - 1 in
+  let d = deepest ps (s - 1) in
+  let left = if d >= 0 then ps.(d).left else if k < Array.length !entry_arity then !entry_arity.(k) else 0 in
+  if left <= s - d then
+    call (if d < 0 then k else ps.(d).h) (fun b -> for i = d + 1 to s do ws.(i) b done)
+      (fun r -> for i = d + 1 to s do ps.(i).h <- r_int r done; ps.(s).left <- r_int r)
 
 (* A total call through the prefixes `ps` of entry point `k` (ps.(i): its closure once arguments 0
    to i are applied): from the deepest one the oracle holds, with the arguments after it; the
    oracle replies with a handle for each prefix it made on the way, then the result. *)
 let call_staged k (ps : prefix array) (ws : (Buffer.t -> unit) array) read =
   let n = Array.length ws in
-  let rec deepest i = if i < 0 || ps.(i).h >= 0 then i else deepest (i - 1) in
-  let d = deepest (n - 2) in
+  let d = deepest ps (n - 2) in
   call (if d < 0 then k else ps.(d).h) (fun b -> for i = d + 1 to n - 1 do ws.(i) b done)
     (fun r -> for i = d + 1 to n - 2 do ps.(i).h <- r_int r done; read r)
 
@@ -693,6 +811,8 @@ let start_trusted () =
   rep_out := fd_out (int_of_string Sys.argv.(2));
   req_in := fd_in (int_of_string Sys.argv.(3));
   start := int_of_string Sys.argv.(4);
+  (* never compacted: a frame's shared blocks are found by address (w_shared) *)
+  Gc.set { (Gc.get ()) with Gc.max_overhead = 1_000_000 };
   on_return := (fun () -> emit "R" 0; on_return := ignore);
   (* the oracle is gone, or its frames are out of step: the assertion under way is marked and
      nothing after it runs (as when the answer's process dies in plain OCaml; no fresh oracle) *)
@@ -713,6 +833,25 @@ let finish () = emit "D" 0
 
 (* ---------------------------------------------------------------- the oracle *)
 
+(* How many arguments a closure of the oracle's (bytecode) takes before its code runs: a function
+   of several parameters starts with GRAB (their number less one), found by the first code word of
+   a function known to take two. A partial application's closure reads as 1 (it may take more:
+   the trusted side then makes the next prefix at once, which is never wrong). *)
+let arity_probe x y = x + y
+let code_word f = Obj.raw_field (Obj.field (Obj.repr f) 0) 0
+let grab_code = Nativeint.logand (code_word arity_probe) 0xFFFFFFFFn
+let closure_arity f =
+  let o = Obj.repr f in
+  if Obj.is_int o || (Obj.tag o <> Obj.closure_tag && Obj.tag o <> Obj.infix_tag) then 0
+  else
+    let w = code_word o in
+    if Nativeint.logand w 0xFFFFFFFFn = grab_code then Nativeint.to_int (Nativeint.shift_right_logical w 32) + 1
+    else 1
+
+(* Each entry point's arity (0: not staged), told to the trusted side when ready; appended in order
+   by the generated code. *)
+let staged_arity : int list ref = ref []
+
 (* argv: REQUESTS_IN_FD REPLIES_OUT_FD. Runs after the answer's initialisation. *)
 let serve () =
   ignore_sigpipe ();
@@ -722,11 +861,14 @@ let serve () =
   (* never compacted: the copies of the trusted side's values keep their addresses (r_vals) *)
   Gc.set { (Gc.get ()) with Gc.max_overhead = 1_000_000 };
   is_ready := true;  (* this side never waits for it *)
-  send 'Y' "";
+  let b = Buffer.create 16 in
+  w_array w_int b (Array.of_list (List.rev !staged_arity));
+  send 'Y' (Buffer.contents b);
   let rec loop () =
     match read_frame () with
     | None -> exit 0
     | Some ('C', p) -> serve_one p; loop ()
     | Some ('F', p) -> (try drop p with Bad -> exit 2); loop ()
+    | Some (('Q' | 'H') as k, p) -> serve_query k p; loop ()
     | Some _ -> exit 2 in
   loop ()
