@@ -258,7 +258,41 @@ SCALE_ALL = Problem(id="scale_all7", prompt="(** Double every element of every a
   assert (b = [| 8 |]);
   let e = [||] in
   scale_all [e; e];
-  assert (e = [||])
+  assert (e = [||]);
+  let c = [| 1 |] and d = [| 1 |] in
+  scale_all [c; d];
+  assert (c = [| 2 |] && d = [| 2 |])
+;;""")
+CELL = "type cell = Box of int array | Pair of int * int ref | Empty\n"
+CLEAR_CELLS = Problem(id="clear_cells7", prompt=CELL + "(** Zero every array and ref in the cells. *)\nlet clear (l : cell list) : unit =",
+                      tests="""let () =
+  let a = [| 1; 2 |] and r = ref 5 in
+  clear [Box a; Empty; Pair (3, r)];
+  assert (a = [| 0; 0 |]);
+  assert (!r = 0);
+  let b = [| 4 |] in
+  clear [Box b; Box b];
+  assert (b = [| 0 |])
+;;""")
+SLOT = ACCOUNT + "type slot = Open of account | Closed of string\n"
+DEPOSIT_ALL = Problem(id="deposit_all7", prompt=SLOT + "(** Add x to every open account. *)\nlet deposit_all (l : slot list) (x : int) : unit =",
+                      tests="""let () =
+  let a = { owner = "a"; balance = 1 } in
+  deposit_all [Open a; Closed "b"; Open a] 10;
+  assert (a.balance = 21);
+  let c = { owner = "c"; balance = 0 } in
+  deposit_all [Open c] 5;
+  assert (c.balance = 5)
+;;""")
+GRID = Problem(id="grid7", prompt="(** An n by n grid of zeros, each row its own array. *)\nlet make_grid (n : int) : int array array =",
+               tests="""let () =
+  let g = make_grid 2 in
+  assert (g = [| [| 0; 0 |]; [| 0; 0 |] |]);
+  g.(0).(0) <- 1;
+  assert (g.(1).(0) = 0);
+  let h = make_grid 3 in
+  h.(2).(2) <- 9;
+  assert (h.(0).(2) = 0)
 ;;""")
 
 CASES = [
@@ -333,6 +367,16 @@ CASES = [
     pytest.param(SORT_WITH, "let sort_with cmp xs = List.sort cmp xs", id="test-parameter"),
     pytest.param(SORT_WITH_LAMBDA, "let sort_with cmp xs = List.sort cmp xs", id="test-parameter-in-a-closure"),
     pytest.param(SORT_WITH, "let sort_with _ xs = List.sort compare xs", id="test-parameter-ignored"),
+    # a result's blocks keep their sharing: the classic aliased-rows bug fails as in one program
+    pytest.param(GRID, "let make_grid n = Array.make n (Array.make n 0)", id="result-aliased-rows"),
+    pytest.param(GRID, "let make_grid n = Array.make_matrix n n 0", id="result-rows-apart"),
+    # mutable blocks inside a variant's arguments, written back
+    pytest.param(CLEAR_CELLS, CELL + "let clear l = List.iter (function Box a -> Array.fill a 0 (Array.length a) 0 "
+                 "| Pair (_, r) -> r := 0 | Empty -> ()) l", id="variant-arrays"),
+    pytest.param(CLEAR_CELLS, CELL + "let clear l = List.iter (function Box a -> ignore (Array.map (fun _ -> 0) a) "
+                 "| _ -> ()) l", id="variant-arrays-untouched"),
+    pytest.param(DEPOSIT_ALL, SLOT + "let deposit_all l x = List.iter (function Open a -> a.balance <- a.balance + x "
+                 "| Closed _ -> ()) l", id="variant-mutable-records"),
     # values of an abstract type compare and hash as their representations
     pytest.param(COUNTER_EQ, COUNTER + "let bump c = ref (!c + 1)", id="abstract-equal"),
     pytest.param(COUNTER_EQ, COUNTER + "let bump c = c", id="abstract-bump-does-nothing"),
@@ -355,14 +399,15 @@ def test_a_value_across_the_wire_behaves_as_in_one_program(scorer, tmp_path, pro
 
 
 def test_a_record_with_a_mutable_field_crosses_only_where_it_can_be_written_back():
-    """Through lists, options, tuples, arrays, refs and records, yes; through a variant, a function,
+    """Through lists, options, tuples, arrays, refs, records and variants, yes; through a function,
     or in a type that holds itself, the problem is unverifiable (no test credit, said why)."""
     from ocaml_grpo.grading.interface import interface_of
     assert not interface_of(DEPOSIT.prompt, "deposit").unverifiable
     assert not interface_of(RESET_ALL.prompt, "reset_all").unverifiable
     looped = interface_of("type node = { v : int; mutable next : node option }\nlet f (n : node) : unit =", "f")
     assert "holds a value of its own type" in looped.unverifiable
-    boxed = interface_of(ACCOUNT + "type t = A of account | B\nlet f (x : t) : unit =", "f")
-    assert "constructor holds a record with a mutable field" in boxed.unverifiable
+    assert not interface_of(ACCOUNT + "type t = A of account | B\nlet f (x : t) : unit =", "f").unverifiable
+    looped_variant = interface_of(ACCOUNT + "type t = A of account * t | B\nlet f (x : t) : unit =", "f")
+    assert "holds a record with a mutable field and the type itself" in looped_variant.unverifiable
     called = interface_of(ACCOUNT + "let f (g : account -> unit) : unit =", "f")
     assert "a function passed or returned" in called.unverifiable

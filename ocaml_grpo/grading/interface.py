@@ -517,7 +517,7 @@ def _replace_cons(t: Type, names: set[str], by: Type) -> Type:
 # ---------------------------------------------------------------------------------------------
 # What has a wire format.
 
-def _mentions_any(t: Type, names: set[str], defs: dict, seen: set[str]) -> bool:
+def may_hold(t: Type, names: set[str], defs: dict, seen: set[str]) -> bool:
     """Whether a value of type `t` may hold a value of one of the types `names`, through every type
     (the prompt's own looked into once each)."""
     k = t[0]
@@ -529,31 +529,32 @@ def _mentions_any(t: Type, names: set[str], defs: dict, seen: set[str]) -> bool:
             d = defs[t[1]]
             inner = ([d.body] if d.kind in ("alias", "poly") else [a for _, a in d.body] if d.kind == "record"
                      else [a for _, args in d.body for a in args] if d.kind == "variant" else [])
-            if any(_mentions_any(a, names, defs, seen) for a in inner if a is not None and not isinstance(a, str)):
+            if any(may_hold(a, names, defs, seen) for a in inner if a is not None and not isinstance(a, str)):
                 return True
-        return any(_mentions_any(a, names, defs, seen) for a in t[2])
+        return any(may_hold(a, names, defs, seen) for a in t[2])
     if k == "tuple":
-        return any(_mentions_any(a, names, defs, seen) for a in t[1])
+        return any(may_hold(a, names, defs, seen) for a in t[1])
     if k == "arrow":
-        return _mentions_any(t[2], names, defs, seen) or _mentions_any(t[3], names, defs, seen)
+        return may_hold(t[2], names, defs, seen) or may_hold(t[3], names, defs, seen)
     if k == "poly":
-        return any(a is not None and _mentions_any(a, names, defs, seen) for _, a in t[1])
+        return any(a is not None and may_hold(a, names, defs, seen) for _, a in t[1])
     return False
 
 
 def _check_mutable(defs: dict) -> set[str]:
     """A record with a mutable field crosses when what an entry point changes in it can be written
-    back (oracle._Gen.write_back): not through a variant, and not in a type that refers to itself
-    (_check: nor through a function's arguments)."""
+    back (oracle._Gen.write_back): not in a type that refers to itself, variants included, nor
+    through a polymorphic variant's tag (_check: nor through a function's arguments)."""
     mutable = {n for n, d in defs.items() if d.kind == "record" and d.mutable}
     for n in sorted(mutable):
         d = defs[n]
-        if any(_mentions_any(a, {n}, defs, set()) for _, a in d.body):
+        if any(may_hold(a, {n}, defs, set()) for _, a in d.body):
             raise Unverifiable(f"type {n} has a mutable field and holds a value of its own type")
     for n, d in defs.items():
-        if d.kind == "variant" and any(_mentions_any(a, mutable, defs, set()) for _, args in d.body for a in args):
-            raise Unverifiable(f"type {n}: a constructor holds a record with a mutable field")
-        if d.kind == "poly" and _mentions_any(d.body, mutable, defs, set()):
+        if (d.kind == "variant" and any(may_hold(a, mutable, defs, set()) for _, args in d.body for a in args)
+                and any(may_hold(a, {n}, defs, set()) for _, args in d.body for a in args)):
+            raise Unverifiable(f"type {n}: a constructor holds a record with a mutable field and the type itself")
+        if d.kind == "poly" and may_hold(d.body, mutable, defs, set()):
             raise Unverifiable(f"type {n}: a tag holds a record with a mutable field")
     return mutable
 
@@ -563,7 +564,7 @@ def _check(iface: Interface) -> None:
     mutable = _check_mutable(defs)  # the records with a mutable field
     for e in iface.entries:
         for t in [p for _, p in e.params] + [e.result]:
-            if t[0] == "arrow" and _mentions_any(t, mutable, defs, set()):
+            if t[0] == "arrow" and may_hold(t, mutable, defs, set()):
                 raise Unverifiable(f"{e.name}: a function passed or returned holds a record with a mutable field")
 
     def ok(t: Type, params: tuple[str, ...] | None) -> None:

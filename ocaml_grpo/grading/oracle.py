@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from ocaml_grpo.grading import source as src
 from ocaml_grpo.grading.completions import OCAML_KEYWORDS
 from ocaml_grpo.grading.interface import (ALIASES, BUILTINS, ELEMENT_VAR, MAP_KEYS, ORDERED_SIG, SIGNALS, Entry,
-                                          Functor, Interface, Type, map_key, mentions)
+                                          Functor, Interface, Type, map_key, may_hold, mentions)
 
 HANDLES = "Handles__"  # T's module of the handles' primitives (ocaml/handles.c)
 
@@ -33,7 +33,6 @@ class _Gen:
         self.iface, self.W, self.side = iface, wire, side
         self.defs = {d.name: d for d in iface.types}
         self.q = "" if side == "T" else "Solution."
-        self.share = False  # the mutable blocks written or read now are shared within the frame (`sharing`)
 
     def resolve(self, t: Type) -> Type:
         """Aliases of the prompt expanded (their parameters substituted)."""
@@ -85,7 +84,7 @@ class _Gen:
             body = "; ".join(f"{self.w(a, env)} b {x}" for a, x in zip(t[1], xs))
             return f"(fun b ({', '.join(xs)}) -> {body})"
         if k == "arrow":
-            return f"(fun b f -> {W}.w_fun b {self.unshared(self.invoker, t, env)})"
+            return f"(fun b f -> {W}.w_fun b {self.invoker(t, env)})"
         if k == "poly":
             cases = []
             for tag, a in t[1]:
@@ -110,7 +109,7 @@ class _Gen:
             reads = " ".join(f"let {x} = {self.r(a, env)} r in" for a, x in zip(t[1], xs))
             return f"(fun r -> {reads} ({', '.join(xs)}))"
         if k == "arrow":
-            return f"(fun r -> let h = {W}.r_handle r in {self.unshared(self.proxy, t, env)})"
+            return f"(fun r -> let h = {W}.r_handle r in {self.proxy(t, env)})"
         if k == "poly":
             cases = []
             for tag, a in t[1]:
@@ -121,12 +120,14 @@ class _Gen:
             return f"(fun r -> match {W}.r_ptag r with " + " | ".join(cases) + f" | _ -> Stdlib.raise {W}.Bad)"
         raise AssertionError(t)
 
-    # -- sharing: the same mutable block twice among one frame's arguments (`incr_all [a; a]`, a
-    # matrix and one of its rows) reaches the oracle as one block (wire.ml, `w_shared`)
+    # -- sharing: the same mutable block twice in one message (`incr_all [a; a]`, a matrix and one
+    # of its rows, a result `(a, a)`) crosses as one block (wire.ml, `w_shared`)
     def shared(self, t: Type, codec: str, way: str) -> str:
-        """`codec` (a writer or reader of `t`) through the frame's table of shared blocks, when
-        sharing is on and `t` is a mutable block: an array, bytes, a ref, a record with a mutable field."""
-        if not self.share:
+        """`codec` (a writer or reader of `t`) through the message's table of blocks, when `t` is a
+        mutable block (an array, bytes, a ref, a record with a mutable field) of a type without
+        variables: the key must name one type, since the trusted side trusts a number from the
+        oracle only for a block of that key (inside the codec of `'a box`, `'a` is every type)."""
+        if self.has_var(t):
             return codec
         name = ALIASES.get(t[1], t[1])
         d = self.defs.get(t[1])
@@ -136,14 +137,6 @@ class _Gen:
         # (the empty array is one block of every type)
         key = zlib.crc32(repr(t).encode()) & 0x3FFFFFFF
         return f"({self.W}.{way}_shared {key} {codec})"
-
-    def unshared(self, make, t: Type, env: dict[str, str]) -> str:
-        """A function's invoker or proxy: its arguments cross in frames of their own, unshared."""
-        share, self.share = self.share, False
-        try:
-            return make(t, env)
-        finally:
-            self.share = share
 
     def con(self, t: Type, env: dict[str, str], way: str) -> str:
         """A named type's writer (way "w") or reader ("r"): the prompt's own, or the wire's."""
@@ -195,7 +188,7 @@ class _Gen:
         write = f"{self.w(res, env)} b v"
         if self.side == "T" and self.has_var(res):
             write = f"{self.W}.w_vals tb (fun b -> {write}) b"
-        return f"(fun r b -> {reads} {self.W}.r_end r; let v = f {' '.join(ys)} in {write})"
+        return f"(fun r b -> {reads} {self.W}.r_end r; let v = f {' '.join(ys)} in {self.W}.begin_write (); {write})"
 
     def proxy(self, t: Type, env: dict[str, str]) -> str:
         """The function a handle `h` stands for: each call goes to the side that holds it."""
@@ -222,6 +215,10 @@ class _Gen:
             # not a type that refers to itself (interface._check_mutable): the recursion ends
             d = self.defs[t[1]]
             return bool(d.mutable) or any(self.mutable_inside(a) for _, a in self._fields(t))
+        if t[0] == "con" and t[1] in self.defs and self.defs[t[1]].kind == "variant":
+            # a variant that refers to itself (a tree of arrays) is not looked into: its arrays are
+            # not written back (docs/grader.md); interface._check_mutable keeps mutable records out
+            return not self._recursive(t[1]) and any(self.mutable_inside(a) for _, args in self._ctors(t) for a in args)
         if t[0] != "con" or t[1] in self.defs or map_key(t[1]) is not None or t[1] in SIGNALS:
             return False
         name = ALIASES.get(t[1], t[1])
@@ -229,6 +226,8 @@ class _Gen:
 
     def _parts(self, t: Type) -> tuple[str, list[Type]]:
         t = self.resolve(t)
+        if t[0] == "con" and t[1] in self.defs and self.defs[t[1]].kind == "variant":
+            return "variant", []
         if t[0] == "con" and t[1] in self.defs:
             return "record", [a for _, a in self._fields(t)]
         return ("tuple", list(t[1])) if t[0] == "tuple" else (ALIASES.get(t[1], t[1]), list(t[2]))
@@ -238,6 +237,28 @@ class _Gen:
         d = self.defs[t[1]]
         m = dict(zip(d.params, t[2]))
         return [(f, _subst(a, m)) for f, a in d.body]
+
+    def _ctors(self, t: Type) -> list[tuple[str, list[Type]]]:
+        """A variant's constructors with their arguments at this instance of its parameters."""
+        d = self.defs[self.resolve(t)[1]]
+        m = dict(zip(d.params, self.resolve(t)[2]))
+        return [(c, [_subst(a, m) for a in args]) for c, args in d.body]
+
+    def _recursive(self, name: str) -> bool:
+        d = self.defs[name]
+        return any(may_hold(a, {name}, self.defs, set()) for _, args in d.body for a in args)
+
+    def _variant_parts(self, t: Type):
+        """For each constructor: its pattern over y0.., its arguments (name, type) that hold mutable
+        blocks, and its place among those constructors (None: none there)."""
+        out, n = [], 0
+        for c, args in self._ctors(t):
+            ys = [f"y{i}" for i in range(len(args))]
+            pat = f"{self.q}{c}" + (f" ({', '.join(ys)})" if ys else "")
+            inside = [(y, a) for y, a in zip(ys, args) if self.mutable_inside(a)]
+            out.append((pat, inside, n if inside else None))
+            n += bool(inside)
+        return out, n
 
     def _record_pieces(self, t: Type) -> list[tuple[str, Type, bool]]:
         """The fields that matter after a call: (name, type, mutable), those that are mutable or hold
@@ -264,6 +285,15 @@ class _Gen:
             return "(fun x -> (" + ", ".join(f"(x.{self.q}{f}, {self.shadow(a)} x.{self.q}{f})" for f, a, _ in pieces) + ", ()))"
         if kind in ("list", "option"):
             return f"(Stdlib.{kind.capitalize()}.map {self.shadow(args[0])})"
+        if kind == "variant":  # one option per constructor that holds mutable blocks: its arguments' shadows
+            parts, n = self._variant_parts(t)
+            cases = []
+            for pat, inside, j in parts:
+                opts = ["None"] * n
+                if j is not None:
+                    opts[j] = "Some (" + ", ".join(f"{self.shadow(a)} {y}" for y, a in inside) + ")"
+                cases.append(f"{pat} -> ({', '.join(opts)})")
+            return "(fun x -> match x with " + " | ".join(cases) + ")"
         return "(fun _ -> ())"  # a flat array or bytes: its contents go back whole
 
     def write_back(self, t: Type, env: dict[str, str]) -> str:
@@ -279,6 +309,8 @@ class _Gen:
             return f"(fun b ({', '.join(xs)}) ({', '.join(ss)}) -> {body})"
         if kind == "bytes":
             return f"(fun b x () -> {W}.w_bytes b x)"
+        if kind == "variant":
+            return self._variant_write_back(t, env)
         e = args[0]
         if kind == "array" and not self.mutable_inside(e):
             return f"(fun b x () -> {W}.w_array {self.w(e, env)} b x)"
@@ -299,6 +331,21 @@ class _Gen:
             return f"(fun b x s -> Stdlib.List.iter2 (fun y s0 -> {self.write_back(e, env)} b y s0) x s)"
         return f"(fun b x s -> match x, s with Some y, Some s0 -> {self.write_back(e, env)} b y s0 | _ -> ())"
 
+    def _variant_write_back(self, t: Type, env: dict[str, str]) -> str:
+        """U: a variant's constructor is what it was (a variant is immutable): the mutable blocks in
+        its arguments, as the shadow took them."""
+        parts, n = self._variant_parts(t)
+        cases = []
+        for pat, inside, j in parts:
+            if j is None:
+                continue
+            opts = ["_"] * n
+            ss = [f"s{i}" for i in range(len(inside))]
+            opts[j] = "Some (" + ", ".join(ss) + ")"
+            body = "; ".join(f"{self.write_back(a, env)} b {y} {s_}" for (y, a), s_ in zip(inside, ss))
+            cases.append(f"{pat}, ({', '.join(opts)}) -> {body}")
+        return "(fun b x s -> match x, s with " + " | ".join(cases + ["_ -> ()"]) + ")"
+
     def read_back(self, t: Type, env: dict[str, str]) -> str:
         """T: `reader -> τ -> unit`: the oracle's write_back applied in place to the tests' own value
         (a kept block updated, a replaced one set where it was)."""
@@ -311,6 +358,11 @@ class _Gen:
             return f"(fun r ({', '.join(xs)}) -> " + "; ".join(f"{self.read_back(a, env)} r {x}" for a, x in zip(args, xs)) + ")"
         if kind == "bytes":
             return f"(fun r x -> {W}.bytes_back x ({W}.r_bytes r))"
+        if kind == "variant":  # the same constructor as sent (immutable): its arguments' blocks
+            parts, _ = self._variant_parts(t)
+            cases = [f"{pat} -> " + "; ".join(f"{self.read_back(a, env)} r {y}" for y, a in inside)
+                     for pat, inside, j in parts if j is not None]
+            return "(fun r x -> match x with " + " | ".join(cases + ["_ -> ()"]) + ")"
         e = args[0]
         if kind == "array" and not self.mutable_inside(e):
             return f"(fun r x -> {W}.blit_back x ({W}.r_array {self.r(e, env)} r))"
@@ -509,13 +561,6 @@ def _nested(g: _Gen, label: str, t: Type) -> bool:
     return not _flat(g, t) and g.mutable_inside(_param_type(label, t))
 
 
-def _sharing(g: _Gen, e: Entry) -> bool:
-    """An entry point with an argument that holds mutable blocks inside (`_nested`): its arguments'
-    mutable blocks are shared within each frame, so a block twice among them is one block in the
-    oracle (arguments that are one block at the top level: `_aliases`)."""
-    return any(_nested(g, lab, p) for lab, p in e.params)
-
-
 def _staged(e: Entry, signals: bool, instance: str = "") -> bool:
     """An entry point of two or more unlabelled arguments and no type variables (outside a functor,
     beside no signal): a partial application of it in the tests happens in the oracle, once, and
@@ -584,9 +629,7 @@ def _stub(g: _Gen, k: int, e: Entry, signals: bool, instance: str = "", table: s
     aliases = _aliases(g, e)
 
     def write(i: int, lab: str, p: Type, x: str) -> str:
-        g.share = _sharing(g, e)
         w = _arg_writer(g, k, i, lab, p, env) + f" b {x}"
-        g.share = False
         if i not in aliases:
             return w
         same = " else ".join(f"if {x} == {xs[j]} then {wire}.w_int b {j}" for j in aliases[i])
@@ -735,9 +778,7 @@ def _arg_reads(g: _Gen, k: int, e: Entry, env: dict[str, str], lambdas: tuple["L
 
     def read(i: int) -> str:
         lab, p = e.params[i]
-        g.share = _sharing(g, e)
         rd = f"{_arg_reader(g, k, i, lab, p, env, lambdas, lambda_unit)} r"
-        g.share = False
         if i not in aliases:
             return rd
         cases = " | ".join(f"{j} -> {xs[j]}" for j in aliases[i])
@@ -762,7 +803,7 @@ def _call_and_reply(g: _Gen, e: Entry, env: dict[str, str], call: str) -> str:
     if same:
         which = " else ".join(f"if v == {xs[i]} then {i}" for i in same) + " else -1"
         write = f"(match {which} with -1 -> {wire}.w_int b (-1); {write} | i -> {wire}.w_int b i)"
-    return f"{shadows} let v = {call} in {write}{backs}"
+    return f"{shadows} let v = {call} in {wire}.begin_write (); {write}{backs}"
 
 
 def _serve(g: _Gen, k: int, e: Entry, env: dict[str, str], lambdas: tuple["Lambda", ...] = (),

@@ -135,52 +135,59 @@ let refuse () = refused := true; raise Refused
 
 (* ---------------------------------------------------------------- sharing within a frame *)
 
-(* The mutable blocks among one frame's arguments (oracle.py, `sharing`): the trusted side writes
-   each one the first time as -1 and its contents, and again as its number in the frame; the
-   oracle reads that number as the block it made, so `incr_all [a; a]` adds two to one ref there,
-   as in one program. A block is found by its address: the frame's first shared write promotes
-   the tests' values to the major heap, which the trusted program never compacts (start_trusted).
-   The key is the position's type: a block is only ever the same block at its own type. *)
-let share_ids : (int, int * int) Hashtbl.t = Hashtbl.create 16  (* T: address -> (key, number) *)
-let share_count = ref 0
-let share_promoted = ref false
+(* A mutable block (an array, bytes, a ref, a record with a mutable field) twice in one message
+   crosses once (oracle.py, `shared`): the writer sends it the first time as -1 and its contents,
+   after that as its number in the message; the reader gives that number the block it made. So
+   `incr_all [a; a]` adds two to one ref in the oracle, a matrix whose rows are one array stays
+   so, a result `(a, a)` is one array for the tests, as in one program. The writer finds a block
+   by its address: its first shared write in a message promotes what is alive to the major heap,
+   which neither program compacts. The key is the position's type (oracle.py: only types without
+   variables), so a block is only ever the same block at its own type: the trusted side accepts a
+   number from the oracle only for a block of that type it read earlier in the message. *)
+let w_ids : (int, int * int) Hashtbl.t = Hashtbl.create 16  (* address -> (key, number) *)
+let w_count = ref 0
+let w_promoted = ref false
 
 type slot = { key : int; mutable v : Obj.t; mutable made : bool }
-let u_share : slot array ref = ref [||]  (* U: the frame's blocks, by number *)
+let r_slots : slot array ref = ref [||]  (* the message being read: its blocks, by number *)
+let r_count = ref 0
 
-let new_frame () =
-  if !share_count > 0 then (Hashtbl.reset share_ids; share_count := 0);
-  share_promoted := false
+let begin_write () =
+  if !w_count > 0 then (Hashtbl.reset w_ids; w_count := 0);
+  w_promoted := false
+
+let begin_read () = r_count := 0
 
 let w_shared key write b x =
   let o = Obj.repr x in
-  if not !share_promoted then (Gc.minor (); share_promoted := true);
-  let a : int = Obj.magic o in
-  match List.assoc_opt key (Hashtbl.find_all share_ids a) with
+  if not !w_promoted then (Gc.minor (); w_promoted := true);
+  let a = (Obj.magic o : int) lor 1 in  (* an int: the bare pointer would be hashed and compared by contents *)
+  match List.assoc_opt key (Hashtbl.find_all w_ids a) with
   | Some n -> w_int b n
   | None ->
-    let n = !share_count in
-    incr share_count;
-    if Obj.size o > 0 then Hashtbl.add share_ids a (key, n);
+    let n = !w_count in
+    incr w_count;
+    if Obj.size o > 0 then Hashtbl.add w_ids a (key, n);  (* the empty array is every type's *)
     w_int b (-1); write b x
 
 let r_shared key read r =
   match r_int r with
   | -1 ->
-    let n = !share_count in
-    if n = Array.length !u_share then begin
+    let n = !r_count in
+    if n = Array.length !r_slots then begin
       let t = Array.init (max 16 (2 * n)) (fun _ -> { key = -1; v = Obj.repr 0; made = false }) in
-      Array.blit !u_share 0 t 0 n;
-      u_share := t
+      Array.blit !r_slots 0 t 0 n;
+      r_slots := t
     end;
-    !u_share.(n) <- { key; v = Obj.repr 0; made = false };
-    incr share_count;
+    !r_slots.(n) <- { key; v = Obj.repr 0; made = false };
+    incr r_count;
     let x = read r in
-    !u_share.(n).v <- Obj.repr x; !u_share.(n).made <- true;
+    !r_slots.(n).v <- Obj.repr x; !r_slots.(n).made <- true;
     x
   | n ->
-    if n < 0 || n >= !share_count || !u_share.(n).key <> key || not !u_share.(n).made then raise Bad;
-    Obj.obj !u_share.(n).v
+    (* a block of this type made earlier in this message, whole (never one still being read) *)
+    if n < 0 || n >= !r_count || !r_slots.(n).key <> key || not !r_slots.(n).made then raise Bad;
+    Obj.obj !r_slots.(n).v
 
 (* ---------------------------------------------------------------- type variables *)
 
@@ -369,7 +376,7 @@ let rec without_closures depth o =
 let w_vals tb (write : Buffer.t -> unit) (b : Buffer.t) =
   let base = tb.n in
   tb.collecting <- true; tb.fresh <- [];
-  new_frame ();  (* each pass numbers the shared blocks afresh *)
+  begin_write ();  (* each pass numbers the shared blocks afresh *)
   (match write (Buffer.create 16) with
    | () -> tb.collecting <- false
    | exception e -> tb.collecting <- false; raise e);
@@ -384,7 +391,7 @@ let w_vals tb (write : Buffer.t -> unit) (b : Buffer.t) =
       | exception Invalid_argument _ -> "C" ^ Marshal.to_string (List.map (without_closures 0) news) [] in
   w_int b tb.id; w_string b blob;
   tb.cursor <- base;
-  new_frame ();
+  begin_write ();
   write b
 
 (* A value U names for variable [i]: one T sent, or a float U boxed from a sent float's bits. *)
@@ -652,7 +659,7 @@ let serve_one payload =
   let b = Buffer.create 64 in
   if h < 0 || h >= !count then (if !trusted then (refused := true; send 'X' "?") else fail ())
   else
-    match new_frame (); !table.(h) r b with
+    match begin_read (); !table.(h) r b with
     | () -> send 'R' (Buffer.contents b)
     | exception Bad when !trusted -> refused := true; send 'X' "?"  (* its arguments: malformed *)
     | exception e ->
@@ -697,7 +704,7 @@ let rec wait read =
   match read_frame () with
   | None -> fail ()
   | Some ('R', p) ->
-    (match let r = reader p in let v = read r in r_end r; v with
+    (match let r = reader p in begin_read (); let v = read r in r_end r; v with
      | v -> !on_return (); v
      | exception (Refused as e) -> raise e
      | exception _ -> if !trusted then refuse () else fail ())
@@ -734,7 +741,7 @@ let call h write read =
    | hs -> freed := []; let b = Buffer.create 64 in w_list w_int b hs; send 'F' (Buffer.contents b));
   let b = Buffer.create 64 in
   w_int b h;
-  new_frame ();
+  begin_write ();
   write b;
   send 'C' (Buffer.contents b);
   wait read
