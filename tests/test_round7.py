@@ -294,6 +294,24 @@ GRID = Problem(id="grid7", prompt="(** An n by n grid of zeros, each row its own
   h.(2).(2) <- 9;
   assert (h.(0).(2) = 0)
 ;;""")
+SUM_ARRAY = Problem(id="sum7", prompt="(** The sum of the array's elements. *)\nlet sum (a : int array) : int =",
+                    tests="""let () =
+  let a = [| 1; 2 |] in
+  assert (sum a = 3);
+  a.(0) <- 10;
+  assert (sum a = 12);
+  assert (sum [| 5 |] = 5);
+  assert (sum [| 1; 2 |] = 3)
+;;""")
+SQUARES = Problem(id="squares7", prompt="(** The squares of k, k+1 and k+2, in a fresh array. *)\nlet squares3 (k : int) : int array =",
+                  tests="""let () =
+  let a = squares3 0 in
+  assert (a = [| 0; 1; 4 |]);
+  let b = squares3 1 in
+  assert (b = [| 1; 4; 9 |]);
+  assert (a = [| 0; 1; 4 |]);
+  assert (a != b)
+;;""")
 
 CASES = [
     # a closure right only once: truth 1/3; replayed per call it earns 3/3
@@ -370,6 +388,14 @@ CASES = [
     # a result's blocks keep their sharing: the classic aliased-rows bug fails as in one program
     pytest.param(GRID, "let make_grid n = Array.make n (Array.make n 0)", id="result-aliased-rows"),
     pytest.param(GRID, "let make_grid n = Array.make_matrix n n 0", id="result-rows-apart"),
+    # identity across calls: a memo keyed on the argument array finds it again, changed; one
+    # buffer returned by every call is one array for the tests
+    pytest.param(SUM_ARRAY, "let memo = ref []\nlet sum a = match List.assq_opt a !memo with Some s -> s\n"
+                 "  | None -> let s = Array.fold_left (+) 0 a in memo := (a, s) :: !memo; s", id="memo-by-identity"),
+    pytest.param(SUM_ARRAY, "let sum a = Array.fold_left (+) 0 a", id="memo-none"),
+    pytest.param(SQUARES, "let buf = Array.make 3 0\nlet squares3 k = for i = 0 to 2 do buf.(i) <- (i + k) * (i + k) done; buf",
+                 id="global-buffer"),
+    pytest.param(SQUARES, "let squares3 k = Array.init 3 (fun i -> (i + k) * (i + k))", id="fresh-results"),
     # mutable blocks inside a variant's arguments, written back
     pytest.param(CLEAR_CELLS, CELL + "let clear l = List.iter (function Box a -> Array.fill a 0 (Array.length a) 0 "
                  "| Pair (_, r) -> r := 0 | Empty -> ()) l", id="variant-arrays"),
@@ -411,3 +437,28 @@ def test_a_record_with_a_mutable_field_crosses_only_where_it_can_be_written_back
     assert "holds a record with a mutable field and the type itself" in looped_variant.unverifiable
     called = interface_of(ACCOUNT + "let f (g : account -> unit) : unit =", "f")
     assert "a function passed or returned" in called.unverifiable
+
+
+# A hostile oracle (the answer writes its own reply frame: `external`, so the library check is off)
+# names a block of the tests' that was not sent during this call, with new contents: the trusted
+# side refuses it, so the tests' block is never the answer's to rewrite from an earlier call.
+KEPT = Problem(id="kept7", prompt=(
+    "(** Arrays.\n*)\n(* Implement the following interface (arrays.mli):\nval length : int array -> int\n\n"
+    "val make : unit -> int array\n*)\nlet length (a : int array) : int ="), tests="""let () =
+  let expected = [| 0 |] in
+  assert (length expected = 1);
+  assert (make () = expected)
+;;""")
+FORGED = '''external fd_out : int -> out_channel = "caml_ml_open_descriptor_out"
+let length a = Array.length a
+(* the reply to `make ()`: the tests' array number 0, then the contents [| 5 |] *)
+let make () =
+  let oc = fd_out (int_of_string Sys.argv.(2)) in
+  output_string oc ("R 25\\n" ^ String.make 8 '\\000' ^ "\\001\\001" ^ String.make 7 '\\000' ^ "\\005" ^ String.make 7 '\\000');
+  flush oc; exit 0
+'''
+
+
+def test_the_oracle_cannot_rewrite_a_block_of_the_tests_it_was_not_given_in_this_call(sandbox_scorer):
+    b = sandbox_scorer.score_one(KEPT, fenced(FORGED))
+    assert b.compiled and (b.tests_passed, b.tests_total) == (1, 2), b

@@ -133,61 +133,130 @@ exception Refused
 let refused = ref false
 let refuse () = refused := true; raise Refused
 
-(* ---------------------------------------------------------------- sharing within a frame *)
+(* ---------------------------------------------------------------- mirrors *)
 
-(* A mutable block (an array, bytes, a ref, a record with a mutable field) twice in one message
-   crosses once (oracle.py, `shared`): the writer sends it the first time as -1 and its contents,
-   after that as its number in the message; the reader gives that number the block it made. So
-   `incr_all [a; a]` adds two to one ref in the oracle, a matrix whose rows are one array stays
-   so, a result `(a, a)` is one array for the tests, as in one program. The writer finds a block
-   by its address: its first shared write in a message promotes what is alive to the major heap,
-   which neither program compacts. The key is the position's type (oracle.py: only types without
-   variables), so a block is only ever the same block at its own type: the trusted side accepts a
-   number from the oracle only for a block of that type it read earlier in the message. *)
-let w_ids : (int, int * int) Hashtbl.t = Hashtbl.create 16  (* address -> (key, number) *)
-let w_count = ref 0
+(* A mutable block (an array, bytes, a ref, a record with a mutable field) keeps its identity across
+   the wire for the whole run (oracle.py, `shared`). Each side numbers the blocks it sends first
+   (the trusted side even numbers, the oracle odd ones) and keeps, weakly, every block it has sent
+   or received by number, so a block that crosses again is the same block on the other side, its
+   contents updated in place:
+   - `incr_all [a; a]` adds two to one ref in the oracle; a matrix whose rows are one array stays
+     so; a result `(a, a)`, or the classic `Array.make n (Array.make n 0)` grid, is one array for
+     the tests;
+   - the same array passed in two calls is the same array to the answer (a memo keyed on it finds
+     it, with what the tests changed in it since); one buffer the answer returns from every call is
+     one array for the tests, holding what the last call put in it.
+   Written: the number, then 1 and the contents, or 0 where the message already holds them. A
+   writer finds its block's number by address: its first shared write in a message promotes what
+   is alive to the major heap, which neither program compacts. The key is the position's type
+   (only types without variables): a number is only ever one block of one type. The trusted side
+   accepts from the oracle a number of its own only for a block it sent during the call under way
+   (what the answer may change in one program: what it was given), and new numbers of the oracle's
+   in order. *)
+let own = ref 1  (* this side's parity: the trusted side 0 *)
+let next_own = ref 1
+let held = ref (Weak.create 64)  (* number -> the block *)
+let held_key = ref (Array.make 64 (-1))
+let by_address : (int, int) Hashtbl.t = Hashtbl.create 64  (* where a held block lies -> its number *)
+let pruned_at = ref 64
+let pending : (int * Obj.t) list ref = ref []  (* received: placed by address once promoted *)
+let peer_next = ref 0  (* the peer's next new number (parity 1 - own) *)
+let in_call : (int, unit) Hashtbl.t = Hashtbl.create 16  (* trusted side: its numbers sent this call *)
+let call_depth = ref 0
+
+(* this message's: numbers written, blocks read *)
+let msg_sent : (int, unit) Hashtbl.t = Hashtbl.create 16
+let msg_got : (int, Obj.t) Hashtbl.t = Hashtbl.create 16
 let w_promoted = ref false
 
-type slot = { key : int; mutable v : Obj.t; mutable made : bool }
-let r_slots : slot array ref = ref [||]  (* the message being read: its blocks, by number *)
-let r_count = ref 0
+let address (o : Obj.t) : int = (Obj.magic o : int) lor 1  (* an int: a bare pointer would be hashed by contents *)
 
-let begin_write () =
-  if !w_count > 0 then (Hashtbl.reset w_ids; w_count := 0);
-  w_promoted := false
+let ensure n =
+  if n >= Weak.length !held then begin
+    let size = max (n + 1) (2 * Weak.length !held) in
+    let w = Weak.create size in
+    Weak.blit !held 0 w 0 (Weak.length !held);
+    let k = Array.make size (-1) in
+    Array.blit !held_key 0 k 0 (Array.length !held_key);
+    held := w; held_key := k
+  end
 
-let begin_read () = r_count := 0
+let holding n (o : Obj.t) = match Weak.get !held n with Some v -> v == o | None -> false
+
+let hold n key (o : Obj.t) = ensure n; Weak.set !held n (Some o); !held_key.(n) <- key
+
+(* addresses of blocks that died stay until pruned, when the table has doubled *)
+let prune () =
+  Hashtbl.filter_map_inplace (fun _ n -> match Weak.get !held n with Some _ -> Some n | None -> None) by_address;
+  pruned_at := max 64 (2 * Hashtbl.length by_address)
+
+let promote () =
+  Gc.minor ();
+  w_promoted := true;
+  List.iter (fun (n, o) -> if holding n o then Hashtbl.replace by_address (address o) n) !pending;
+  pending := [];
+  if Hashtbl.length by_address > !pruned_at then prune ()
+
+let begin_write () = Hashtbl.reset msg_sent; w_promoted := false
+let begin_read () = Hashtbl.reset msg_got
 
 let w_shared key write b x =
   let o = Obj.repr x in
-  if not !w_promoted then (Gc.minor (); w_promoted := true);
-  let a = (Obj.magic o : int) lor 1 in  (* an int: the bare pointer would be hashed and compared by contents *)
-  match List.assoc_opt key (Hashtbl.find_all w_ids a) with
-  | Some n -> w_int b n
-  | None ->
-    let n = !w_count in
-    incr w_count;
-    if Obj.size o > 0 then Hashtbl.add w_ids a (key, n);  (* the empty array is every type's *)
-    w_int b (-1); write b x
+  if Obj.size o = 0 then (w_int b (-1); write b x)  (* the empty array: one block of every type *)
+  else begin
+    if not !w_promoted then promote ();
+    let a = address o in
+    let n = match Hashtbl.find_opt by_address a with
+      | Some n when holding n o && !held_key.(n) = key -> n
+      | _ ->
+        let n = !next_own in
+        next_own := n + 2;
+        hold n key o;
+        Hashtbl.replace by_address a n;
+        n in
+    if !own = 0 then Hashtbl.replace in_call n ();
+    w_int b n;
+    if Hashtbl.mem msg_sent n then w_char b '\000'
+    else (Hashtbl.replace msg_sent n (); w_char b '\001'; write b x)
+  end
+
+(* The block read, put into the one held under its number (same kind, same size), or held. *)
+let copy_into (e : Obj.t) (v : Obj.t) =
+  let t = Obj.tag e in
+  if t <> Obj.tag v || Obj.size e <> Obj.size v then raise Bad;
+  if t = Obj.string_tag then Bytes.blit (Obj.obj v) 0 (Obj.obj e) 0 (Bytes.length (Obj.obj v))
+  else if t = Obj.double_array_tag then
+    for i = 0 to Obj.size e - 1 do Obj.set_double_field e i (Obj.double_field v i) done
+  else if t < Obj.no_scan_tag then
+    for i = 0 to Obj.size e - 1 do Obj.set_field e i (Obj.field v i) done
+  else raise Bad
 
 let r_shared key read r =
   match r_int r with
-  | -1 ->
-    let n = !r_count in
-    if n = Array.length !r_slots then begin
-      let t = Array.init (max 16 (2 * n)) (fun _ -> { key = -1; v = Obj.repr 0; made = false }) in
-      Array.blit !r_slots 0 t 0 n;
-      r_slots := t
-    end;
-    !r_slots.(n) <- { key; v = Obj.repr 0; made = false };
-    incr r_count;
-    let x = read r in
-    !r_slots.(n).v <- Obj.repr x; !r_slots.(n).made <- true;
-    x
+  | -1 -> read r
   | n ->
-    (* a block of this type made earlier in this message, whole (never one still being read) *)
-    if n < 0 || n >= !r_count || !r_slots.(n).key <> key || not !r_slots.(n).made then raise Bad;
-    Obj.obj !r_slots.(n).v
+    (match r_char r with
+     | '\000' ->
+       (match Hashtbl.find_opt msg_got n with
+        | Some o when !held_key.(n) = key -> Obj.obj o
+        | _ -> raise Bad)  (* not read earlier in this message, whole *)
+     | '\001' ->
+       let mine = n land 1 = !own in
+       if n < 0 || Hashtbl.mem msg_got n then raise Bad;
+       if mine && !own = 0 && not (Hashtbl.mem in_call n) then raise Bad;
+       (* the oracle's new numbers come in order (give or take a message it composed and never sent) *)
+       if not mine && !own = 0 && n >= !peer_next + (1 lsl 20) then raise Bad;
+       let v = Obj.repr (read r) in
+       ensure n;
+       let o = match Weak.get !held n with
+         | Some e when !held_key.(n) = key -> copy_into e v; e
+         | Some _ -> raise Bad
+         | None when mine && !own = 0 -> raise Bad  (* a block of the tests' that is gone: not this call's *)
+         | None -> hold n key v; pending := (n, v) :: !pending; v in
+       if not mine then peer_next := max !peer_next (n + 2);
+       Hashtbl.replace msg_got n o;
+       Obj.obj o
+     | _ -> raise Bad)
 
 (* ---------------------------------------------------------------- type variables *)
 
@@ -422,8 +491,7 @@ let reading = ref (-1)  (* the call of the frame being read *)
 let by_address : (int, int * int) Hashtbl.t = Hashtbl.create 64  (* address -> (call, index) *)
 let closures_of_t : (int, Obj.t) Hashtbl.t = Hashtbl.create 8
 
-(* Where a block lies, as an int: U's copies are in the major heap, which is never compacted. *)
-let address (o : Obj.t) : int = (Obj.magic o : int) lor 1
+(* Where a block lies (`address`): U's copies are in the major heap, which is never compacted. *)
 
 let u_closure k =
   match Hashtbl.find_opt closures_of_t k with
@@ -736,6 +804,10 @@ let freed : int list ref = ref []
 
 let call h write read =
   await_ready ();
+  (* the trusted side's blocks the oracle may give back changed: those sent during this call *)
+  if !own = 0 && !call_depth = 0 then Hashtbl.reset in_call;
+  incr call_depth;
+  Fun.protect ~finally:(fun () -> decr call_depth) @@ fun () ->
   (match !freed with
    | [] -> ()
    | hs -> freed := []; let b = Buffer.create 64 in w_list w_int b hs; send 'F' (Buffer.contents b));
@@ -818,6 +890,7 @@ let start_trusted () =
   rep_out := fd_out (int_of_string Sys.argv.(2));
   req_in := fd_in (int_of_string Sys.argv.(3));
   start := int_of_string Sys.argv.(4);
+  own := 0; next_own := 0; peer_next := 1;
   (* never compacted: a frame's shared blocks are found by address (w_shared) *)
   Gc.set { (Gc.get ()) with Gc.max_overhead = 1_000_000 };
   on_return := (fun () -> emit "R" 0; on_return := ignore);
@@ -865,6 +938,7 @@ let serve () =
   req_in := fd_in (int_of_string Sys.argv.(1));
   rep_out := fd_out (int_of_string Sys.argv.(2));
   broken := (fun () -> exit 2);
+  own := 1; next_own := 1; peer_next := 0;
   (* never compacted: the copies of the trusted side's values keep their addresses (r_vals) *)
   Gc.set { (Gc.get ()) with Gc.max_overhead = 1_000_000 };
   is_ready := true;  (* this side never waits for it *)
