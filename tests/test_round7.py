@@ -217,6 +217,12 @@ COUNTER_EQ = Problem(id="counter_eq7", prompt=COUNTER_IFACE, tests="""let () =
   assert (c = d)
 ;;""")
 COUNTER = "type counter = int ref\nlet make n = ref n\nlet get c = !c\n"
+COUNTER_SAME = Problem(id="counter_same7", prompt=COUNTER_IFACE, tests="""let () =
+  let c = make 0 in
+  assert (bump c == c);
+  assert (get c = 1);
+  assert (make 0 != make 0)
+;;""")
 COUNTER_NAN = Problem(id="counter_nan7", prompt=COUNTER_IFACE, tests="""let () =
   assert (make 0 = make 0);
   assert (compare (make 0) (make 0) = 0);
@@ -407,6 +413,9 @@ CASES = [
     pytest.param(COUNTER_EQ, COUNTER + "let bump c = ref (!c + 1)", id="abstract-equal"),
     pytest.param(COUNTER_EQ, COUNTER + "let bump c = c", id="abstract-bump-does-nothing"),
     pytest.param(COUNTER_EQ, COUNTER + "let bump c = incr c; c", id="abstract-bump-in-place"),
+    # the same value returned twice is one handle (`==`)
+    pytest.param(COUNTER_SAME, COUNTER + "let bump c = incr c; c", id="abstract-same-value"),
+    pytest.param(COUNTER_SAME, COUNTER + "let bump c = ref (!c + 1)", id="abstract-new-value"),
     pytest.param(COUNTER_EQ, "type counter = { n : int; f : unit -> int }\nlet make n = { n; f = (fun () -> n) }\n"
                  "let get c = c.f ()\nlet bump c = make (c.n + 1)", id="abstract-holding-a-closure"),
     pytest.param(COUNTER_NAN, "type counter = float\nlet make n = if n = 0 then Float.nan else float n\n"

@@ -458,8 +458,9 @@ class _Gen:
 
     def handle_types(self) -> str:
         """T's types of the handles: a value the oracle keeps, as a block whose `=`, `compare` and
-        `Hashtbl.hash` ask the oracle (ocaml/handles.c)."""
-        return "".join(f"type {_params_text(d.params)}{d.name} = Handle__{d.name} of {HANDLES}.t\n"
+        `Hashtbl.hash` ask the oracle (ocaml/handles.c); unboxed, so that the block is the value
+        (`==` between two returns of one value holds)."""
+        return "".join(f"type {_params_text(d.params)}{d.name} = Handle__{d.name} of {HANDLES}.t [@@unboxed]\n"
                        for d in self.iface.types if d.kind == "handle" and self.side == "T")
 
     def handle_runtime(self) -> str:
@@ -469,19 +470,34 @@ class _Gen:
         if not self.named_handles() or self.side != "T":
             return ""
         W = self.W
+        # One block per value of the oracle's (its number: wire.ml `keep`), so `==` holds between two
+        # returns of one value; a handle whose parameters' classes matter is a block of its own,
+        # its classes kept by the block.
         return (f"module {HANDLES} = struct\n"
                 "  type t\n"
-                '  external make : int -> t = "ocaml_grpo_handle_make"\n'
+                '  external make : int -> int -> t = "ocaml_grpo_handle_make"\n'
                 '  external number : t -> int = "ocaml_grpo_handle_number" [@@noalloc]\n'
+                '  external classes_at : t -> int = "ocaml_grpo_handle_classes" [@@noalloc]\n'
                 '  external init : Stdlib.out_channel -> Stdlib.in_channel -> unit = "ocaml_grpo_handle_init"\n'
                 "  let kept_classes : (int, int array) Stdlib.Hashtbl.t = Stdlib.Hashtbl.create 16\n"
+                "  let made = Stdlib.ref (Stdlib.Weak.create 64)\n"
+                "  let same h =\n"
+                "    let w = Stdlib.(!) made in\n"
+                "    if h < 0 || Stdlib.(h >= Stdlib.Weak.length w + 1048576) then make h (-1) else begin\n"
+                "      if Stdlib.(h >= Stdlib.Weak.length w) then begin\n"
+                "        let w' = Stdlib.Weak.create (Stdlib.max (h + 1) (2 * Stdlib.Weak.length w)) in\n"
+                "        Stdlib.Weak.blit w 0 w' 0 (Stdlib.Weak.length w); made := w' end;\n"
+                "      match Stdlib.Weak.get (Stdlib.(!) made) h with\n"
+                "      | Some v -> v\n"
+                "      | None -> let v = make h (-1) in Stdlib.Weak.set (Stdlib.(!) made) h (Some v); v end\n"
                 f"  let read r ns = let h = {W}.r_int r in\n"
-                "    if Stdlib.(ns <> [||]) then Stdlib.Hashtbl.replace kept_classes h ns; make h\n"
-                "  let classes h = match Stdlib.Hashtbl.find_opt kept_classes (number h) with Some ns -> ns | None -> [||]\n"
+                "    if Stdlib.(ns = [||]) then same h\n"
+                "    else (let c = Stdlib.Hashtbl.length kept_classes in Stdlib.Hashtbl.replace kept_classes c ns; make h c)\n"
+                "  let classes h = match Stdlib.Hashtbl.find_opt kept_classes (classes_at h) with Some ns -> ns | None -> [||]\n"
                 f"  let () = init (Stdlib.(!) {W}.rep_out) (Stdlib.(!) {W}.req_in);\n"
                 f'    Stdlib.Callback.register "ocaml_grpo_handle_reply" {W}.query_reply;\n'
                 f'    Stdlib.Callback.register "ocaml_grpo_handle_broken" {W}.fail;\n'
-                f"    {W}.handle_ops := Stdlib.Obj.raw_field (Stdlib.Obj.repr (make 0)) 0\n"
+                f"    {W}.handle_ops := Stdlib.Obj.raw_field (Stdlib.Obj.repr (make 0 (-1))) 0\n"
                 "end\n")
 
     def exception_codec(self) -> str:

@@ -110,10 +110,15 @@ static void ask(char kind, const char *query, int qlen, char *answer, int alen) 
   unexpected(k, big != NULL ? big : buf, len); /* (big is never freed: the run is ending) */
 }
 
+/* A handle's data: the oracle's number for the value, and where the trusted side keeps the classes
+   of its parameters where it was read (oracle.py, `handle_runtime`; -1: none). */
+#define NUMBER(v) (((intnat *)Data_custom_val(v))[0])
+#define CLASSES(v) (((intnat *)Data_custom_val(v))[1])
+
 static int handle_compare(value a, value b) {
   char q[16], ans[9];
-  put_int(q, *(intnat *)Data_custom_val(a));
-  put_int(q + 8, *(intnat *)Data_custom_val(b));
+  put_int(q, NUMBER(a));
+  put_int(q + 8, NUMBER(b));
   ask('Q', q, 16, ans, 9);
   /* ans: the total order's result, then whether <, = or > holds (none: unordered, nan inside) */
   if ((ans[8] & 7) == 0) caml_compare_unordered = 1;
@@ -123,7 +128,7 @@ static int handle_compare(value a, value b) {
 
 static intnat handle_hash(value a) {
   char q[8], ans[8];
-  put_int(q, *(intnat *)Data_custom_val(a));
+  put_int(q, NUMBER(a));
   ask('H', q, 8, ans, 8);
   return (intnat)get_int(ans);
 }
@@ -133,15 +138,18 @@ static struct custom_operations handle_ops = {
     custom_serialize_default, custom_deserialize_default, custom_compare_ext_default,
     custom_fixed_length_default};
 
-value ocaml_grpo_handle_make(value n) {
-  CAMLparam1(n);
+value ocaml_grpo_handle_make(value n, value classes) {
+  CAMLparam2(n, classes);
   CAMLlocal1(v);
-  v = caml_alloc_custom(&handle_ops, sizeof(intnat), 0, 1);
-  *(intnat *)Data_custom_val(v) = Long_val(n);
+  v = caml_alloc_custom(&handle_ops, 2 * sizeof(intnat), 0, 1);
+  NUMBER(v) = Long_val(n);
+  CLASSES(v) = Long_val(classes);
   CAMLreturn(v);
 }
 
-value ocaml_grpo_handle_number(value v) { return Val_long(*(intnat *)Data_custom_val(v)); }
+value ocaml_grpo_handle_number(value v) { return Val_long(NUMBER(v)); }
+
+value ocaml_grpo_handle_classes(value v) { return Val_long(CLASSES(v)); }
 
 value ocaml_grpo_handle_init(value out, value in) {
   channels[0] = out;

@@ -113,13 +113,13 @@ let bytes_back (a : bytes) (b : bytes) =
 let kept_values : Obj.t array ref = ref [||]
 let kept_count = ref 0
 
-let keep v =
+let keep_new (o : Obj.t) =
   if !kept_count = Array.length !kept_values then begin
     let t = Array.make (max 16 (2 * !kept_count)) (Obj.repr 0) in
     Array.blit !kept_values 0 t 0 !kept_count;
     kept_values := t
   end;
-  !kept_values.(!kept_count) <- Obj.repr v;
+  !kept_values.(!kept_count) <- o;
   incr kept_count;
   !kept_count - 1
 
@@ -198,6 +198,18 @@ let promote () =
   if Hashtbl.length by_address > !pruned_at then prune ()
 
 let begin_write () = Hashtbl.reset msg_sent; w_promoted := false
+
+(* The number of a value of an abstract type the oracle keeps: the same value, the same number,
+   so the trusted side holds one handle for it (`==` holds between two returns of it). Kept
+   values never die: an address is never another value's. *)
+let kept_at : (int, int) Hashtbl.t = Hashtbl.create 16
+let keep v =
+  let o = Obj.repr v in
+  if Obj.is_block o && not !w_promoted then promote ();
+  let a = address o in
+  match Hashtbl.find_opt kept_at a with
+  | Some k when !kept_values.(k) == o -> k
+  | _ -> let k = keep_new o in Hashtbl.replace kept_at a k; k
 let begin_read () = Hashtbl.reset msg_got
 
 let w_shared key write b x =
@@ -407,13 +419,25 @@ let w_var tb i b v =
    marker naming it, and U puts a closure of its own in its place (the same for the same one).
    So are the handles below. *)
 let marker = "\000grader-closure\000"
-let closures : Obj.t list ref = ref []
+(* Each closure's number, found by address (promoted first: `promote`; held here, so never another's). *)
+let closures : Obj.t array ref = ref [||]
+let closure_count = ref 0
+let closure_at : (int, int) Hashtbl.t = Hashtbl.create 64
 
 let closure_number o =
-  let rec find k = function
-    | [] -> closures := !closures @ [o]; List.length !closures - 1
-    | c :: rest -> if c == o then k else find (k + 1) rest in
-  find 0 !closures
+  match Hashtbl.find_opt closure_at (address o) with
+  | Some k when !closures.(k) == o -> k
+  | _ ->
+    if !closure_count = Array.length !closures then begin
+      let a = Array.make (max 64 (2 * !closure_count)) (Obj.repr 0) in
+      Array.blit !closures 0 a 0 !closure_count;
+      closures := a
+    end;
+    let k = !closure_count in
+    !closures.(k) <- o;
+    incr closure_count;
+    Hashtbl.replace closure_at (address o) k;
+    k
 
 (* The trusted side's handles on values of an abstract type are custom blocks (handles.c) that
    Marshal cannot write: among the values, each crosses as a marker with its number, which U keeps
@@ -457,7 +481,9 @@ let w_vals tb (write : Buffer.t -> unit) (b : Buffer.t) =
     if news = [] then ""
     else match Marshal.to_string news [] with
       | s -> "P" ^ s
-      | exception Invalid_argument _ -> "C" ^ Marshal.to_string (List.map (without_closures 0) news) [] in
+      | exception Invalid_argument _ ->
+        Gc.minor ();  (* the closures' addresses hold from here (closure_number) *)
+        "C" ^ Marshal.to_string (List.map (without_closures 0) news) [] in
   w_int b tb.id; w_string b blob;
   tb.cursor <- base;
   begin_write ();
