@@ -318,6 +318,12 @@ SQUARES = Problem(id="squares7", prompt="(** The squares of k, k+1 and k+2, in a
   assert (a = [| 0; 1; 4 |]);
   assert (a != b)
 ;;""")
+KEEP_LIST = Problem(id="keep_list7", prompt="(** l without x (l itself when x is not in it). *)\nlet remove (x : int) (l : int list) : int list =",
+                   tests="""let () =
+  let l = [1; 2; 3] in
+  assert (remove 5 l == l);
+  assert (remove 2 l = [1; 3])
+;;""")
 
 CASES = [
     # a closure right only once: truth 1/3; replayed per call it earns 3/3
@@ -402,6 +408,9 @@ CASES = [
     pytest.param(SQUARES, "let buf = Array.make 3 0\nlet squares3 k = for i = 0 to 2 do buf.(i) <- (i + k) * (i + k) done; buf",
                  id="global-buffer"),
     pytest.param(SQUARES, "let squares3 k = Array.init 3 (fun i -> (i + k) * (i + k))", id="fresh-results"),
+    # a result that is one of the arguments is the tests' own value (`==`)
+    pytest.param(KEEP_LIST, "let remove x l = if List.mem x l then List.filter ((<>) x) l else l", id="result-is-an-argument"),
+    pytest.param(KEEP_LIST, "let remove x l = List.filter ((<>) x) l", id="result-is-a-copy"),
     # mutable blocks inside a variant's arguments, written back
     pytest.param(CLEAR_CELLS, CELL + "let clear l = List.iter (function Box a -> Array.fill a 0 (Array.length a) 0 "
                  "| Pair (_, r) -> r := 0 | Empty -> ()) l", id="variant-arrays"),
@@ -444,6 +453,11 @@ def test_a_record_with_a_mutable_field_crosses_only_where_it_can_be_written_back
     assert not interface_of(ACCOUNT + "type t = A of account | B\nlet f (x : t) : unit =", "f").unverifiable
     looped_variant = interface_of(ACCOUNT + "type t = A of account * t | B\nlet f (x : t) : unit =", "f")
     assert "holds a record with a mutable field and the type itself" in looped_variant.unverifiable
+    # a variant that holds itself and arrays (a tree of arrays): its mutation cannot be written back
+    tree = interface_of("type 'a tree = Leaf | Node of 'a tree * 'a * 'a tree\nlet f (t : int array tree) : unit =", "f")
+    assert "holds itself and mutable blocks" in tree.unverifiable
+    assert not interface_of("type 'a tree = Leaf | Node of 'a tree * 'a * 'a tree\nlet f (t : int tree) : unit =",
+                            "f").unverifiable
     called = interface_of(ACCOUNT + "let f (g : account -> unit) : unit =", "f")
     assert "a function passed or returned" in called.unverifiable
 

@@ -559,6 +559,37 @@ def _check_mutable(defs: dict) -> set[str]:
     return mutable
 
 
+MUTABLE_BLOCKS = {n for n, b in ALIASES.items() if b in ("array", "bytes", "ref")} | {"array", "bytes", "ref"}
+
+
+def _looped_mutable(t: Type, defs: dict, blocks: set[str], seen: set[str]) -> str:
+    """A variant that holds itself, in a parameter's type, whose values may hold mutable blocks (a
+    tree of arrays): what an entry point changes there is not written back (oracle._Gen looks into
+    a variant only when it ends), so a test of what the answer left unchanged would see a copy.
+    Its name, or ""."""
+    if t[0] == "con":
+        d = defs.get(t[1])
+        inner = []
+        if d is not None and t[1] not in seen:
+            seen.add(t[1])
+            if d.kind == "variant":
+                args = [a for _, xs in d.body for a in xs]
+                if (any(may_hold(a, {t[1]}, defs, set()) for a in args)
+                        and (any(may_hold(a, blocks, defs, set()) for a in args)
+                             or any(may_hold(a, blocks, defs, set()) for a in t[2]))):
+                    return t[1]
+            inner = ([d.body] if d.kind in ("alias", "poly") else [a for _, a in d.body] if d.kind == "record"
+                     else [a for _, xs in d.body for a in xs] if d.kind == "variant" else [])
+        for a in list(t[2]) + [a for a in inner if a is not None and not isinstance(a, str)]:
+            if name := _looped_mutable(a, defs, blocks, seen):
+                return name
+    elif t[0] == "tuple":
+        for a in t[1]:
+            if name := _looped_mutable(a, defs, blocks, seen):
+                return name
+    return ""
+
+
 def _check(iface: Interface) -> None:
     defs = {d.name: d for d in iface.types}
     mutable = _check_mutable(defs)  # the records with a mutable field
@@ -566,6 +597,10 @@ def _check(iface: Interface) -> None:
         for t in [p for _, p in e.params] + [e.result]:
             if t[0] == "arrow" and may_hold(t, mutable, defs, set()):
                 raise Unverifiable(f"{e.name}: a function passed or returned holds a record with a mutable field")
+        for _, p in e.params:
+            if name := _looped_mutable(p, defs, MUTABLE_BLOCKS | mutable, set()):
+                raise Unverifiable(f"{e.name}: type {name} holds itself and mutable blocks, which cannot be written "
+                                   "back after a call")
 
     def ok(t: Type, params: tuple[str, ...] | None) -> None:
         kind = t[0]
