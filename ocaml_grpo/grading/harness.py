@@ -17,7 +17,8 @@ from pathlib import Path
 
 from ocaml_grpo.grading import source as src
 from ocaml_grpo.grading.interface import Interface
-from ocaml_grpo.grading.oracle import Lambda, entry_aliases, entry_check, oracle_server, trusted_stubs
+from ocaml_grpo.grading.oracle import entry_aliases, entry_check, oracle_server, trusted_stubs
+from ocaml_grpo.grading.shipped import Lambda
 
 WIRE_ML = (Path(__file__).resolve().parent / "ocaml" / "wire.ml").read_text()
 HANDLES_C = (Path(__file__).resolve().parent / "ocaml" / "handles.c").read_text()  # the trusted program's, for abstract types

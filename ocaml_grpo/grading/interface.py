@@ -112,6 +112,22 @@ class Interface:
         return [e.name for e in self.entries]
 
 
+def subst(t: Type, m: dict[str, Type]) -> Type:
+    """t with its type variables replaced as `m` says."""
+    k = t[0]
+    if k == "var":
+        return m.get(t[1], t)
+    if k == "con":
+        return ("con", t[1], tuple(subst(a, m) for a in t[2]))
+    if k == "tuple":
+        return ("tuple", tuple(subst(a, m) for a in t[1]))
+    if k == "arrow":
+        return ("arrow", t[1], subst(t[2], m), subst(t[3], m))
+    if k == "poly":
+        return ("poly", tuple((tag, None if a is None else subst(a, m)) for tag, a in t[1]))
+    return t
+
+
 def mentions(t: Type, names: set[str]) -> bool:
     """Whether a type constructor of `names` occurs in `t`."""
     if t[0] == "con":
@@ -543,7 +559,7 @@ def may_hold(t: Type, names: set[str], defs: dict, seen: set[str]) -> bool:
 
 def _check_mutable(defs: dict) -> set[str]:
     """A record with a mutable field crosses when what an entry point changes in it can be written
-    back (oracle._Gen.write_back): not in a type that refers to itself, variants included, nor
+    back (writeback.py): not in a type that refers to itself, variants included, nor
     through a polymorphic variant's tag (_check: nor through a function's arguments)."""
     mutable = {n for n, d in defs.items() if d.kind == "record" and d.mutable}
     for n in sorted(mutable):
@@ -564,7 +580,7 @@ MUTABLE_BLOCKS = {n for n, b in ALIASES.items() if b in ("array", "bytes", "ref"
 
 def _looped_mutable(t: Type, defs: dict, blocks: set[str], seen: set[str]) -> str:
     """A variant that holds itself, in a parameter's type, whose values may hold mutable blocks (a
-    tree of arrays): what an entry point changes there is not written back (oracle._Gen looks into
+    tree of arrays): what an entry point changes there is not written back (writeback.py looks into
     a variant only when it ends), so a test of what the answer left unchanged would see a copy.
     Its name, or ""."""
     if t[0] == "con":

@@ -1,6 +1,6 @@
 """A problem's trusted program: the prompt's definitions, a stub per entry point that asks the
 oracle, and the tests (harness.render_trusted), with the tests' closures compiled for the oracle
-(oracle.shippable). It runs no model code and decides every assertion. Built once per problem in
+(shipped.shippable). It runs no model code and decides every assertion. Built once per problem in
 the toolchain sandbox, kept for the grader's life and on disk (OCAML_CACHE_DIR/trusted/KEY/), so a
 second grader, a resumed run and the CLI do not build it again. KEY covers the interface, the
 tests, the packages, the sources that write and build the program, and the compiler's version.
@@ -25,7 +25,7 @@ from ocaml_grpo.grading.compilers import WARNINGS_OFF, CompileBudget, Compilers,
 from ocaml_grpo.grading.diagnostics import TIMED_OUT, parse_compiler_error
 from ocaml_grpo.grading.harness import HANDLES_C, WIRE_ML, plan_of, render_trusted
 from ocaml_grpo.grading.interface import Interface
-from ocaml_grpo.grading.oracle import Lambda, lambda_unit_text, names_the_tests_may_bind, rewrite_tests, shippable
+from ocaml_grpo.grading.shipped import Lambda, lambda_unit_text, names_the_tests_may_bind, rewrite_tests, shippable
 from ocaml_grpo.grading.sandbox import Sandbox
 from ocaml_grpo.grading.toolcache import Toolchain, ToolchainError, cached_binary
 
@@ -39,6 +39,7 @@ def grader_code_digest() -> str:
     makes every cached trusted program and audit verdict stale."""
     here = Path(__file__).resolve().parent
     text = "\0".join((here / f).read_text() for f in ("grader.py", "trusted.py", "harness.py", "oracle.py",
+                                                       "codecs.py", "writeback.py", "shipped.py",
                                                        "interface.py", "source.py", "ocaml/wire.ml",
                                                        "ocaml/handles.c"))
     return hashlib.sha256(text.encode()).hexdigest()

@@ -136,7 +136,7 @@ let refuse () = refused := true; raise Refused
 (* ---------------------------------------------------------------- mirrors *)
 
 (* A mutable block (an array, bytes, a ref, a record with a mutable field) keeps its identity across
-   the wire for the whole run (oracle.py, `shared`). Each side numbers the blocks it sends first
+   the wire for the whole run (codecs.py, `Gen.shared`). Each side numbers the blocks it sends first
    (the trusted side even numbers, the oracle odd ones) and keeps, weakly, every block it has sent
    or received by number, so a block that crosses again is the same block on the other side, its
    contents updated in place:
