@@ -8,8 +8,9 @@ internet, beyond its PyTorch, transformers, peft and accelerate (docs/offline.md
 - ocaml/: the grader's OCaml toolchain (OCAML_TOOLCHAIN_DIR), taken from this machine's Debian
   packages: ocamlc (the native ocamlc.opt), ocamlfind and ocamlrun; the standard library and the
   packages the allowlist names with what they require (META, .cmi, .cma, .cmo, C stubs); bubblewrap
-  with the shared libraries it needs beyond glibc; the sandbox's launcher and the compile server,
-  built here (the machine needs neither a C compiler nor ocamlopt).
+  with the shared libraries it needs beyond glibc; the sandbox's launcher, the compile server and
+  the trusted programs' C primitives for abstract values (among the stublibs), built here (the
+  machine needs neither a C compiler nor ocamlopt).
 
 Nothing in it names a path of this machine: the OCaml binaries' compiled-in /usr paths are
 overridden by the environment (ocaml_grpo/toolcache.Toolchain), the findlib configuration holds no
