@@ -146,7 +146,8 @@ def evaluate(model: str, adapter: str | None, problems: list[Problem], a, comple
     elif a.engine == "llamacpp":  # the GGUF file by name, with the adapter set on it
         texts, lens = generate_llamacpp(a.model, adapter, [chat_messages(p.prompt, a.examples) for p in problems], k,
                                         a.budget, a.temperature, a.batch_problems, a.seed, cache_dir(os.environ),
-                                        stop_at_end=True, progress=False)
+                                        stop_at_end=True, progress=False,
+                                        partial=completions.with_name("generations.partial.json"))
         generated.write_text(json.dumps([texts, lens]) + "\n")
     else:
         texts, lens = generate_hf(model, adapter, [chat_messages(p.prompt, a.examples) for p in problems], k, a.budget,

@@ -145,11 +145,14 @@ def generate_vllm(model_id: str, adapter: str | None, prompts: list[list[dict]],
 def generate_llamacpp(model_name: str, adapter: str | None, prompts: list[list[dict]], samples: int,
                       max_new_tokens: int, temperature: float, batch_size: int, seed: int, cache: Path,
                       stop_at_end: bool = False, progress: bool = True,
-                      on_batch=None) -> tuple[list[list[str]], list[list[int]]]:
+                      on_batch=None, partial: Path | None = None) -> tuple[list[list[str]], list[list[int]]]:
     """generate_hf's completions from the model's GGUF file through llama.cpp (training/llamacpp.py),
     with `adapter` set on it: `batch_size` problems' samples decode together, each prompt read once.
     Temperature 0: greedy. `model_name`: a named model or a .gguf file (models/named.gguf_source).
-    `on_batch(start, texts, lens)` sees each batch as it is done."""
+    `on_batch(start, texts, lens)` sees each batch as it is done. partial: as generate_hf's; each
+    batch is seeded by its place (`seed + start`), so a resumed run samples what one run would."""
+    key = ([model_name, adapter, prompts], samples, max_new_tokens, temperature, batch_size, seed)
+    done = _read_partial(partial, *key)
     gguf = gguf_source(model_name, cache)
     tokenizer = load_tokenizer(adapter if adapter and (Path(adapter) / "tokenizer_config.json").exists()
                                else resolve_model(model_name, cache))
@@ -159,13 +162,15 @@ def generate_llamacpp(model_name: str, adapter: str | None, prompts: list[list[d
     engine = LlamaEngine(gguf, threads=len(os.sched_getaffinity(0)), sequences=sequences,
                          context=context_tokens(min(batch_size, len(ids)), sequences, max(map(len, ids)), max_new_tokens))
     decode = lambda t: tokenizer.decode(t, skip_special_tokens=True)  # noqa: E731
-    outs: list[list[str]] = []
-    lens: list[list[int]] = []
+    outs: list[list[str]] = done["outs"] if done else []
+    lens: list[list[int]] = done["lens"] if done else []
+    if done and progress:
+        print(f"resumed after {len(outs)}/{len(ids)} problems ({partial})", flush=True)
     try:
         if adapter:
             shape = engine.shape
             engine.set_lora(*saved_lora(adapter, shape["arch"], shape["n_head"], shape["n_head_kv"]))
-        for start in range(0, len(ids), batch_size):
+        for start in range(len(outs), len(ids), batch_size):
             batch = [p for p in ids[start:start + batch_size] for _ in range(samples)]
             answers = engine.generate(batch, max_new_tokens, Sampling(temperature), decode=decode,
                                       stop=END_MARKER if stop_at_end else None, seed=seed + start,
@@ -178,8 +183,12 @@ def generate_llamacpp(model_name: str, adapter: str | None, prompts: list[list[d
                 print(f"generated {min(start + batch_size, len(ids))}/{len(ids)} problems", flush=True)
             if on_batch is not None:
                 on_batch(start, outs[start:], lens[start:])
+            if partial is not None and start + batch_size < len(ids):
+                _write_partial(partial, *key, outs, lens, None)
     finally:
         engine.close()
+    if partial is not None:
+        partial.unlink(missing_ok=True)
     return outs, lens
 
 
