@@ -462,9 +462,10 @@ def test_a_record_with_a_mutable_field_crosses_only_where_it_can_be_written_back
     assert "a function passed or returned" in called.unverifiable
 
 
-# A hostile oracle (the answer writes its own reply frame: `external`, so the library check is off)
-# names a block of the tests' that was not sent during this call, with new contents: the trusted
-# side refuses it, so the tests' block is never the answer's to rewrite from an earlier call.
+# A block of the tests' the answer was given in an earlier call and keeps is the answer's to give
+# back, changed, as in one program; a hostile oracle (the answer writes its own reply frame:
+# `external`, so the library check is off) that names a number the trusted side never gave it is
+# refused, so a block of the tests' the answer never saw is never its to rewrite.
 KEPT = Problem(id="kept7", prompt=(
     "(** Arrays.\n*)\n(* Implement the following interface (arrays.mli):\nval length : int array -> int\n\n"
     "val make : unit -> int array\n*)\nlet length (a : int array) : int ="), tests="""let () =
@@ -474,14 +475,21 @@ KEPT = Problem(id="kept7", prompt=(
 ;;""")
 FORGED = '''external fd_out : int -> out_channel = "caml_ml_open_descriptor_out"
 let length a = Array.length a
-(* the reply to `make ()`: the tests' array number 0, then the contents [| 5 |] *)
+(* the reply to `make ()`: an array's number, then its contents [| 5 |] *)
 let make () =
   let oc = fd_out (int_of_string Sys.argv.(2)) in
-  output_string oc ("R 25\\n" ^ String.make 8 '\\000' ^ "\\001\\001" ^ String.make 7 '\\000' ^ "\\005" ^ String.make 7 '\\000');
+  output_string oc ("R 25\\n" ^ NUMBER ^ "\\001\\001" ^ String.make 7 '\\000' ^ "\\005" ^ String.make 7 '\\000');
   flush oc; exit 0
 '''
+KEPT_AND_CHANGED = "let kept = ref [||]\nlet length a = kept := a; Array.length a\nlet make () = (!kept).(0) <- 5; !kept"
 
 
-def test_the_oracle_cannot_rewrite_a_block_of_the_tests_it_was_not_given_in_this_call(sandbox_scorer):
-    b = sandbox_scorer.score_one(KEPT, fenced(FORGED))
-    assert b.compiled and (b.tests_passed, b.tests_total) == (1, 2), b
+def test_a_block_of_the_tests_is_the_answers_to_give_back_only_if_it_was_given(sandbox_scorer, tmp_path):
+    truth = plain_ocaml_passes(tmp_path, KEPT_AND_CHANGED, KEPT.tests)
+    assert truth == 2 and sandbox_scorer.score_one(KEPT, fenced(KEPT_AND_CHANGED)).tests_passed == truth
+    # the tests' array is number 0 (the trusted side numbers evenly): named, it is given back changed
+    given = sandbox_scorer.score_one(KEPT, fenced(FORGED.replace("NUMBER", "String.make 8 '\\000'")))
+    assert given.compiled and given.tests_passed == 2, given
+    # number 2 was never given: refused, the assertion fails
+    forged = sandbox_scorer.score_one(KEPT, fenced(FORGED.replace("NUMBER", '"\\002" ^ String.make 7 \'\\000\'')))
+    assert forged.compiled and (forged.tests_passed, forged.tests_total) == (1, 2), forged

@@ -150,9 +150,8 @@ let refuse () = refused := true; raise Refused
    writer finds its block's number by address: its first shared write in a message promotes what
    is alive to the major heap, which neither program compacts. The key is the position's type
    (only types without variables): a number is only ever one block of one type. The trusted side
-   accepts from the oracle a number of its own only for a block it sent during the call under way
-   (what the answer may change in one program: what it was given), and new numbers of the oracle's
-   in order. *)
+   accepts from the oracle a number of its own only for a block it gave it (what an answer can
+   hold and change in one program: what it was given), and new numbers of the oracle's in order. *)
 let own = ref 1  (* this side's parity: the trusted side 0 *)
 let next_own = ref 1
 let held = ref (Weak.create 64)  (* number -> the block *)
@@ -161,8 +160,7 @@ let by_address : (int, int) Hashtbl.t = Hashtbl.create 64  (* where a held block
 let pruned_at = ref 64
 let pending : (int * Obj.t) list ref = ref []  (* received: placed by address once promoted *)
 let peer_next = ref 0  (* the peer's next new number (parity 1 - own) *)
-let in_call : (int, unit) Hashtbl.t = Hashtbl.create 16  (* trusted side: its numbers sent this call *)
-let call_depth = ref 0
+let given = ref (Bytes.make 64 '\000')  (* trusted side: its numbers in a message it sent *)
 
 (* this message's: numbers written, blocks read *)
 let msg_sent : (int, unit) Hashtbl.t = Hashtbl.create 16
@@ -226,7 +224,6 @@ let w_shared key write b x =
         hold n key o;
         Hashtbl.replace by_address a n;
         n in
-    if !own = 0 then Hashtbl.replace in_call n ();
     w_int b n;
     if Hashtbl.mem msg_sent n then w_char b '\000'
     else (Hashtbl.replace msg_sent n (); w_char b '\001'; write b x)
@@ -255,7 +252,9 @@ let r_shared key read r =
      | '\001' ->
        let mine = n land 1 = !own in
        if n < 0 || Hashtbl.mem msg_got n then raise Bad;
-       if mine && !own = 0 && not (Hashtbl.mem in_call n) then raise Bad;
+       (* the trusted side's own: only a block it gave the oracle (one it numbered in a message it
+          never sent is not the answer's to name) *)
+       if mine && !own = 0 && (n >= Bytes.length !given || Bytes.get !given n = '\000') then raise Bad;
        (* the oracle's new numbers come in order (give or take a message it composed and never sent) *)
        if not mine && !own = 0 && n >= !peer_next + (1 lsl 20) then raise Bad;
        let v = Obj.repr (read r) in
@@ -263,8 +262,7 @@ let r_shared key read r =
        let o = match Weak.get !held n with
          | Some e when !held_key.(n) = key -> copy_into e v; e
          | Some _ -> raise Bad
-         | None when mine && !own = 0 -> raise Bad  (* a block of the tests' that is gone: not this call's *)
-         | None -> hold n key v; pending := (n, v) :: !pending; v in
+         | None -> hold n key v; pending := (n, v) :: !pending; v in  (* (one the tests dropped: anew) *)
        if not mine then peer_next := max !peer_next (n + 2);
        Hashtbl.replace msg_got n o;
        Obj.obj o
@@ -603,7 +601,19 @@ let rep_out = ref stdout
 let broken : (unit -> unit) ref = ref (fun () -> exit 2)
 let fail () = !broken (); exit 2
 
+(* The trusted side's numbers in a message it sends are given to the oracle from then on. *)
+let mark_given () =
+  if !own = 0 then
+    Hashtbl.iter (fun n () ->
+        if n >= Bytes.length !given then begin
+          let g = Bytes.make (max (n + 1) (2 * Bytes.length !given)) '\000' in
+          Bytes.blit !given 0 g 0 (Bytes.length !given);
+          given := g
+        end;
+        Bytes.set !given n '\001') msg_sent
+
 let send kind payload =
+  if kind = 'C' || kind = 'R' then mark_given ();  (* composed since begin_write: values *)
   try
     output_char !rep_out kind; output_char !rep_out ' ';
     output_string !rep_out (string_of_int (String.length payload)); output_char !rep_out '\n';
@@ -830,10 +840,6 @@ let freed : int list ref = ref []
 
 let call h write read =
   await_ready ();
-  (* the trusted side's blocks the oracle may give back changed: those sent during this call *)
-  if !own = 0 && !call_depth = 0 then Hashtbl.reset in_call;
-  incr call_depth;
-  Fun.protect ~finally:(fun () -> decr call_depth) @@ fun () ->
   (match !freed with
    | [] -> ()
    | hs -> freed := []; let b = Buffer.create 64 in w_list w_int b hs; send 'F' (Buffer.contents b));
