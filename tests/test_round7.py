@@ -493,3 +493,33 @@ def test_a_block_of_the_tests_is_the_answers_to_give_back_only_if_it_was_given(s
     # number 2 was never given: refused, the assertion fails
     forged = sandbox_scorer.score_one(KEPT, fenced(FORGED.replace("NUMBER", '"\\002" ^ String.make 7 \'\\000\'')))
     assert forged.compiled and (forged.tests_passed, forged.tests_total) == (1, 2), forged
+
+
+# A record given back changed: its mutable fields, as in one program; a reply that changes a field
+# it does not declare mutable is refused (the honest answer keeps the tests' record and sets its
+# balance; the forged reply names that record with another owner).
+BANK = Problem(id="bank7", prompt=(ACCOUNT + "(** An account kept by the bank. *)\n(* Implement the following interface "
+                                   "(bank.mli):\nval deposit : account -> int -> unit\n\nval last : unit -> account\n*)\n"
+                                   "let deposit (a : account) (x : int) : unit ="), tests="""let () =
+  let a = { owner = "alice"; balance = 0 } in
+  deposit a 5;
+  assert (a.balance = 5);
+  assert ((last ()).balance = 9 && a.balance = 9)
+;;""")
+BANK_HONEST = (ACCOUNT + "let kept = ref None\nlet deposit a x = a.balance <- a.balance + x; kept := Some a\n"
+               "let last () = match !kept with Some a -> a.balance <- 9; a | None -> failwith \"none\"")
+BANK_FORGED = ACCOUNT + '''external fd_out : int -> out_channel = "caml_ml_open_descriptor_out"
+let deposit a x = a.balance <- a.balance + x
+(* the tests' record (number 0), its owner changed, its balance 9 *)
+let last () =
+  let oc = fd_out (int_of_string Sys.argv.(2)) in
+  output_string oc ("R 32\\n" ^ String.make 8 '\\000' ^ "\\001\\007" ^ String.make 7 '\\000' ^ "mallory\\009" ^ String.make 7 '\\000');
+  flush oc; exit 0
+'''
+
+
+def test_a_record_given_back_changes_only_in_its_mutable_fields(sandbox_scorer, tmp_path):
+    truth = plain_ocaml_passes(tmp_path, BANK_HONEST, BANK.tests)
+    assert truth == 2 and sandbox_scorer.score_one(BANK, fenced(BANK_HONEST)).tests_passed == truth
+    forged = sandbox_scorer.score_one(BANK, fenced(BANK_FORGED))
+    assert forged.compiled and (forged.tests_passed, forged.tests_total) == (1, 2), forged

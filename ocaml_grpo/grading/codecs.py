@@ -125,7 +125,11 @@ class Gen(WriteBack):
         # the type is part of the key: a block is only ever shared with a position of its own type
         # (the empty array is one block of every type)
         key = zlib.crc32(repr(t).encode()) & 0x3FFFFFFF
-        return f"({self.W}.{way}_shared {key} {codec})"
+        if way == "w":
+            return f"({self.W}.w_shared {key} {codec})"
+        # a record's fields a block that crosses again may change: its mutable ones ([||]: every one)
+        fixed = "[| " + "; ".join(str(i) for i, (f, _) in enumerate(d.body) if f in d.mutable) + " |]" if d else "[||]"
+        return f"({self.W}.r_shared {key} {fixed} {codec})"
 
     def con(self, t: Type, env: dict[str, str], way: str) -> str:
         """A named type's writer (way "w") or reader ("r"): the prompt's own, or the wire's."""

@@ -229,18 +229,30 @@ let w_shared key write b x =
     else (Hashtbl.replace msg_sent n (); w_char b '\001'; write b x)
   end
 
-(* The block read, put into the one held under its number (same kind, same size), or held. *)
-let copy_into (e : Obj.t) (v : Obj.t) =
+(* The block read, put into the one held under its number (same kind, same size): a record's
+   mutable fields (`muts`; [||]: an array's, bytes' or ref's every one), its others as they were,
+   as in one program (a reply that changes one is refused). *)
+let copy_into muts (e : Obj.t) (v : Obj.t) =
   let t = Obj.tag e in
   if t <> Obj.tag v || Obj.size e <> Obj.size v then raise Bad;
-  if t = Obj.string_tag then Bytes.blit (Obj.obj v) 0 (Obj.obj e) 0 (Bytes.length (Obj.obj v))
-  else if t = Obj.double_array_tag then
-    for i = 0 to Obj.size e - 1 do Obj.set_double_field e i (Obj.double_field v i) done
+  let changes i = Array.length muts = 0 || Array.mem i muts in
+  if t = Obj.string_tag then begin
+    let e : bytes = Obj.obj e and v : bytes = Obj.obj v in
+    if Bytes.length e <> Bytes.length v then raise Bad;
+    Bytes.blit v 0 e 0 (Bytes.length v)
+  end else if t = Obj.double_array_tag then
+    for i = 0 to Obj.size e - 1 do
+      if changes i then Obj.set_double_field e i (Obj.double_field v i)
+      else if Int64.bits_of_float (Obj.double_field e i) <> Int64.bits_of_float (Obj.double_field v i) then raise Bad
+    done
   else if t < Obj.no_scan_tag then
-    for i = 0 to Obj.size e - 1 do Obj.set_field e i (Obj.field v i) done
+    for i = 0 to Obj.size e - 1 do
+      if changes i then Obj.set_field e i (Obj.field v i)
+      else if compare (Obj.field e i) (Obj.field v i) <> 0 then raise Bad
+    done
   else raise Bad
 
-let r_shared key read r =
+let r_shared key muts read r =
   match r_int r with
   | -1 -> read r
   | n ->
@@ -260,7 +272,7 @@ let r_shared key read r =
        let v = Obj.repr (read r) in
        ensure n;
        let o = match Weak.get !held n with
-         | Some e when !held_key.(n) = key -> copy_into e v; e
+         | Some e when !held_key.(n) = key -> copy_into muts e v; e
          | Some _ -> raise Bad
          | None -> hold n key v; pending := (n, v) :: !pending; v in  (* (one the tests dropped: anew) *)
        if not mine then peer_next := max !peer_next (n + 2);
