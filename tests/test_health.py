@@ -214,3 +214,7 @@ def test_a_run_drifting_toward_stubs_is_reported_from_its_logged_record(tmp_path
         if expected:
             assert "40%" in found[0].detail and "5% in the run's first 10 lines" in found[0].detail
     assert StepRecord.from_logs(1, 0.1, {"loss": 0.0, "reward": 0.3}).stub is None  # not logged: not judged
+    # a run resumed from a version that did not log it: judged on what it logged, no early share
+    unlogged = [StepRecord.from_logs(i, i / 10, {"loss": 0.0, "reward": 0.3}) for i in range(1, 11)]
+    [found] = [f for f in health.findings(unlogged + drifting[10:]) if f.key == "stub"]
+    assert "40%" in found.detail and "not logged early in the run" in found.detail

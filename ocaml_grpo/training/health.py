@@ -195,9 +195,11 @@ def findings(points: Sequence[StepRecord], th: Thresholds = THRESHOLDS) -> list[
     r_stub = values(win, "stub")
     if r_stub and mean(r_stub) > th.stub_max:
         first = values(points[:th.recent_lines], "stub")
+        # (a run resumed from a version that did not log it has no early share to compare with)
+        early = f"{mean(first):.0%} in the run's first {len(first)} lines" if first else "not logged early in the run"
         add("stub", "Drift toward stubs", "warning",
             f"recent mean {mean(r_stub):.0%} of the answers only raise or never return (their tests ran and no "
-            f"call returned a value; {mean(first):.0%} in the run's first {len(first)} lines; healthy ≤ "
+            f"call returned a value; {early}; healthy ≤ "
             f"{th.stub_max:.0%}). A stub earns the type-check, compile and END credit, more than an honest "
             "attempt with one type error: read reward_logs (`stub`) and weigh REWARD_WEIGHT_TESTS up.")
     return out
