@@ -533,6 +533,14 @@ def _replace_cons(t: Type, names: set[str], by: Type) -> Type:
 # ---------------------------------------------------------------------------------------------
 # What has a wire format.
 
+def _members(d: TypeDef) -> list[Type]:
+    """The types a value of the prompt's type `d` holds directly: an alias's body, a record's fields,
+    a variant's constructors' arguments, a polymorphic variant's."""
+    inner = ([d.body] if d.kind in ("alias", "poly") else [a for _, a in d.body] if d.kind == "record"
+             else [a for _, args in d.body for a in args] if d.kind == "variant" else [])
+    return [a for a in inner if a is not None and not isinstance(a, str)]
+
+
 def may_hold(t: Type, names: set[str], defs: dict, seen: set[str]) -> bool:
     """Whether a value of type `t` may hold a value of one of the types `names`, through every type
     (the prompt's own looked into once each)."""
@@ -542,10 +550,7 @@ def may_hold(t: Type, names: set[str], defs: dict, seen: set[str]) -> bool:
             return True
         if t[1] in defs and t[1] not in seen:
             seen.add(t[1])
-            d = defs[t[1]]
-            inner = ([d.body] if d.kind in ("alias", "poly") else [a for _, a in d.body] if d.kind == "record"
-                     else [a for _, args in d.body for a in args] if d.kind == "variant" else [])
-            if any(may_hold(a, names, defs, seen) for a in inner if a is not None and not isinstance(a, str)):
+            if any(may_hold(a, names, defs, seen) for a in _members(defs[t[1]])):
                 return True
         return any(may_hold(a, names, defs, seen) for a in t[2])
     if k == "tuple":
@@ -588,15 +593,11 @@ def _looped_mutable(t: Type, defs: dict, blocks: set[str], seen: set[str]) -> st
         inner = []
         if d is not None and t[1] not in seen:
             seen.add(t[1])
-            if d.kind == "variant":
-                args = [a for _, xs in d.body for a in xs]
-                if (any(may_hold(a, {t[1]}, defs, set()) for a in args)
-                        and (any(may_hold(a, blocks, defs, set()) for a in args)
-                             or any(may_hold(a, blocks, defs, set()) for a in t[2]))):
-                    return t[1]
-            inner = ([d.body] if d.kind in ("alias", "poly") else [a for _, a in d.body] if d.kind == "record"
-                     else [a for _, xs in d.body for a in xs] if d.kind == "variant" else [])
-        for a in list(t[2]) + [a for a in inner if a is not None and not isinstance(a, str)]:
+            inner = _members(d)
+            if (d.kind == "variant" and any(may_hold(a, {t[1]}, defs, set()) for a in inner)
+                    and any(may_hold(a, blocks, defs, set()) for a in inner + list(t[2]))):
+                return t[1]
+        for a in list(t[2]) + inner:
             if name := _looped_mutable(a, defs, blocks, seen):
                 return name
     elif t[0] == "tuple":

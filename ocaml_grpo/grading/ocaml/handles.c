@@ -89,11 +89,13 @@ static char read_frame(char *buf, int cap, char **big, intnat *len) {
   return kind;
 }
 
-/* A reply other than the expected value: OCaml raises the exception it carries, or refuses it. */
-static void unexpected(char kind, const char *payload, intnat len) {
+/* A reply other than the expected value: OCaml raises the exception it carries, or refuses it.
+   `big`: the payload's own buffer when it was long, freed once copied. */
+static void unexpected(char kind, const char *payload, intnat len, char *big) {
   const value *f = caml_named_value("ocaml_grpo_handle_reply");
   if (f == NULL) broken();
   value s = caml_alloc_initialized_string(len, payload);
+  free(big);
   caml_callback2(*f, Val_int((unsigned char)kind), s);
   broken(); /* it returned: not a reply it could raise */
 }
@@ -107,7 +109,7 @@ static void ask(char kind, const char *query, int qlen, char *answer, int alen) 
     memcpy(answer, buf, alen);
     return;
   }
-  unexpected(k, big != NULL ? big : buf, len); /* (big is never freed: the run is ending) */
+  unexpected(k, big != NULL ? big : buf, len, big);
 }
 
 /* A handle's data: the oracle's number for the value, and where the trusted side keeps the classes
