@@ -4,9 +4,13 @@ once. The truth for each is plain `ocaml` with the tests appended, each assertio
 (test_round6.plain_ocaml_passes). What the wire does not keep yet is listed in docs/grader.md,
 "Not covered yet".
 """
+import re
+
 import pytest
 
 from conftest import fenced
+from ocaml_grpo.grading.interface import interface_of
+from ocaml_grpo.grading.oracle import trusted_stubs
 from ocaml_grpo.problems import Problem
 from test_round6 import plain_ocaml_passes
 
@@ -325,6 +329,90 @@ KEEP_LIST = Problem(id="keep_list7", prompt="(** l without x (l itself when x is
   assert (remove 2 l = [1; 3])
 ;;""")
 
+# A block both sides hold changes between calls where it does not cross: the answer changes one it
+# keeps in a later call (the tests' own array, its own buffer, a record's field), or the tests change
+# one the answer keeps; the other side sees it at its next call or reply, as in one program.
+TRACK_IFACE = ("(** Counters kept by reference.\n*)\n(* Implement the following interface (track.mli):\n"
+               "val track : int array -> unit\n\nval bump : unit -> unit\n\nval total : unit -> int\n*)\n"
+               "let track (a : int array) : unit =")
+TRACKED = "let kept = ref [||]\nlet track a = kept := a\nlet bump () = Array.iteri (fun i x -> (!kept).(i) <- x + 1) !kept\n" \
+          "let total () = Array.fold_left (+) 0 !kept"
+COPIED = TRACKED.replace("kept := a", "kept := Array.copy a")
+TRACK_SEES = Problem(id="track7", prompt=TRACK_IFACE, tests="""let () =
+  let a = [| 0; 5 |] in
+  track a;
+  bump ();
+  assert (a = [| 1; 6 |]);
+  a.(0) <- 10;
+  assert (total () = 16);
+  bump ();
+  assert (a.(0) = 11 && total () = 18)
+;;""")
+TRACK_COPIES = Problem(id="track7b", prompt=TRACK_IFACE, tests="""let () =
+  let a = [| 1; 2 |] in
+  track a;
+  bump ();
+  assert (a = [| 1; 2 |]);
+  a.(0) <- 10;
+  assert (total () = 5)
+;;""")
+# the answer's own buffer, returned once, changed by later calls that return nothing
+FILL_IFACE = ("(** A buffer.\n*)\n(* Implement the following interface (buffer.mli):\nval buffer : unit -> int array\n\n"
+              "val fill : int -> unit\n*)\nlet buffer () : int array =")
+FILL = Problem(id="fill7", prompt=FILL_IFACE, tests="""let () =
+  let b = buffer () in
+  fill 5;
+  assert (b = [| 5; 5 |]);
+  fill 7;
+  assert (b.(1) = 7);
+  assert (buffer () == b)
+;;""")
+# a matrix the answer keeps: the tests change a row, the answer a cell and a record's field
+GRID_IFACE = ("(** A kept grid.\n*)\n(* Implement the following interface (grid.mli):\nval keep : int array array -> unit\n\n"
+              "val sum : unit -> int\n\nval clear : unit -> unit\n*)\nlet keep (m : int array array) : unit =")
+GRID_KEPT = Problem(id="grid_kept7", prompt=GRID_IFACE, tests="""let () =
+  let m = [| [| 1; 2 |]; [| 3 |] |] in
+  let r = m.(1) in
+  keep m;
+  r.(0) <- 30;
+  assert (sum () = 33);
+  m.(0) <- [| 4 |];
+  assert (sum () = 34);
+  clear ();
+  assert (r = [| 0 |] && m.(0) = [| 0 |])
+;;""")
+GRID_CODE = ("let kept = ref [||]\nlet keep m = kept := m\n"
+             "let sum () = Array.fold_left (fun s r -> Array.fold_left (+) s r) 0 !kept\n"
+             "let clear () = Array.iter (fun r -> Array.fill r 0 (Array.length r) 0) !kept")
+LEDGER_IFACE = (ACCOUNT + "(** Interest on kept accounts.\n*)\n(* Implement the following interface (ledger.mli):\n"
+                "val open_account : account -> unit\n\nval pay_interest : unit -> unit\n*)\n"
+                "let open_account (a : account) : unit =")
+LEDGER = Problem(id="ledger7", prompt=LEDGER_IFACE, tests="""let () =
+  let a = { owner = "a"; balance = 100 } in
+  open_account a;
+  pay_interest ();
+  assert (a.balance = 110);
+  a.balance <- 0;
+  pay_interest ();
+  assert (a.balance = 0)
+;;""")
+LEDGER_CODE = (ACCOUNT + "let kept = ref []\nlet open_account a = kept := a :: !kept\n"
+               "let pay_interest () = List.iter (fun a -> a.balance <- a.balance + a.balance / 10) !kept")
+
+# the tests' function changes an array the answer made and passes it: the answer sees the change
+# when the function returns, as in one program
+APPLY_SUM = Problem(id="apply_sum7", prompt=("(** The sum of [| 1; 2 |] after f has seen it. *)\n"
+                                             "let apply_sum (f : int array -> unit) : int ="), tests="""let () =
+  assert (apply_sum (fun a -> a.(0) <- 10) = 12);
+  assert (apply_sum (fun _ -> ()) = 3)
+;;""")
+
+BUMPED = Problem(id="bumped7", prompt=("(** The counter's value after f has bumped it. *)\n"
+                                        "let bumped (f : int ref -> unit) : int ="), tests="""let () =
+  assert (bumped incr = 1);
+  assert (bumped (fun r -> r := !r + 5) = 5)
+;;""")
+
 CASES = [
     # a closure right only once: truth 1/3; replayed per call it earns 3/3
     pytest.param(SCALE, "let scale k = let used = ref false in fun x -> if !used then 0 else (used := true; k * x)",
@@ -432,6 +520,20 @@ CASES = [
     # a stack of stacks: the tests' handles cross inside values of a type variable, and come back
     pytest.param(STACKS, "type 'a stack = 'a list\nlet empty () = []\nlet push x s = x :: s\n"
                  "let top = function [] -> None | x :: _ -> Some x", id="abstract-inside-a-type-variable"),
+    # a kept block changes between calls where it does not cross, both ways (by reference or copied)
+    pytest.param(TRACK_SEES, TRACKED, id="kept-changes-seen"),
+    pytest.param(TRACK_SEES, COPIED, id="kept-copy-changes-unseen"),
+    pytest.param(TRACK_COPIES, TRACKED, id="kept-by-reference-where-a-copy-is-asked"),
+    pytest.param(TRACK_COPIES, COPIED, id="kept-copy-where-a-copy-is-asked"),
+    pytest.param(FILL, "let buf = Array.make 2 0\nlet buffer () = buf\nlet fill x = Array.fill buf 0 2 x", id="kept-own-buffer"),
+    pytest.param(FILL, "let buffer () = Array.make 2 0\nlet fill _ = ()", id="kept-own-buffer-fresh"),
+    pytest.param(GRID_KEPT, GRID_CODE, id="kept-grid"),
+    pytest.param(GRID_KEPT, GRID_CODE.replace("kept := m", "kept := Array.map Array.copy m"), id="kept-grid-copied"),
+    pytest.param(LEDGER, LEDGER_CODE, id="kept-record"),
+    pytest.param(APPLY_SUM, "let apply_sum f = let a = [| 1; 2 |] in f a; Array.fold_left (+) 0 a", id="changed-by-the-tests-function"),
+    pytest.param(APPLY_SUM, "let apply_sum f = let a = [| 1; 2 |] in f (Array.copy a); Array.fold_left (+) 0 a",
+                 id="changed-by-the-tests-function-a-copy"),
+    pytest.param(BUMPED, "let bumped f = let r = ref 0 in f r; !r", id="ref-changed-by-the-tests-function"),
 ]
 
 
@@ -445,7 +547,6 @@ def test_a_value_across_the_wire_behaves_as_in_one_program(scorer, tmp_path, pro
 def test_a_record_with_a_mutable_field_crosses_only_where_it_can_be_written_back():
     """Through lists, options, tuples, arrays, refs, records and variants, yes; through a function,
     or in a type that holds itself, the problem is unverifiable (no test credit, said why)."""
-    from ocaml_grpo.grading.interface import interface_of
     assert not interface_of(DEPOSIT.prompt, "deposit").unverifiable
     assert not interface_of(RESET_ALL.prompt, "reset_all").unverifiable
     looped = interface_of("type node = { v : int; mutable next : node option }\nlet f (n : node) : unit =", "f")
@@ -522,4 +623,38 @@ def test_a_record_given_back_changes_only_in_its_mutable_fields(sandbox_scorer, 
     truth = plain_ocaml_passes(tmp_path, BANK_HONEST, BANK.tests)
     assert truth == 2 and sandbox_scorer.score_one(BANK, fenced(BANK_HONEST)).tests_passed == truth
     forged = sandbox_scorer.score_one(BANK, fenced(BANK_FORGED))
+    assert forged.compiled and (forged.tests_passed, forged.tests_total) == (1, 2), forged
+
+
+# Frame M (a block the answer holds, changed between calls) passes the same checks as a block that
+# crosses again: the hostile oracle below sends one before its reply to `probe ()`, naming the
+# tests' array it was given (number 0: accepted, as the honest answer's change is) or a number it
+# was never given (2: refused, the assertion fails).
+KEPT_PROBE = Problem(id="kept_probe7", prompt=(
+    "(** Arrays.\n*)\n(* Implement the following interface (arrays.mli):\nval length : int array -> int\n\n"
+    "val probe : unit -> int\n*)\nlet length (a : int array) : int ="), tests="""let () =
+  let given = [| 0 |] in
+  assert (length given = 1);
+  assert (probe () = 0 && given = [| 5 |])
+;;""")
+PROBE_HONEST = "let kept = ref [||]\nlet length a = kept := a; Array.length a\nlet probe () = (!kept).(0) <- 5; 0"
+PROBE_FORGED = '''external fd_out : int -> out_channel = "caml_ml_open_descriptor_out"
+let le n = String.init 8 (fun i -> Char.chr ((n lsr (8 * i)) land 255))
+let length a = Array.length a
+(* frame M: the key, the number, 1, then the array [| 5 |]; then the reply 0 *)
+let probe () =
+  let oc = fd_out (int_of_string Sys.argv.(2)) in
+  let m = le KEY ^ le NUMBER ^ "\\001" ^ le 1 ^ le 5 in
+  output_string oc ("M " ^ string_of_int (String.length m) ^ "\\n" ^ m ^ "R 8\\n" ^ le 0);
+  flush oc; exit 0
+'''
+
+
+def test_a_changed_block_the_oracle_sends_is_only_one_it_was_given(sandbox_scorer, tmp_path):
+    truth = plain_ocaml_passes(tmp_path, PROBE_HONEST, KEPT_PROBE.tests)
+    assert truth == 2 and sandbox_scorer.score_one(KEPT_PROBE, fenced(PROBE_HONEST)).tests_passed == truth
+    key = re.search(r"W\.w_shared (\d+)", trusted_stubs(interface_of(KEPT_PROBE.prompt, "length"), "W")).group(1)
+    given = sandbox_scorer.score_one(KEPT_PROBE, fenced(PROBE_FORGED.replace("KEY", key).replace("NUMBER", "0")))
+    assert given.compiled and given.tests_passed == 2, given
+    forged = sandbox_scorer.score_one(KEPT_PROBE, fenced(PROBE_FORGED.replace("KEY", key).replace("NUMBER", "2")))
     assert forged.compiled and (forged.tests_passed, forged.tests_total) == (1, 2), forged

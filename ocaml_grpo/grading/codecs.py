@@ -22,6 +22,7 @@ class Gen(WriteBack):
         self.iface, self.W, self.side = iface, wire, side
         self.defs = {d.name: d for d in iface.types}
         self.q = "" if side == "T" else "Solution."
+        self.mirrors: dict[int, tuple[Type, str]] = {}  # key -> (type, its mutable fields): `shared`
 
     def resolve(self, t: Type) -> Type:
         """Aliases of the prompt expanded (their parameters substituted)."""
@@ -125,11 +126,45 @@ class Gen(WriteBack):
         # the type is part of the key: a block is only ever shared with a position of its own type
         # (the empty array is one block of every type)
         key = zlib.crc32(repr(t).encode()) & 0x3FFFFFFF
-        if way == "w":
-            return f"({self.W}.w_shared {key} {codec})"
         # a record's fields a block that crosses again may change: its mutable ones ([||]: every one)
         fixed = "[| " + "; ".join(str(i) for i, (f, _) in enumerate(d.body) if f in d.mutable) + " |]" if d else "[||]"
+        self.mirrors[key] = (t, fixed)
+        if way == "w":
+            return f"({self.W}.w_shared {key} {codec})"
         return f"({self.W}.r_shared {key} {fixed} {codec})"
+
+    def mirror_codecs(self) -> str:
+        """Each shared key's writer, mutable fields and reader, for the blocks that changed while
+        both sides hold them (wire.ml, `changed_blocks`). Both sides register every key either
+        met, both ways, so each reads whatever the other sends."""
+        done: set[int] = set()
+        out = []
+        while todo := [k for k in self.mirrors if k not in done]:
+            for key in todo:  # generating a codec may meet the types inside it: more keys
+                done.add(key)
+                t, fixed = self.mirrors[key]
+                imm = "true" if all(self.immediate(a) for a in self.fields_of(t)) else "false"
+                out.append(f"let () = {self.W}.mirror_codec {key} {self.con(t, {}, 'w')} {fixed} {self.con(t, {}, 'r')} {imm}\n")
+        return "".join(out)
+
+    def fields_of(self, t: Type) -> list[Type]:
+        """The types of a mirrored block's fields: an array's or a ref's element, a record's fields
+        (bytes: none)."""
+        d = self.defs.get(t[1])
+        if d is not None:
+            return [subst(a, dict(zip(d.params, t[2]))) for _, a in d.body]
+        return list(t[2])
+
+    def immediate(self, t: Type) -> bool:
+        """Whether every value of `t` is an immediate (an int, a char, a bool, unit, a constant
+        constructor of the prompt's): never a pointer, a closure or a handle."""
+        t = self.resolve(t)
+        if t[0] != "con":
+            return False
+        d = self.defs.get(t[1])
+        if d is not None:
+            return d.kind == "variant" and all(not args for _, args in d.body)
+        return ALIASES.get(t[1], t[1]) in ("int", "char", "bool", "unit")
 
     def con(self, t: Type, env: dict[str, str], way: str) -> str:
         """A named type's writer (way "w") or reader ("r"): the prompt's own, or the wire's."""

@@ -96,8 +96,8 @@ def trusted_stubs(iface: Interface, wire: str) -> str:
     if iface.functor:
         return _functor_stubs(g)
     signals = any(mentions(e.result, SIGNALS - set(g.defs)) for e in iface.entries)
-    return "".join([g.handle_runtime(), g.handle_types(), g.codecs(), g.exception_codec()]
-                   + [_stub(g, k, e, signals) for k, e in enumerate(iface.entries)])
+    stubs = [_stub(g, k, e, signals) for k, e in enumerate(iface.entries)]
+    return "".join([g.handle_runtime(), g.handle_types(), g.codecs(), g.exception_codec()] + stubs + [g.mirror_codecs()])
 
 
 def _stub(g: Gen, k: int, e: Entry, signals: bool, instance: str = "", table: str = "") -> str:
@@ -179,7 +179,7 @@ def _functor_stubs(g: Gen) -> str:
                     f.types_text + "\n", g.codecs(), f"let grader_tb = {W}.instance_table ()\n",
                     f"let grader_instance : int = {W}.call 0 (fun b -> {g.w(ELEMENT_COMPARE, env)} b {f.param}.compare) {W}.r_int\n"]
                    + [_stub(g, k + 1, e, False, "grader_instance", "grader_tb") for k, e in enumerate(g.iface.entries)]
-                   + ["end\n"])
+                   + [g.mirror_codecs(), "end\n"])
 
 
 ENTRY_ALIAS = "grader_entry_"  # + k: the k-th entry point, named where the answer's scope ends
@@ -256,6 +256,7 @@ def oracle_server(iface: Interface, wire: str, lambdas: tuple["Lambda", ...] = (
         # how many arguments the bound closure takes before the answer's code runs (wire.ml, `eager`)
         arity = f"{wire}.closure_arity entry_{k}" if staged else "0"
         out.append(f"let () = {wire}.staged_arity := ({arity}) :: Stdlib.( ! ) {wire}.staged_arity\n")
+    out.append(g.mirror_codecs())
     out.append(f"let () = {wire}.serve ()\n")
     return "".join(out)
 
@@ -352,6 +353,7 @@ def _functor_server(g: Gen) -> str:
            f"  {codecs} in\n" if codecs else ""]
     out += [f"  {entry_binding(g, k, f'entry_{k}', tok, quantify=False, target=f'M.{e.name}').rstrip()} in\n"
             for k, e in enumerate(g.iface.entries)]
+    out += [f"  {line} in\n" for line in g.mirror_codecs().splitlines()]  # the instance's types
     out.append("  let i = Stdlib.Hashtbl.length grader_instances in\n"
                "  Stdlib.Hashtbl.replace grader_instances i [|" + "; ".join(_serve(g, k, e, env) for k, e in enumerate(g.iface.entries))
                + "|];\n  i\n")

@@ -10,7 +10,8 @@
    Both link this unit (under a random name, off the allowlist). Messages are frames
    "KIND LEN\n" + LEN bytes: C (call: a handle, then the arguments), R (the return value), X (an
    exception), Y (U is initialised), F (T's partial applications it dropped), Q and H (T compares
-   or hashes values of an abstract type: `serve_query`). Calls go both
+   or hashes values of an abstract type: `serve_query`), M (before a C, R or X: the mutable blocks
+   the peer holds that changed since it saw them, `changed_blocks`). Calls go both
    ways: a function value crossing the wire stays
    in its sender's table and reaches the receiver as a handle (the tests' closures passed to a
    higher-order entry point, a function an entry point returns).
@@ -167,6 +168,35 @@ let msg_sent : (int, unit) Hashtbl.t = Hashtbl.create 16
 let msg_got : (int, Obj.t) Hashtbl.t = Hashtbl.create 16
 let w_promoted = ref false
 
+(* Kept in step (`changed_blocks`): each mirrored type's codec, set by the generated code
+   (`mirror_codec`), and the peer's view of each block it holds. *)
+let mirror_codecs : (int, (Buffer.t -> Obj.t -> unit) * int array * (reader -> Obj.t) * bool) Hashtbl.t =
+  Hashtbl.create 8
+
+(* The peer's view of a block: its bytes (a flat float array's, marshalled: every bit, -0. and nan's
+   payload included), or a shallow copy. *)
+let view (o : Obj.t) =
+  if Obj.tag o = Obj.double_array_tag then Obj.repr (Marshal.to_string o []) else Obj.dup o
+
+let views = ref (Array.make 64 (Obj.repr 0))  (* number -> the peer's view (an int: none) *)
+let immediates = ref (Array.make 64 false)  (* number -> its fields are immediates only *)
+let viewed = ref (Array.make 64 0)  (* the numbers with a view *)
+let viewed_count = ref 0
+
+let grow a n x = if n >= Array.length !a then begin
+    let b = Array.make (max (n + 1) (2 * Array.length !a)) x in
+    Array.blit !a 0 b 0 (Array.length !a); a := b end
+
+let see n (o : Obj.t) =
+  grow views n (Obj.repr 0); grow immediates n false;
+  if Obj.is_int !views.(n) then begin
+    grow viewed !viewed_count 0;
+    !viewed.(!viewed_count) <- n; incr viewed_count;
+    !immediates.(n) <- (match Hashtbl.find_opt mirror_codecs !held_key.(n) with Some (_, _, _, i) -> i | None -> false)
+  end;
+  !views.(n) <- view o
+
+
 let address (o : Obj.t) : int = (Obj.magic o : int) lor 1  (* an int: a bare pointer would be hashed by contents *)
 
 let ensure n =
@@ -277,8 +307,89 @@ let r_shared key muts read r =
          | None -> hold n key v; pending := (n, v) :: !pending; v in  (* (one the tests dropped: anew) *)
        if not mine then peer_next := max !peer_next (n + 2);
        Hashtbl.replace msg_got n o;
+       see n o;
        Obj.obj o
      | _ -> raise Bad)
+
+(* Kept in step: a block both sides hold changes between crossings (the answer changes an array it
+   keeps in a later call that returns nothing; the tests change one the answer keeps), and one
+   program would show the change to the other side at once. Control passes only with a call or a
+   reply, so before each one its sender sends (frame M) every block the peer holds that changed
+   since the peer last saw it: the peer's view is a shallow copy, taken when the block last
+   crossed (a field compared by `==`: a row replaced is a change of the matrix, a row changed in
+   place one of the row's own). Each is read as any block that crosses again (`r_shared`: the
+   trusted side accepts only its numbers it gave, and only what one program could change). The
+   cost: the blocks both hold, compared once per call. *)
+(* Set by the generated code: the writer, mutable fields and reader of each key's type, and whether
+   its fields are immediates only (ints, chars, constant constructors: compared by `compare`, in C). *)
+let mirror_codec key (w : Buffer.t -> 'a -> unit) muts (r : reader -> 'a) immediates =
+  Hashtbl.replace mirror_codecs key ((fun b o -> w b (Obj.obj o)), muts, (fun rd -> Obj.repr (r rd)), immediates)
+
+let note_seen n = match Weak.get !held n with Some o -> see n o | None -> ()
+
+(* Whether a block changed since the peer's view `s`: its bytes, or each field by `==` (the
+   fields of a block of immediates all at once, by `compare`, 20 times faster in the bytecode
+   oracle; never a block that may hold a closure or a handle, which `compare` would call on). *)
+let differs imm (o : Obj.t) (s : Obj.t) =
+  let t = Obj.tag o in
+  if t = Obj.string_tag then not (Bytes.equal (Obj.obj o) (Obj.obj s))
+  else if t = Obj.double_array_tag then not (String.equal (Obj.obj s) (Marshal.to_string o []))
+  else if imm then compare o s <> 0
+  else begin
+    let d = ref false and i = ref 0 in
+    while not !d && !i < Obj.size o do
+      d := Obj.field o !i != Obj.field s !i;
+      incr i
+    done;
+    !d
+  end
+
+(* Frame M's payload: each changed block as its key, then as `w_shared` writes it. *)
+(* Blocks that died stay viewed until a major cycle ends, so a run of calls on fresh arrays would
+   compare thousands of dead ones per call: once the views have doubled since the last collection
+   and the comparing since it outweighs a collection (a sixteenth of the heap's words), a full one
+   (it moves nothing: addresses hold). *)
+let live_after = ref 0
+let compared = ref 0
+
+let changed_blocks () =
+  if !viewed_count > max 64 (2 * !live_after) && !compared * 16 > (Gc.quick_stat ()).Gc.heap_words then begin
+    promote ();  (* the blocks received since this side last wrote one: placed, no longer held here *)
+    Gc.full_major ();
+    compared := 0;
+    live_after := -1
+  end;
+  compared := !compared + !viewed_count;
+  let todo = ref [] and k = ref 0 in
+  for i = 0 to !viewed_count - 1 do
+    let n = !viewed.(i) in
+    match Weak.get !held n with
+    | Some o -> if differs !immediates.(n) o !views.(n) then todo := (n, o) :: !todo; !viewed.(!k) <- n; incr k
+    | None -> !views.(n) <- Obj.repr 0
+  done;
+  viewed_count := !k;
+  if !live_after < 0 then live_after := !k;
+  if !todo = [] then ""
+  else begin
+    begin_write ();
+    let b = Buffer.create 64 in
+    List.iter (fun (n, o) ->
+        let key = !held_key.(n) in
+        match Hashtbl.find_opt mirror_codecs key with
+        | Some (w, _, _, _) -> w_int b key; w_shared key w b o
+        | None -> failwith "wire: a kept block's type has no codec") (List.sort (fun (a, _) (b, _) -> compare a b) !todo);
+    Buffer.contents b
+  end
+
+let read_changed p =
+  let r = reader p in
+  begin_read ();
+  while not (at_end r) do
+    let key = r_int r in
+    match Hashtbl.find_opt mirror_codecs key with
+    | Some (_, muts, rd, _) -> ignore (r_shared key muts rd r)
+    | None -> raise Bad
+  done
 
 (* ---------------------------------------------------------------- type variables *)
 
@@ -624,13 +735,28 @@ let mark_given () =
         end;
         Bytes.set !given n '\001') msg_sent
 
-let send kind payload =
-  if kind = 'C' || kind = 'R' then mark_given ();  (* composed since begin_write: values *)
+let send_frame kind payload =
   try
     output_char !rep_out kind; output_char !rep_out ' ';
     output_string !rep_out (string_of_int (String.length payload)); output_char !rep_out '\n';
     output_string !rep_out payload; flush !rep_out
   with Sys_error _ -> fail ()
+
+let send kind payload =
+  if kind = 'C' || kind = 'R' then mark_given ();  (* composed since begin_write: values *)
+  send_frame kind payload
+
+let numbers_sent () = Hashtbl.fold (fun n () l -> n :: l) msg_sent []
+
+(* A call or a reply (C, R, X): first the blocks the peer holds that changed since it saw them
+   (frame M, `changed_blocks`), then the frame; the peer has now seen what crossed in either. *)
+let send_synced kind payload =
+  let sent = if kind = 'X' then [] else (mark_given (); numbers_sent ()) in
+  let m = if !viewed_count = 0 then "" else changed_blocks () in
+  let sent = if m = "" then sent else (mark_given (); numbers_sent () @ sent) in
+  if m <> "" then send_frame 'M' m;
+  send_frame kind payload;
+  List.iter note_seen sent
 
 (* The next frame, or None at the end of the input. Its header is read a byte at a time (at most
    24), its length checked before anything is allocated. *)
@@ -773,14 +899,14 @@ let serve_one payload =
   let r = reader payload in
   let h = try r_int r with Bad -> -1 in
   let b = Buffer.create 64 in
-  if h < 0 || h >= !count then (if !trusted then (refused := true; send 'X' "?") else fail ())
+  if h < 0 || h >= !count then (if !trusted then (refused := true; send_synced 'X' "?") else fail ())
   else
     match begin_read (); !table.(h) r b with
-    | () -> send 'R' (Buffer.contents b)
-    | exception Bad when !trusted -> refused := true; send 'X' "?"  (* its arguments: malformed *)
+    | () -> send_synced 'R' (Buffer.contents b)
+    | exception Bad when !trusted -> refused := true; send_synced 'X' "?"  (* its arguments: malformed *)
     | exception e ->
       let e = if !trusted then Foreign (keep_raised e) else e in
-      send 'X' (encode_exn e)
+      send_synced 'X' (encode_exn e)
 
 (* Values of an abstract type compared or hashed by the tests (handles.c, in the trusted program):
    the oracle compares or hashes the values themselves. Q: two numbers; the reply is the total
@@ -827,6 +953,7 @@ let rec wait read =
   | Some ('X', p) ->
     raise (match decode_exn ~trusted:!trusted p with e -> e | exception _ -> if !trusted then refuse () else fail ())
   | Some ('C', p) -> serve_one p; wait read
+  | Some ('M', p) -> (try read_changed p with _ -> if !trusted then refused := true else fail ()); wait read
   | Some ('F', p) when not !trusted -> (try drop p with Bad -> fail ()); wait read
   | Some (('Q' | 'H') as k, p) when not !trusted -> serve_query k p; wait read
   | Some _ -> if !trusted then refuse () else fail ()
@@ -859,7 +986,7 @@ let call h write read =
   w_int b h;
   begin_write ();
   write b;
-  send 'C' (Buffer.contents b);
+  send_synced 'C' (Buffer.contents b);
   wait read
 
 (* A partial application of an entry point in the tests (`let triple = scale 3`): it happens in
@@ -993,6 +1120,7 @@ let serve () =
     match read_frame () with
     | None -> exit 0
     | Some ('C', p) -> serve_one p; loop ()
+    | Some ('M', p) -> (try read_changed p with _ -> exit 2); loop ()
     | Some ('F', p) -> (try drop p with Bad -> exit 2); loop ()
     | Some (('Q' | 'H') as k, p) -> serve_query k p; loop ()
     | Some _ -> exit 2 in
