@@ -413,6 +413,41 @@ BUMPED = Problem(id="bumped7", prompt=("(** The counter's value after f has bump
   assert (bumped (fun r -> r := !r + 5) = 5)
 ;;""")
 
+# labelled arguments: a partial application by label happens once too; one that names a later
+# label first waits for the earlier ones, in one program as here
+LAB_SCALE = Problem(id="lab_scale7", prompt="(** k times x. *)\nlet scale ~(k : int) (x : int) : int =", tests="""let () =
+  let triple = scale ~k:3 in
+  assert (triple 1 = 3);
+  assert (triple 2 = 6);
+  assert (List.map (scale ~k:2) [1; 2] = [2; 4])
+;;""")
+LAB_CLAMP = Problem(id="lab_clamp7", prompt=("(** x clamped to [lo, hi]. *)\n"
+                                             "let clamp ~(lo : int) ~(hi : int) (x : int) : int ="), tests="""let () =
+  let upto9 = clamp ~hi:9 in
+  assert (upto9 ~lo:0 12 = 9);
+  let from5 = clamp ~lo:5 in
+  assert (try ignore (from5 ~hi:1); false with Invalid_argument _ -> true);
+  assert (from5 ~hi:9 7 = 7);
+  assert (upto9 ~lo:2 1 = 2)
+;;""")
+
+# type variables: fixed once per partial application, its values one table across its frames (a
+# value sent with the first argument comes back with the last as the tests' own)
+APP = Problem(id="app7", prompt="(** f applied to x. *)\nlet app (f : 'a -> 'b) (x : 'a) : 'b =", tests="""let () =
+  let g = app (fun x -> x + 1) in
+  assert (g 1 = 2);
+  assert (g 2 = 3);
+  assert (List.map (app string_of_int) [1; 2] = ["1"; "2"])
+;;""")
+PAIR = Problem(id="pair7", prompt="(** x and y as a pair. *)\nlet pair (x : 'a) (y : 'b) : 'a * 'b =", tests="""let () =
+  let s = String.make 2 'a' in
+  let p = pair s in
+  assert (p 1 = (s, 1));
+  assert (fst (p 2) == s);
+  assert (List.map (pair 0) [true; false] = [(0, true); (0, false)])
+;;""")
+ONCE = "let used = ref false in fun y -> if !used then raise Exit else (used := true; "
+
 CASES = [
     # a closure right only once: truth 1/3; replayed per call it earns 3/3
     pytest.param(SCALE, "let scale k = let used = ref false in fun x -> if !used then 0 else (used := true; k * x)",
@@ -534,6 +569,19 @@ CASES = [
     pytest.param(APPLY_SUM, "let apply_sum f = let a = [| 1; 2 |] in f (Array.copy a); Array.fold_left (+) 0 a",
                  id="changed-by-the-tests-function-a-copy"),
     pytest.param(BUMPED, "let bumped f = let r = ref 0 in f r; !r", id="ref-changed-by-the-tests-function"),
+    pytest.param(LAB_SCALE, "let scale ~k = let used = ref false in fun x -> if !used then 0 else (used := true; k * x)",
+                 id="labelled-partial-once"),
+    pytest.param(LAB_SCALE, "let scale ~k x = k * x", id="labelled-partial-honest"),
+    pytest.param(LAB_CLAMP, "let clamp ~lo = fun ~hi -> if hi < lo then invalid_arg \"clamp\" else fun x -> max lo (min hi x)",
+                 id="labelled-raises-at-the-second"),
+    pytest.param(LAB_CLAMP, "let clamp ~lo = let calls = ref 0 in fun ~hi -> incr calls; fun x -> "
+                 "if !calls > 2 then -1 else max lo (min hi x)", id="labelled-partial-counted"),
+    pytest.param(LAB_CLAMP, "let clamp ~lo ~hi x = if hi < lo then invalid_arg \"clamp\" else max lo (min hi x)",
+                 id="labelled-raises-at-the-last"),
+    pytest.param(APP, "let app f x = f x", id="polymorphic-partial-honest"),
+    pytest.param(APP, "let app f = " + ONCE.replace("fun y", "fun x") + "f x)", id="polymorphic-partial-once"),
+    pytest.param(PAIR, "let pair x y = (x, y)", id="polymorphic-value-across-frames"),
+    pytest.param(PAIR, "let pair x = " + ONCE + "(x, y))", id="polymorphic-value-once"),
 ]
 
 

@@ -46,11 +46,14 @@ def _nested(g: Gen, label: str, t: Type) -> bool:
 
 
 def _staged(e: Entry, signals: bool, instance: str = "") -> bool:
-    """An entry point of two or more unlabelled arguments and no type variables (outside a functor,
-    beside no signal): a partial application of it in the tests happens in the oracle, once, and
-    stays the answer's closure there (wire.ml, `call_staged`), so `let triple = scale 3` is one
-    application of `scale` however often `triple` is called."""
-    return len(e.params) >= 2 and not instance and not signals and not e.vars() and not any(lab for lab, _ in e.params)
+    """An entry point of two or more arguments, none optional (outside a functor, beside no
+    signal): a partial application of it in the tests happens in the oracle, once, and stays the
+    answer's closure there (wire.ml, `call_staged`), so `let triple = scale 3` (or `scale ~k:3`,
+    or `app f`) is one application of `scale` however often `triple` is called. Labels are the
+    tests' business: an application that names a later label first waits, in one program too, for
+    the arguments before it. Type variables are fixed once per application chain (a partial
+    application is never generalised): one table of values for its frames."""
+    return len(e.params) >= 2 and not instance and not signals and not any(lab.startswith("?") for lab, _ in e.params)
 
 
 # Types whose values are immediate: nothing to alias.
@@ -143,11 +146,15 @@ def _stub(g: Gen, k: int, e: Entry, signals: bool, instance: str = "", table: st
         ws_list = [f"(fun b -> {write(i, lab, p, x)})" for i, ((lab, p), x) in enumerate(zip(e.params, xs))]
         ws = "; ".join(ws_list)
         ps = [f"p{i}" for i in range(len(xs) - 1)]
+        # one table of the type variables' values for the chain, its values before each frame's
+        frame = f"({wire}.w_vals tb)" if any(g.has_var(param_type(lab, p)) for lab, p in e.params) else "(fun w -> w)"
+        table = f"let tb = {wire}.tokens {len(vs)} {'false' if g.named_handles() else 'true'} in " if vs else ""
         # each application short of the last may run the answer's code now (wire.ml, `eager`)
-        lam = "".join(f"fun {x} -> let {q} = {wire}.prefix () in {wire}.eager {k} [| {'; '.join(ps[:i + 1])} |] "
-                      f"[| {'; '.join(ws_list[:i + 1])} |]; " for i, (x, q) in enumerate(zip(xs, ps)))
-        body = f"{wire}.call_staged {k} [| {'; '.join(ps)} |] [| {ws} |] {read}"
-        return f"let {e.name} : {ty} = {lam}fun {xs[-1]} -> {body}\n"
+        lam = "".join(f"fun {_labelled(lab, x)} -> {table if i == 0 else ''}let {q} = {wire}.prefix () in "
+                      f"{wire}.eager {frame} {k} [| {'; '.join(ps[:i + 1])} |] [| {'; '.join(ws_list[:i + 1])} |]; "
+                      for i, ((lab, _), x, q) in enumerate(zip(e.params, xs, ps)))
+        body = f"{wire}.call_staged {frame} {k} [| {'; '.join(ps)} |] [| {ws} |] {read}"
+        return f"let {e.name} : {ty} = {lam}fun {_labelled(e.params[-1][0], xs[-1])} -> {body}\n"
     strict = "false" if g.iface.functor or g.named_handles() or signals else "true"
     tb = table or f"{wire}.tokens {len(vs)} {strict}"
     body = (f"let tb = {tb} in " if vs else "") + f"let write b = {writes} in "
@@ -322,17 +329,23 @@ def _serve_staged(g: Gen, k: int, e: Entry, env: dict[str, str], lambdas: tuple[
     read = _arg_reads(g, k, e, env, lambdas, lambda_unit)
     # stage s: the closure `c` after arguments 0 .. s-1 (held as a0 .. a{s-1}) reads argument s
     last = n - 1
+    arg = [_labelled(lab, x) for (lab, _), x in zip(e.params, xs)]
     stages = [f"let stage{last} {' '.join(xs[:last])} c = fun r b -> let {xs[last]} = {read(last)} in "
-              f"{wire}.r_end r;{_call_and_reply(g, e, env, f'c {xs[last]}')} in"]
+              f"{wire}.r_end r;{_call_and_reply(g, e, env, f'c {arg[last]}')} in"]
+    # each frame starts with the values of the chain's type variables (the trusted side's `frame`)
+    vals = any(g.has_var(param_type(lab, p)) for lab, p in e.params)
+
+    def framed(f: str) -> str:
+        return f"(fun r b -> {wire}.r_vals r; {f} r b)" if vals else f"({f})"
     for s_ in range(last - 1, -1, -1):
         held = " ".join(xs[:s_ + 1])
         # a frame that ends here made a partial application the tests hold (wire.ml, `eager`):
         # its handle, then how many arguments its closure takes before it runs
         stages.append(f"let stage{s_} {' '.join(xs[:s_])} c = fun r b -> let {xs[s_]} = {read(s_)} in "
-                      f"let c = c {xs[s_]} in {wire}.w_int b ({wire}.register (stage{s_ + 1} {held} c)); "
+                      f"let c = c {arg[s_]} in {wire}.w_int b ({wire}.register {framed(f'stage{s_ + 1} {held} c')}); "
                       f"if {wire}.at_end r then {wire}.w_int b ({wire}.closure_arity c) else "
                       f"stage{s_ + 1} {held} c r b in")
-    return "(" + " ".join(stages) + f" stage0 entry_{k})"
+    return "(" + " ".join(stages) + f" {framed(f'stage0 entry_{k}')})"
 
 
 def _functor_server(g: Gen) -> str:

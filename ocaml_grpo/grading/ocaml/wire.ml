@@ -1008,22 +1008,25 @@ let rec deepest (ps : prefix array) i = if i < 0 || ps.(i).h >= 0 then i else de
    code runs now, as in one program (`scale 0` raises here, a table is built once here), and the
    prefixes on the way are made; else nothing runs yet. An arity the oracle did not say is 0:
    every application is then made at once (never wrong, only slower). *)
-let eager k (ps : prefix array) (ws : (Buffer.t -> unit) array) =
+let eager frame k (ps : prefix array) (ws : (Buffer.t -> unit) array) =
   await_ready ();
   let s = Array.length ps - 1 in
   let d = deepest ps (s - 1) in
   let left = if d >= 0 then ps.(d).left else if k < Array.length !entry_arity then !entry_arity.(k) else 0 in
   if left <= s - d then
-    call (if d < 0 then k else ps.(d).h) (fun b -> for i = d + 1 to s do ws.(i) b done)
+    call (if d < 0 then k else ps.(d).h) (frame (fun b -> for i = d + 1 to s do ws.(i) b done))
       (fun r -> for i = d + 1 to s do ps.(i).h <- r_int r done; ps.(s).left <- r_int r)
 
+(* `frame`: how a frame's arguments are written (with an entry point's type variables, after the
+   values of this application's table: `w_vals tb`, one table for the prefixes' whole chain, as one
+   program fixes the variables of a partial application once). *)
 (* A total call through the prefixes `ps` of entry point `k` (ps.(i): its closure once arguments 0
    to i are applied): from the deepest one the oracle holds, with the arguments after it; the
    oracle replies with a handle for each prefix it made on the way, then the result. *)
-let call_staged k (ps : prefix array) (ws : (Buffer.t -> unit) array) read =
+let call_staged frame k (ps : prefix array) (ws : (Buffer.t -> unit) array) read =
   let n = Array.length ws in
   let d = deepest ps (n - 2) in
-  call (if d < 0 then k else ps.(d).h) (fun b -> for i = d + 1 to n - 1 do ws.(i) b done)
+  call (if d < 0 then k else ps.(d).h) (frame (fun b -> for i = d + 1 to n - 1 do ws.(i) b done))
     (fun r -> for i = d + 1 to n - 2 do ps.(i).h <- r_int r done; read r)
 
 (* A function value of the peer's, as a handle: calls go to the peer. *)
