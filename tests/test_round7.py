@@ -448,6 +448,21 @@ PAIR = Problem(id="pair7", prompt="(** x and y as a pair. *)\nlet pair (x : 'a) 
 ;;""")
 ONCE = "let used = ref false in fun y -> if !used then raise Exit else (used := true; "
 
+# a partial application that holds a value of a type variable is made in the oracle only where the
+# answer's code runs at it (a copy there, which the tests' later change would not reach): the
+# honest `push s x` sees `s := []`
+PUSH_POLY = Problem(id="push_poly7", prompt="(** Push x onto s. *)\nlet push (s : 'a list ref) (x : 'a) : unit =",
+                    tests="""let () =
+  let s = ref [] in
+  let p = push s in
+  p 1;
+  p 2;
+  assert (!s = [2; 1]);
+  s := [];
+  p 3;
+  assert (!s = [3])
+;;""")
+
 CASES = [
     # a closure right only once: truth 1/3; replayed per call it earns 3/3
     pytest.param(SCALE, "let scale k = let used = ref false in fun x -> if !used then 0 else (used := true; k * x)",
@@ -582,6 +597,7 @@ CASES = [
     pytest.param(APP, "let app f = " + ONCE.replace("fun y", "fun x") + "f x)", id="polymorphic-partial-once"),
     pytest.param(PAIR, "let pair x y = (x, y)", id="polymorphic-value-across-frames"),
     pytest.param(PAIR, "let pair x = " + ONCE + "(x, y))", id="polymorphic-value-once"),
+    pytest.param(PUSH_POLY, "let push s x = s := x :: !s", id="polymorphic-held-value-changed-by-the-tests"),
 ]
 
 

@@ -141,6 +141,13 @@ def mentions(t: Type, names: set[str]) -> bool:
     return False
 
 
+def type_vars(t: Type) -> list[str]:
+    """The type variables `t` mentions, in order."""
+    out: list[str] = []
+    _collect_vars(t, out)
+    return out
+
+
 def _collect_vars(t: Type, out: list[str]) -> None:
     if t[0] == "var":
         if t[1] not in out:

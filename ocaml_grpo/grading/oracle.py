@@ -16,7 +16,7 @@ instances: one per application in the tests, its values' calls carrying the inst
 from __future__ import annotations
 
 from ocaml_grpo.grading.codecs import Gen, param_type
-from ocaml_grpo.grading.interface import ALIASES, ELEMENT_VAR, ORDERED_SIG, SIGNALS, Entry, Functor, Interface, Type, mentions
+from ocaml_grpo.grading.interface import ALIASES, ELEMENT_VAR, ORDERED_SIG, SIGNALS, Entry, Functor, Interface, Type, mentions, type_vars
 from ocaml_grpo.grading.shipped import Lambda, arg_reader, arg_writer
 
 
@@ -54,6 +54,16 @@ def _staged(e: Entry, signals: bool, instance: str = "") -> bool:
     the arguments before it. Type variables are fixed once per application chain (a partial
     application is never generalised): one table of values for its frames."""
     return len(e.params) >= 2 and not instance and not signals and not any(lab.startswith("?") for lab, _ in e.params)
+
+
+def _held_in_step(e: Entry) -> bool:
+    """Whether what a partial application of `e` holds stays the tests' own in the oracle: each
+    argument but the last is a function (it stays in the trusted program, a handle) or of a type
+    without variables (immutable, or kept in step: wire.ml). A value of a type variable is a copy
+    there (Marshal), which the tests' later changes would not reach (`let p = push s` over
+    `s : 'a list ref`, then `s := []`): such a partial application is made in the oracle only where
+    the answer's code runs at it (`eager`), never on the way of a total call."""
+    return all(p[0] == "arrow" or not type_vars(p) for _, p in e.params[:-1])
 
 
 # Types whose values are immediate: nothing to alias.
@@ -153,7 +163,8 @@ def _stub(g: Gen, k: int, e: Entry, signals: bool, instance: str = "", table: st
         lam = "".join(f"fun {_labelled(lab, x)} -> {table if i == 0 else ''}let {q} = {wire}.prefix () in "
                       f"{wire}.eager {frame} {k} [| {'; '.join(ps[:i + 1])} |] [| {'; '.join(ws_list[:i + 1])} |]; "
                       for i, ((lab, _), x, q) in enumerate(zip(e.params, xs, ps)))
-        body = f"{wire}.call_staged {frame} {k} [| {'; '.join(ps)} |] [| {ws} |] {read}"
+        keep = "true" if _held_in_step(e) else "false"
+        body = f"{wire}.call_staged {frame} {keep} {k} [| {'; '.join(ps)} |] [| {ws} |] {read}"
         return f"let {e.name} : {ty} = {lam}fun {_labelled(e.params[-1][0], xs[-1])} -> {body}\n"
     strict = "false" if g.iface.functor or g.named_handles() or signals else "true"
     tb = table or f"{wire}.tokens {len(vs)} {strict}"

@@ -1020,14 +1020,17 @@ let eager frame k (ps : prefix array) (ws : (Buffer.t -> unit) array) =
 (* `frame`: how a frame's arguments are written (with an entry point's type variables, after the
    values of this application's table: `w_vals tb`, one table for the prefixes' whole chain, as one
    program fixes the variables of a partial application once). *)
+(* `keep`: whether the prefixes made on the way are kept (not where a prefix would hold a copy
+   of a value of a type variable: oracle.py, `_held_in_step`; those are dropped at once). *)
 (* A total call through the prefixes `ps` of entry point `k` (ps.(i): its closure once arguments 0
    to i are applied): from the deepest one the oracle holds, with the arguments after it; the
    oracle replies with a handle for each prefix it made on the way, then the result. *)
-let call_staged frame k (ps : prefix array) (ws : (Buffer.t -> unit) array) read =
+let call_staged frame keep k (ps : prefix array) (ws : (Buffer.t -> unit) array) read =
   let n = Array.length ws in
   let d = deepest ps (n - 2) in
   call (if d < 0 then k else ps.(d).h) (frame (fun b -> for i = d + 1 to n - 1 do ws.(i) b done))
-    (fun r -> for i = d + 1 to n - 2 do ps.(i).h <- r_int r done; read r)
+    (fun r -> for i = d + 1 to n - 2 do let h = r_int r in if keep then ps.(i).h <- h else freed := h :: !freed done;
+             read r)
 
 (* A function value of the peer's, as a handle: calls go to the peer. *)
 let r_handle r = r_int r
