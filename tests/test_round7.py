@@ -463,6 +463,18 @@ PUSH_POLY = Problem(id="push_poly7", prompt="(** Push x onto s. *)\nlet push (s 
   assert (!s = [3])
 ;;""")
 
+# a partial application made in the oracle (the answer's code runs at it) holds a copy of a value
+# of a type variable: once the tests change that value, a call through it is refused (the copy is
+# no longer theirs), never graded on the stale copy
+LARGER = Problem(id="larger7", prompt="(** The larger of x and y (by compare). *)\nlet larger (x : 'a) (y : 'a) : 'a =",
+                 tests="""let () =
+  let a = [| 1 |] in
+  let l = larger a in
+  assert (l [| 0 |] == a);
+  a.(0) <- -1;
+  assert (l [| 0 |] == a)
+;;""")
+
 CASES = [
     # a closure right only once: truth 1/3; replayed per call it earns 3/3
     pytest.param(SCALE, "let scale k = let used = ref false in fun x -> if !used then 0 else (used := true; k * x)",
@@ -598,6 +610,9 @@ CASES = [
     pytest.param(PAIR, "let pair x y = (x, y)", id="polymorphic-value-across-frames"),
     pytest.param(PAIR, "let pair x = " + ONCE + "(x, y))", id="polymorphic-value-once"),
     pytest.param(PUSH_POLY, "let push s x = s := x :: !s", id="polymorphic-held-value-changed-by-the-tests"),
+    pytest.param(LARGER, "let larger x = let calls = ref 0 in fun y -> incr calls; if compare x y >= 0 then x else y",
+                 id="polymorphic-held-copy-changed"),
+    pytest.param(LARGER, "let larger x y = if compare x y >= 0 then x else y", id="polymorphic-held-copy-replayed"),
 ]
 
 

@@ -159,12 +159,23 @@ def _stub(g: Gen, k: int, e: Entry, signals: bool, instance: str = "", table: st
         # one table of the type variables' values for the chain, its values before each frame's
         frame = f"({wire}.w_vals tb)" if any(g.has_var(param_type(lab, p)) for lab, p in e.params) else "(fun w -> w)"
         table = f"let tb = {wire}.tokens {len(vs)} {'false' if g.named_handles() else 'true'} in " if vs else ""
+        # what each prefix would hold copies of (wire.ml, `snapshot`): its arguments of types with
+        # variables, not functions; prefix i's thunk names arguments 0..i, in scope from stage i on
+        copied = [j for j, (_, p) in enumerate(e.params[:-1]) if p[0] != "arrow" and type_vars(p)]
+
+        def snap(i: int) -> str:
+            held = [xs[j] for j in copied if j <= i]
+            return f"(fun () -> {wire}.snapshot ({', '.join(held)}))" if held else f"{wire}.no_snapshot"
+
+        def snaps(upto: int) -> str:
+            return "[| " + "; ".join(snap(i) for i in range(upto + 1)) + " |]"
         # each application short of the last may run the answer's code now (wire.ml, `eager`)
         lam = "".join(f"fun {_labelled(lab, x)} -> {table if i == 0 else ''}let {q} = {wire}.prefix () in "
-                      f"{wire}.eager {frame} {k} [| {'; '.join(ps[:i + 1])} |] [| {'; '.join(ws_list[:i + 1])} |]; "
+                      f"{wire}.eager {frame} {snaps(i)} {k} [| {'; '.join(ps[:i + 1])} |] "
+                      f"[| {'; '.join(ws_list[:i + 1])} |]; "
                       for i, ((lab, _), x, q) in enumerate(zip(e.params, xs, ps)))
         keep = "true" if _held_in_step(e) else "false"
-        body = f"{wire}.call_staged {frame} {keep} {k} [| {'; '.join(ps)} |] [| {ws} |] {read}"
+        body = f"{wire}.call_staged {frame} {snaps(len(ps) - 1)} {keep} {k} [| {'; '.join(ps)} |] [| {ws} |] {read}"
         return f"let {e.name} : {ty} = {lam}fun {_labelled(e.params[-1][0], xs[-1])} -> {body}\n"
     strict = "false" if g.iface.functor or g.named_handles() or signals else "true"
     tb = table or f"{wire}.tokens {len(vs)} {strict}"

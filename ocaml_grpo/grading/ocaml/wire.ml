@@ -994,10 +994,10 @@ let call h write read =
    closure (oracle.py, `_staged`). It happens where the tests make it when the answer's code runs
    there (`eager`), else at the first call through it (an application short of a closure's arity
    runs nothing, in one program too). `h`: -1 until made; `left`: the arity of the closure made. *)
-type prefix = { mutable h : int; mutable left : int }
+type prefix = { mutable h : int; mutable left : int; mutable held : string }
 
 let prefix () =
-  let p = { h = -1; left = 0 } in
+  let p = { h = -1; left = 0; held = "" } in
   Gc.finalise (fun p -> if p.h >= 0 then freed := p.h :: !freed) p;
   p
 
@@ -1008,14 +1008,25 @@ let rec deepest (ps : prefix array) i = if i < 0 || ps.(i).h >= 0 then i else de
    code runs now, as in one program (`scale 0` raises here, a table is built once here), and the
    prefixes on the way are made; else nothing runs yet. An arity the oracle did not say is 0:
    every application is then made at once (never wrong, only slower). *)
-let eager frame k (ps : prefix array) (ws : (Buffer.t -> unit) array) =
+(* What a prefix made in the oracle holds copies of (values of type variables, oracle.py
+   `_held_in_step`), marshalled when it is made ("": nothing to watch, or a value Marshal cannot
+   write: a closure, a handle). A call through it after the tests changed one of them is refused:
+   the oracle's copy no longer is the tests' value, and no grade may rest on the difference. *)
+let snapshot v = try Marshal.to_string v [] with _ -> ""
+let no_snapshot () = ""
+let still_held (ps : prefix array) (snaps : (unit -> string) array) d =
+  if d >= 0 && ps.(d).held <> "" && snaps.(d) () <> ps.(d).held then refuse ()
+
+let eager frame snaps k (ps : prefix array) (ws : (Buffer.t -> unit) array) =
   await_ready ();
   let s = Array.length ps - 1 in
   let d = deepest ps (s - 1) in
   let left = if d >= 0 then ps.(d).left else if k < Array.length !entry_arity then !entry_arity.(k) else 0 in
-  if left <= s - d then
+  if left <= s - d then begin
+    still_held ps snaps d;
     call (if d < 0 then k else ps.(d).h) (frame (fun b -> for i = d + 1 to s do ws.(i) b done))
-      (fun r -> for i = d + 1 to s do ps.(i).h <- r_int r done; ps.(s).left <- r_int r)
+      (fun r -> for i = d + 1 to s do ps.(i).h <- r_int r; ps.(i).held <- snaps.(i) () done; ps.(s).left <- r_int r)
+  end
 
 (* `frame`: how a frame's arguments are written (with an entry point's type variables, after the
    values of this application's table: `w_vals tb`, one table for the prefixes' whole chain, as one
@@ -1025,9 +1036,10 @@ let eager frame k (ps : prefix array) (ws : (Buffer.t -> unit) array) =
 (* A total call through the prefixes `ps` of entry point `k` (ps.(i): its closure once arguments 0
    to i are applied): from the deepest one the oracle holds, with the arguments after it; the
    oracle replies with a handle for each prefix it made on the way, then the result. *)
-let call_staged frame keep k (ps : prefix array) (ws : (Buffer.t -> unit) array) read =
+let call_staged frame snaps keep k (ps : prefix array) (ws : (Buffer.t -> unit) array) read =
   let n = Array.length ws in
   let d = deepest ps (n - 2) in
+  still_held ps snaps d;
   call (if d < 0 then k else ps.(d).h) (frame (fun b -> for i = d + 1 to n - 1 do ws.(i) b done))
     (fun r -> for i = d + 1 to n - 2 do let h = r_int r in if keep then ps.(i).h <- h else freed := h :: !freed done;
              read r)
