@@ -1009,10 +1009,11 @@ let rec deepest (ps : prefix array) i = if i < 0 || ps.(i).h >= 0 then i else de
    prefixes on the way are made; else nothing runs yet. An arity the oracle did not say is 0:
    every application is then made at once (never wrong, only slower). *)
 (* What a prefix made in the oracle holds copies of (values of type variables, oracle.py
-   `_held_in_step`), marshalled when it is made ("": nothing to watch, or a value Marshal cannot
-   write: a closure, a handle). A call through it after the tests changed one of them is refused:
+   `_held_in_step`), marshalled when it is made, closures as their code and environment ("":
+   nothing to watch, or a value Marshal cannot write: a handle). A call through it after the tests
+   changed one of them is refused:
    the oracle's copy no longer is the tests' value, and no grade may rest on the difference. *)
-let snapshot v = try Marshal.to_string v [] with _ -> ""
+let snapshot v = try Marshal.to_string v [Marshal.Closures] with _ -> ""
 let no_snapshot () = ""
 let still_held (ps : prefix array) (snaps : (unit -> string) array) d =
   if d >= 0 && ps.(d).held <> "" && snaps.(d) () <> ps.(d).held then refuse ()
