@@ -56,14 +56,14 @@ def _staged(e: Entry, signals: bool, instance: str = "") -> bool:
     return len(e.params) >= 2 and not instance and not signals and not any(lab.startswith("?") for lab, _ in e.params)
 
 
-def _held_in_step(e: Entry) -> bool:
-    """Whether what a partial application of `e` holds stays the tests' own in the oracle: each
-    argument but the last is a function (it stays in the trusted program, a handle) or of a type
-    without variables (immutable, or kept in step: wire.ml). A value of a type variable is a copy
-    there (Marshal), which the tests' later changes would not reach (`let p = push s` over
-    `s : 'a list ref`, then `s := []`): such a partial application is made in the oracle only where
-    the answer's code runs at it (`eager`), never on the way of a total call."""
-    return all(p[0] == "arrow" or not type_vars(p) for _, p in e.params[:-1])
+def _copied(e: Entry) -> list[int]:
+    """The arguments a partial application of `e` would hold as copies in the oracle: those but
+    the last of a type with variables, not functions (a function stays in the trusted program, a
+    handle; a type without variables is immutable or kept in step: wire.ml). A copy (Marshal) is
+    not reached by the tests' later changes (`let p = push s` over `s : 'a list ref`, then
+    `s := []`): with any, a partial application is made in the oracle only where the answer's code
+    runs at it (`eager`), never on the way of a total call, and is watched (wire.ml `still_held`)."""
+    return [j for j, (_, p) in enumerate(e.params[:-1]) if p[0] != "arrow" and type_vars(p)]
 
 
 # Types whose values are immediate: nothing to alias.
@@ -159,9 +159,9 @@ def _stub(g: Gen, k: int, e: Entry, signals: bool, instance: str = "", table: st
         # one table of the type variables' values for the chain, its values before each frame's
         frame = f"({wire}.w_vals tb)" if any(g.has_var(param_type(lab, p)) for lab, p in e.params) else "(fun w -> w)"
         table = f"let tb = {wire}.tokens {len(vs)} {'false' if g.named_handles() else 'true'} in " if vs else ""
-        # what each prefix would hold copies of (wire.ml, `snapshot`): its arguments of types with
-        # variables, not functions; prefix i's thunk names arguments 0..i, in scope from stage i on
-        copied = [j for j, (_, p) in enumerate(e.params[:-1]) if p[0] != "arrow" and type_vars(p)]
+        # what each prefix would hold copies of (wire.ml, `snapshot`); prefix i's thunk names
+        # arguments 0..i, in scope from stage i on
+        copied = _copied(e)
 
         def snap(i: int) -> str:
             held = [xs[j] for j in copied if j <= i]
@@ -174,7 +174,7 @@ def _stub(g: Gen, k: int, e: Entry, signals: bool, instance: str = "", table: st
                       f"{wire}.eager {frame} {snaps(i)} {k} [| {'; '.join(ps[:i + 1])} |] "
                       f"[| {'; '.join(ws_list[:i + 1])} |]; "
                       for i, ((lab, _), x, q) in enumerate(zip(e.params, xs, ps)))
-        keep = "true" if _held_in_step(e) else "false"
+        keep = "false" if copied else "true"
         body = f"{wire}.call_staged {frame} {snaps(len(ps) - 1)} {keep} {k} [| {'; '.join(ps)} |] [| {ws} |] {read}"
         return f"let {e.name} : {ty} = {lam}fun {_labelled(e.params[-1][0], xs[-1])} -> {body}\n"
     strict = "false" if g.iface.functor or g.named_handles() or signals else "true"

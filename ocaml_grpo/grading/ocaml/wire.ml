@@ -196,7 +196,6 @@ let see n (o : Obj.t) =
   end;
   !views.(n) <- view o
 
-
 let address (o : Obj.t) : int = (Obj.magic o : int) lor 1  (* an int: a bare pointer would be hashed by contents *)
 
 let ensure n =
@@ -319,11 +318,13 @@ let r_shared key muts read r =
    crossed (a field compared by `==`: a row replaced is a change of the matrix, a row changed in
    place one of the row's own). Each is read as any block that crosses again (`r_shared`: the
    trusted side accepts only its numbers it gave, and only what one program could change). The
-   cost: the blocks both hold, compared once per call. *)
-(* Set by the generated code: the writer, mutable fields and reader of each key's type, and whether
-   its fields are immediates only (ints, chars, constant constructors: compared by `compare`, in C). *)
-let mirror_codec key (w : Buffer.t -> 'a -> unit) muts (r : reader -> 'a) immediates =
-  Hashtbl.replace mirror_codecs key ((fun b o -> w b (Obj.obj o)), muts, (fun rd -> Obj.repr (r rd)), immediates)
+   cost: the blocks both hold, compared once per call.
+
+   `mirror_codec`, called by the generated code: the writer, mutable fields and reader of each
+   key's type, and whether its fields are immediates only (ints, chars, constant constructors:
+   compared by `compare`, in C). *)
+let mirror_codec key (w : Buffer.t -> 'a -> unit) muts (r : reader -> 'a) imm =
+  Hashtbl.replace mirror_codecs key ((fun b o -> w b (Obj.obj o)), muts, (fun rd -> Obj.repr (r rd)), imm)
 
 let note_seen n = match Weak.get !held n with Some o -> see n o | None -> ()
 
@@ -344,7 +345,6 @@ let differs imm (o : Obj.t) (s : Obj.t) =
     !d
   end
 
-(* Frame M's payload: each changed block as its key, then as `w_shared` writes it. *)
 (* Blocks that died stay viewed until a major cycle ends, so a run of calls on fresh arrays would
    compare thousands of dead ones per call: once the views have doubled since the last collection
    and the comparing since it outweighs a collection (a sixteenth of the heap's words), a full one
@@ -352,6 +352,8 @@ let differs imm (o : Obj.t) (s : Obj.t) =
 let live_after = ref 0
 let compared = ref 0
 
+(* Frame M's payload ("": nothing changed): each changed block as its key, then as `w_shared`
+   writes it. *)
 let changed_blocks () =
   if !viewed_count > max 64 (2 * !live_after) && !compared * 16 > (Gc.quick_stat ()).Gc.heap_words then begin
     promote ();  (* the blocks received since this side last wrote one: placed, no longer held here *)
@@ -1003,21 +1005,21 @@ let prefix () =
 
 let rec deepest (ps : prefix array) i = if i < 0 || ps.(i).h >= 0 then i else deepest ps (i - 1)
 
-(* The tests applied argument s (the last of `ps`, short of the last argument): when that saturates
-   the closure the oracle holds (the entry point's own, or the deepest prefix made), the answer's
-   code runs now, as in one program (`scale 0` raises here, a table is built once here), and the
-   prefixes on the way are made; else nothing runs yet. An arity the oracle did not say is 0:
-   every application is then made at once (never wrong, only slower). *)
 (* What a prefix made in the oracle holds copies of (values of type variables, oracle.py
-   `_held_in_step`), marshalled when it is made, closures as their code and environment ("":
-   nothing to watch, or a value Marshal cannot write: a handle). A call through it after the tests
-   changed one of them is refused:
-   the oracle's copy no longer is the tests' value, and no grade may rest on the difference. *)
+   `_copied`), marshalled when it is made, closures as their code and environment ("": nothing to
+   watch, or a value Marshal cannot write: a handle). A call through it after the tests changed
+   one of them is refused: the oracle's copy no longer is the tests' value, and no grade may rest
+   on the difference. *)
 let snapshot v = try Marshal.to_string v [Marshal.Closures] with _ -> ""
 let no_snapshot () = ""
 let still_held (ps : prefix array) (snaps : (unit -> string) array) d =
   if d >= 0 && ps.(d).held <> "" && snaps.(d) () <> ps.(d).held then refuse ()
 
+(* The tests applied argument s (the last of `ps`, short of the last argument): when that saturates
+   the closure the oracle holds (the entry point's own, or the deepest prefix made), the answer's
+   code runs now, as in one program (`scale 0` raises here, a table is built once here), and the
+   prefixes on the way are made; else nothing runs yet. An arity the oracle did not say is 0:
+   every application is then made at once (never wrong, only slower). *)
 let eager frame snaps k (ps : prefix array) (ws : (Buffer.t -> unit) array) =
   await_ready ();
   let s = Array.length ps - 1 in
@@ -1029,14 +1031,14 @@ let eager frame snaps k (ps : prefix array) (ws : (Buffer.t -> unit) array) =
       (fun r -> for i = d + 1 to s do ps.(i).h <- r_int r; ps.(i).held <- snaps.(i) () done; ps.(s).left <- r_int r)
   end
 
-(* `frame`: how a frame's arguments are written (with an entry point's type variables, after the
-   values of this application's table: `w_vals tb`, one table for the prefixes' whole chain, as one
-   program fixes the variables of a partial application once). *)
-(* `keep`: whether the prefixes made on the way are kept (not where a prefix would hold a copy
-   of a value of a type variable: oracle.py, `_held_in_step`; those are dropped at once). *)
 (* A total call through the prefixes `ps` of entry point `k` (ps.(i): its closure once arguments 0
    to i are applied): from the deepest one the oracle holds, with the arguments after it; the
-   oracle replies with a handle for each prefix it made on the way, then the result. *)
+   oracle replies with a handle for each prefix it made on the way, then the result. `keep`:
+   whether those are kept (not where a prefix would hold a copy of a value of a type variable:
+   oracle.py, `_copied`; they are dropped at once). For `eager` and here, `frame`: how a frame's
+   arguments are written (with an entry point's type variables, after the values of this
+   application's table: `w_vals tb`, one table for the chain, as one program fixes the variables
+   of a partial application once); `snaps`: each prefix's `snapshot`. *)
 let call_staged frame snaps keep k (ps : prefix array) (ws : (Buffer.t -> unit) array) read =
   let n = Array.length ws in
   let d = deepest ps (n - 2) in
