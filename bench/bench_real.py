@@ -45,7 +45,6 @@ from bench import arguments
 from ocaml_grpo.config import RewardConfig
 from ocaml_grpo.config.isolation import SandboxConfig
 from ocaml_grpo.config.settings import cache_dir, from_env
-from ocaml_grpo.grading.sandbox import UID_POOL_BASE, UID_POOL_SIZE
 from ocaml_grpo.jsonl import read_jsonl
 from ocaml_grpo.models.loading import export_adapter, load_tokenizer, quiet_library_warnings
 from ocaml_grpo.models.named import model_key, resolve_model
@@ -101,21 +100,64 @@ class Stages:
         return folder
 
 
+def _owner_alive(folder: Path) -> bool:
+    """Whether the process that made one of the grader's folders still lives: a grader folder's
+    owner lock is held for its owner's life (grader.hold_owner_lock); a probe folder names its
+    owner's pid. Another process's live folder (a neighbour's grader) is not this run's leftover."""
+    if folder.name.startswith("ocaml-probe-"):
+        try:
+            os.kill(int(folder.name.split("-")[2]), 0)
+            return True
+        except (ValueError, IndexError, ProcessLookupError):
+            return False
+        except PermissionError:  # alive, another user's
+            return True
+    import fcntl
+    try:
+        fd = os.open(folder / ".owner", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:  # no owner file: nobody will ever remove it
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def _descendants(pid: int) -> set[int]:
+    """The live processes below `pid` (zombies left out): with this process a child subreaper
+    (main), a run's orphans stay below it, and a neighbour's processes never are."""
+    parent = {}
+    for n in os.listdir("/proc"):
+        if n.isdigit():
+            try:
+                fields = dict(line.split(":", 1) for line in open(f"/proc/{n}/status") if ":" in line)
+            except OSError:
+                continue
+            if fields.get("State", "").strip().startswith("Z"):
+                continue
+            parent[int(n)] = int(fields.get("PPid", "0"))
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, pp in parent.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
 def snapshot() -> tuple[set[str], dict[int, str]]:
     """What a GRPO run must leave behind as it found it: the grader's folders (in /dev/shm and the
-    temp dir) and the processes running."""
+    temp dir) whose owner is gone, and the processes below this one."""
     import tempfile
     folders = {str(d / n) for d in (Path("/dev/shm"), Path(tempfile.gettempdir())) if d.is_dir()
-               for n in os.listdir(d) if n.startswith(("ocaml-grader-", "ocaml-probe-"))}
-    procs = {}  # the grader's: its compile server and launcher (ocaml-grpo's cache), the toolchain, the lent uids
-    for pid in (int(n) for n in os.listdir("/proc") if n.isdigit()):
+               for n in os.listdir(d) if n.startswith(("ocaml-grader-", "ocaml-probe-")) and not _owner_alive(d / n)}
+    procs = {}
+    for pid in _descendants(os.getpid()):
         try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            uid = int(next(line.split()[1] for line in open(f"/proc/{pid}/status") if line.startswith("Uid:")))
-        except (OSError, StopIteration, ValueError):
+            procs[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:160]
+        except OSError:
             continue
-        if "ocaml" in cmd or "bwrap" in cmd or UID_POOL_BASE <= uid < UID_POOL_BASE + UID_POOL_SIZE:
-            procs[pid] = cmd[:160]
     return folders, procs
 
 
@@ -257,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
                                                    "the adapters kept along the run and a README "
                                                    "(bench/results/adapters/), and evaluate what was written")
     a = ap.parse_args(argv)
+    # a child subreaper: what a GRPO run leaves running stays below this process, where stress() finds it
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     arms = [arm for arm in a.arms.split(",") if arm]
     given = {arm: Path(d).resolve() for arm, _, d in (x.partition("=") for x in a.adapter)}
     for arm, d in given.items():

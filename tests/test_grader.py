@@ -779,3 +779,36 @@ def test_an_answer_whose_calls_never_return_a_value_is_a_stub(scorer, name, body
         assert b.tests == 0.0 and b.reward == pytest.approx(0.35)  # type check + compile + END, by the weights
     # an answer that does not compile, or whose tests never ran, is not counted a stub
     assert scorer.score_one(ADD, fenced(f"let add (a : int) (b : int) : string = {body}")).stub is False
+
+
+_P = lambda pid, prompt, tests: Problem(id=pid, prompt=prompt, tests=tests)  # noqa: E731
+POWER = _P("power_c", "(** base to the exp. *)\nlet power (base : int) (exp : int) : int =",
+           "let () =\n  assert (power 2 10 = 1024);\n  assert (power 3 2 = 9);\n  assert (power 5 0 = 1)\n;;")
+RANGE = _P("range_c", "(** 0 to n-1. *)\nlet range (n : int) : int list =",
+           "let () =\n  assert (range 3 = [0; 1; 2]);\n  assert (range 0 = []);\n  assert (range 2 = [0; 1])\n;;")
+UPPER = _P("upper_c", "(** Upper case. *)\nlet up (s : string) : string =",
+           'let () =\n  assert (up "ab" = "AB");\n  assert (up "x" = "X");\n  assert (up "" = "")\n;;')
+SAME_ARGS = _P("same_args_c", "(** Upper case. *)\nlet up (s : string) : string =",
+               'let () =\n  assert (up "ab" = "AB");\n  assert (up "ab" = "AB");\n  assert (up "ab" = "x")\n;;')
+
+
+@pytest.mark.parametrize("problem,code,constant", [
+    (POWER, "let power (base : int) (exp : int) : int = 1024", True),  # attempt 6's answer, staged calls
+    (POWER, "let rec power b e = if e = 0 then 1 else b * power b (e - 1)", False),
+    (POWER, "let power b e = if e = 0 then 1 else b * e", False),  # wrong, but its values vary
+    (RANGE, "let range (n : int) : int list = [0; 1; 2]", True),
+    (RANGE, "let range n = List.init n (fun i -> i + 1)", False),
+    (UPPER, 'let up (s : string) : string = "AB"', True),
+    (UPPER, "let up s = String.uppercase_ascii s", False),  # right: all pass, never counted
+    (SAME_ARGS, 'let up (s : string) : string = "AB"', False),  # one value for one argument is no constant
+    (UPPER, 'let up s = if s = "" then failwith "todo" else "AB"', True),  # the calls that returned agree
+])
+def test_an_answer_that_gives_back_one_value_for_different_arguments_is_counted_constant(scorer, problem, code,
+                                                                                      constant):
+    """Decided by what crossed the wire: the trusted program compares each function's calls (the
+    frames it sent, the bytes that came back). A metric, never credit: the constant keeps the
+    assertions it passes, as one program would give them."""
+    b = scorer.score_one(problem, fenced(code))
+    assert b.tests_compiled and b.constant is constant, (code, b)
+    if constant:
+        assert 0 < b.tests_passed < b.tests_total

@@ -218,3 +218,21 @@ def test_a_run_drifting_toward_stubs_is_reported_from_its_logged_record(tmp_path
     unlogged = [StepRecord.from_logs(i, i / 10, {"loss": 0.0, "reward": 0.3}) for i in range(1, 11)]
     [found] = [f for f in health.findings(unlogged + drifting[10:]) if f.key == "stub"]
     assert "40%" in found.detail and "not logged early in the run" in found.detail
+
+
+def test_a_run_drifting_toward_constant_answers_is_reported_from_its_logged_record():
+    """`ocaml/constant` (answers that gave back one value for different arguments and failed an
+    assertion) goes into metrics.jsonl as `constant`, its health rule and analyze.py's table."""
+    def record(share: float, step: int) -> StepRecord:
+        return StepRecord.from_logs(step, step / 10, {"loss": 0.0, "reward": 0.3, "ocaml/constant": share})
+
+    steady = [record(0.02, i) for i in range(1, 11)]
+    drifting = steady + [record(0.9, i) for i in range(11, 21)]
+    for records, expected in ((steady, False), (drifting, True)):
+        back = [StepRecord.from_json(json.loads(json.dumps(r.to_json()))) for r in records]
+        assert back == records and back[-1].constant == records[-1].constant
+        found = [f for f in health.findings(back) if f.key == "constant"]
+        assert bool(found) == expected, found
+        if expected:
+            assert "90%" in found[0].detail and "2% in the run's first 10 lines" in found[0].detail
+    assert not [f for f in health.findings(drifting) if f.key == "stub"]  # one drift is not the other

@@ -475,6 +475,25 @@ LARGER = Problem(id="larger7", prompt="(** The larger of x and y (by compare). *
   assert (l [| 0 |] == a)
 ;;""")
 
+# the same with a handle in the held value (the tests' value of an abstract type, which Marshal
+# cannot write): the rest of the value is still watched, the handle by its number
+LARGER_HANDLE = Problem(id="larger_handle7", prompt=(
+    "(** A counter, and the larger of two values.\n*)\n(* Implement the following interface (larger.mli):\n"
+    "type counter\n\nval make : int -> counter\n\nval larger : 'a -> 'a -> 'a\n*)\n"
+    "let larger (x : 'a) (y : 'a) : 'a ="), tests="""let () =
+  let a = ([| 1 |], make 0) in
+  let l = larger a in
+  assert (l ([| 0 |], make 0) == a);
+  (fst a).(0) <- -1;
+  assert (l ([| 0 |], make 0) == a)
+;;""")
+LARGER_HANDLE_KEPT = Problem(id="larger_handle_kept7", prompt=LARGER_HANDLE.prompt, tests="""let () =
+  let a = ([| 1 |], make 0) in
+  let l = larger a in
+  assert (l ([| 0 |], make 0) == a);
+  assert (l ([| 2 |], make 0) != a)
+;;""")
+
 CASES = [
     # a closure right only once: truth 1/3; replayed per call it earns 3/3
     pytest.param(SCALE, "let scale k = let used = ref false in fun x -> if !used then 0 else (used := true; k * x)",
@@ -613,6 +632,10 @@ CASES = [
     pytest.param(LARGER, "let larger x = let calls = ref 0 in fun y -> incr calls; if compare x y >= 0 then x else y",
                  id="polymorphic-held-copy-changed"),
     pytest.param(LARGER, "let larger x y = if compare x y >= 0 then x else y", id="polymorphic-held-copy-replayed"),
+    pytest.param(LARGER_HANDLE, "type counter = int ref\nlet make n = ref n\nlet larger x = let calls = ref 0 in "
+                 "fun y -> incr calls; if compare x y >= 0 then x else y", id="polymorphic-held-copy-with-a-handle"),
+    pytest.param(LARGER_HANDLE_KEPT, "type counter = int ref\nlet make n = ref n\nlet larger x = let calls = ref 0 in "
+                 "fun y -> incr calls; if compare x y >= 0 then x else y", id="polymorphic-held-handle-unchanged"),
 ]
 
 

@@ -34,7 +34,7 @@ from ocaml_grpo.grading import source as src
 from ocaml_grpo.grading.diagnostics import TIMED_OUT, CompileError, error_of
 from ocaml_grpo.grading.compilers import WARNINGS_OFF, CompileBudget, Compilers, Steps
 from ocaml_grpo.grading.harness import (ENTRY_FILE, WIRE_ML, plan_of, render_entry_check, render_oracle,
-                                        render_trusted, tally_run)
+                                        render_trusted, RunTally, tally_run)
 from ocaml_grpo.grading.interface import Interface, interface_of
 from ocaml_grpo.grading.oracle import ENTRY_ALIAS, ENTRY_MODULE
 from ocaml_grpo.grading.trusted import TrustedPrograms
@@ -69,6 +69,8 @@ class Grade:
     test_error: str | None = None  # first error compiling the tests against the solution
     unverifiable: str | None = None  # why the tests cannot be run outside the answer's process: no test credit
     returned: bool = False  # in the test run, a call of the answer's returned a value
+    varied: bool = False  # ... two calls of one of its functions gave back different values or changes
+    args_varied: bool = False  # ... two calls of one of its functions were given different arguments
     # a phrase was left out for a name of a broken phrase that no stand-in can declare (a failed
     # type's constructor or label), or was never checked again: its own errors are unknown
     unchecked: bool = False
@@ -78,6 +80,16 @@ class Grade:
         """The tests ran, and no call of the answer's returned a value: its entry points only raise
         or never return (`failwith "todo"`, `assert false`, a loop), however they are written."""
         return self.tests_compiled and self.tests_total > 0 and not self.returned
+
+    @property
+    def constant(self) -> bool:
+        """Its calls were given different arguments and all gave back the same, and an assertion
+        failed: an answer that returns an example's output whatever it is asked (`let power b e =
+        1024`), which earns the assertions expecting that value. Judged on the wire's bytes: a
+        result holding blocks the answer made afresh reads as varied (never counted, not the
+        other way round)."""
+        return (self.tests_compiled and self.returned and self.args_varied and not self.varied
+                and self.tests_passed < self.tests_total)
 
     @property
     def syntax_errors(self) -> int:
@@ -242,8 +254,9 @@ class OcamlGrader:
                     grade.test_error = trusted.error
                     return grade
                 grade.tests_compiled = True
-                passed, finished, grade.timed_out, grade.returned = self._execute(
+                passed, finished, grade.timed_out, run = self._execute(
                     workdir, workdir / "prog", trusted.program, grade.tests_total)
+                grade.returned, grade.varied, grade.args_varied = run.returned, run.varied, run.args_varied
                 grade.tests_passed = len(passed) if trusted.split else int(finished)
                 grade.passed_ids = sorted(passed) if trusted.split else [0] * finished  # unsplit tests: one assertion
             return grade
@@ -520,7 +533,7 @@ class OcamlGrader:
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    def _execute(self, workdir: Path, oracle: Path, trusted: Path, total: int) -> tuple[set[int], bool, bool, bool]:
+    def _execute(self, workdir: Path, oracle: Path, trusted: Path, total: int) -> tuple[set[int], bool, bool, RunTally]:
         """Run the oracle beside the trusted program once, through all the tests. An oracle that
         dies (exit, fatal error) or whose frames fall out of step fails the assertion under way
         and every one after it, as the answer's process dying does in plain OCaml: no fresh
@@ -546,7 +559,7 @@ class OcamlGrader:
         # shared machine (2.78 s for a 3 s limit here, more than a tenth short on CI).
         killed_at_limit = ures.returncode == -signal.SIGKILL
         timed_out = not finished and (ures.timed_out or killed_at_limit or lim.cpu_s - ures.cpu_s <= CPU_TIMEOUT_SLACK_S)
-        return run.passed, finished, timed_out, run.returned
+        return run.passed, finished, timed_out, run
 
 
 class _Pipes:

@@ -145,7 +145,7 @@ class Sandbox:
         self._ocamlrun = os.path.realpath(tc.which("ocamlrun", "ocaml-nox"))
         if self.isolated:
             self._bwrap = tc.which("bwrap", "bubblewrap")
-            with tempfile.TemporaryDirectory(prefix="ocaml-probe-") as probe_dir:
+            with tempfile.TemporaryDirectory(prefix=f"ocaml-probe-{os.getpid()}-") as probe_dir:
                 probe = self.run(["true"], Path(probe_dir), wall_s=10, cpu_s=5)
             if probe.returncode != 0:
                 raise ToolchainError(

@@ -270,7 +270,10 @@ def _ranges(lines: list[StepRecord], level: dict[str, str], config: dict, sched:
     ] if series(lines, "logp_gap") else []) + ([
         rng("Stub answers (share)", series(lines, "stub"), f"≤ {th.stub_max}",
             *judged("stub", {"ok": "few", "warning": "drifting toward stubs"}), ".2f"),
-    ] if series(lines, "stub") else [])
+    ] if series(lines, "stub") else []) + ([
+        rng("Constant answers (share)", series(lines, "constant"), f"≤ {th.constant_max}",
+            *judged("constant", {"ok": "few", "warning": "drifting toward constants"}), ".2f"),
+    ] if series(lines, "constant") else [])
 
 
 def _lr_finding(lines: list[StepRecord], config: dict, sched: str, epoch: float) -> list[Finding]:

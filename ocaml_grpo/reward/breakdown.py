@@ -35,6 +35,7 @@ class Breakdown(_Scored):
     unverifiable: str | None = None  # the tests cannot run outside the answer's process: no test credit
     unchecked: bool = False  # a phrase's own errors could not be checked (a failed type's constructor): no type-check credit
     stub: bool = False  # the tests ran and no call of the answer's returned a value (it only raises or loops)
+    constant: bool = False  # its calls, given different arguments, all gave back the same, and an assertion failed
     code_lines: int = 0
     elapsed_ms: float = 0.0
     cached: bool = False

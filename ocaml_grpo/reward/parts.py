@@ -18,6 +18,10 @@ METRIC_CRASHED = "ocaml/grading_crashed"  # share of completions whose grading r
 # share of completions whose tests ran and whose calls never returned a value (grader.Grade.stub):
 # `failwith` stubs earn the type-check, compile and END credit, so a run can drift toward them
 METRIC_STUB = "ocaml/stub"
+# share of completions whose calls, given different arguments, all gave back the same value and
+# failed an assertion (grader.Grade.constant): an example's output returned whatever the call earns
+# the assertions expecting it, the drift attempt 6 found with the line gate off
+METRIC_CONSTANT = "ocaml/constant"
 # Repair turns (GRPO_REPAIR_TURNS): shares of the completions solving every test at turn 1 and
 # after the last turn, the mean turns taken, and shares of the groups too hard at turn 1 and of
 # those that repair made mixed (they teach something at the end).

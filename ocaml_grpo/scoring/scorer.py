@@ -33,7 +33,7 @@ def score_grade(grade: Grade, b: Breakdown, w: Weights) -> None:
     b.compiled, b.tests_compiled = grade.compiled_as_asked, grade.tests_compiled
     b.tests_passed, b.tests_total, b.timed_out = grade.tests_passed, grade.tests_total, grade.timed_out
     b.forbidden, b.unverifiable, b.compile_timed_out = grade.forbidden, grade.unverifiable, grade.compile_timed_out
-    b.stub, b.unchecked = grade.stub, grade.unchecked
+    b.stub, b.constant, b.unchecked = grade.stub, grade.constant, grade.unchecked
     b.credit(grade, w)
 
 

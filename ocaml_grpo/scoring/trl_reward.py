@@ -13,7 +13,7 @@ from ocaml_grpo.reward import group_kinds
 from ocaml_grpo.reward.breakdown import Breakdown
 from ocaml_grpo.reward.parts import (METRIC_COMPILED, METRIC_CRASHED, METRIC_END_MARKER, METRIC_PASSED_ANY,
                                      METRIC_REPAIR_PASS_FINAL, METRIC_REPAIR_PASS_FIRST, METRIC_REPAIR_RESCUED,
-                                     METRIC_REPAIR_TOO_HARD_FIRST, METRIC_REPAIR_TURNS, METRIC_SOLVED, METRIC_STUB,
+                                     METRIC_REPAIR_TOO_HARD_FIRST, METRIC_REPAIR_TURNS, METRIC_SOLVED, METRIC_STUB, METRIC_CONSTANT,
                                      PARTS, curriculum_phase, discounted)
 from ocaml_grpo.scoring.scorer import RewardScorer
 
@@ -120,6 +120,7 @@ def make_reward_function(output_dir: str | Path | None, max_completion_tokens: i
             log_metric(METRIC_PASSED_ANY, share(b.passed_any for b in breakdowns))
             log_metric(METRIC_CRASHED, share(b.reward is None for b in breakdowns))
             log_metric(METRIC_STUB, share(b.stub for b in breakdowns))
+            log_metric(METRIC_CONSTANT, share(b.constant for b in breakdowns))
             scored = [b for b in breakdowns if b.reward is not None]
             for part in PARTS:
                 log_metric(part.metric, sum(b.part(part.name) for b in scored) / max(1, len(scored)))

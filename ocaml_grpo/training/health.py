@@ -53,6 +53,10 @@ class Thresholds:
     # weights: more than an honest attempt with one type error (0.15). Past this, the policy may be
     # learning to stub.
     stub_max: float = 0.10              # recent mean share of answers whose calls never returned a value
+    # An answer that returns one of the prompt's example outputs whatever it is asked passes the
+    # assertions expecting that value: 0.43-0.57 by the seed's weights with the line gate off (attempt
+    # 6 drifted there, every answer a constant by step 150).
+    constant_max: float = 0.10          # recent mean share of answers that gave back one value for different arguments
 
 
 THRESHOLDS = Thresholds()
@@ -192,16 +196,26 @@ def findings(points: Sequence[StepRecord], th: Thresholds = THRESHOLDS) -> list[
             f"{th.engine_gap_max}), importance ratios masked or clipped {mean(r_clip) if r_clip else float('nan'):.1%} "
             f"(healthy ≤ {th.engine_clipped_max:.0%}): the llama.cpp engine no longer samples the trainer's policy "
             "(a stale adapter, or a quantization too coarse for it); the bound drops those samples from the loss.")
-    r_stub = values(win, "stub")
-    if r_stub and mean(r_stub) > th.stub_max:
-        first = values(points[:th.recent_lines], "stub")
+    def drift(key: str, limit: float) -> str | None:
+        """The recent share of answers flagged `key`, against the run's first lines, when past `limit`."""
+        recent = values(win, key)
+        if not recent or mean(recent) <= limit:
+            return None
+        first = values(points[:th.recent_lines], key)
         # (a run resumed from a version that did not log it has no early share to compare with)
         early = f"{mean(first):.0%} in the run's first {len(first)} lines" if first else "not logged early in the run"
+        return f"recent mean {mean(recent):.0%} of the answers ({early}; healthy ≤ {limit:.0%})"
+
+    if said := drift("stub", th.stub_max):
         add("stub", "Drift toward stubs", "warning",
-            f"recent mean {mean(r_stub):.0%} of the answers only raise or never return (their tests ran and no "
-            f"call returned a value; {early}; healthy ≤ "
-            f"{th.stub_max:.0%}). A stub earns the type-check, compile and END credit, more than an honest "
-            "attempt with one type error: read reward_logs (`stub`) and weigh REWARD_WEIGHT_TESTS up.")
+            f"{said} only raise or never return (their tests ran and no call returned a value). A stub "
+            "earns the type-check, compile and END credit, more than an honest attempt with one type "
+            "error: read reward_logs (`stub`) and weigh REWARD_WEIGHT_TESTS up.")
+    if said := drift("constant", th.constant_max):
+        add("constant", "Drift toward constant answers", "warning",
+            f"{said} gave back one value whatever their arguments, and failed an assertion: an example's "
+            "output returned for every call earns the assertions expecting it. Read reward_logs "
+            "(`constant`); the line gate (MIN_NON_EMPTY_LINES) pays such answers nothing.")
     return out
 
 

@@ -7,7 +7,8 @@ monitor, analyze.py's report and its plots read it. The values are
 TRL's and the reward function's as logged (unrounded; a NaN stays NaN, a metric not logged is
 null). pandas reads the file as it is: `pd.read_json(path, lines=True)`, a column per field, the
 group kinds as `groups_<kind>` and the reward's parts as `part_<name>`; `stub`, the share of
-answers whose tests ran and whose calls never returned a value (grader.Grade.stub); with dynamic sampling, its
+answers whose tests ran and whose calls never returned a value (grader.Grade.stub), `constant`, of
+those whose calls all gave back one value for different arguments (grader.Grade.constant); with dynamic sampling, its
 figures under their own names (`groups_generated`, `frac_zero_std_trained`, ...: dynamic_sampling.DYNAMIC_KEYS);
 with the llama.cpp engine, its agreement with the trainer as `engine_is_ratio`, `engine_clipped_share`
 and `engine_logp_gap`. `rss_gb` and `peak_rss_gb` are the training process's resident memory at the
@@ -19,7 +20,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
 from ocaml_grpo.reward.parts import (METRIC_COMPILED, METRIC_CRASHED, METRIC_END_MARKER, METRIC_PASSED_ANY,
-                                     METRIC_STUB, METRIC_REPAIR_PASS_FINAL, METRIC_REPAIR_PASS_FIRST, METRIC_REPAIR_RESCUED,
+                                     METRIC_STUB, METRIC_CONSTANT, METRIC_REPAIR_PASS_FINAL, METRIC_REPAIR_PASS_FIRST, METRIC_REPAIR_RESCUED,
                                      METRIC_REPAIR_TOO_HARD_FIRST, METRIC_REPAIR_TURNS, METRIC_SOLVED, PARTS)
 from ocaml_grpo.training.dynamic_sampling import DYNAMIC_KEYS, METRIC_DYNAMIC
 from ocaml_grpo.reward.group_kinds import KINDS, METRIC_FRAC_ZERO_STD, METRIC_GROUP
@@ -37,6 +38,7 @@ FROM_LOGS = {
     "completion_length": "completions/mean_length",
     "compiled": METRIC_COMPILED, "solved": METRIC_SOLVED, "end_marker": METRIC_END_MARKER,
     "passed_any": METRIC_PASSED_ANY, "crashed": METRIC_CRASHED, "stub": METRIC_STUB,
+    "constant": METRIC_CONSTANT,
 }
 
 # Repair turns' metrics (GRPO_REPAIR_TURNS > 0), as `repair_<key>` columns.
@@ -92,6 +94,7 @@ class StepRecord:
     passed_any: float | None = None
     crashed: float | None = None
     stub: float | None = None           # answers whose tests ran and whose calls never returned a value
+    constant: float | None = None       # answers whose calls gave back one value for different arguments
     groups: dict[str, float] | None = None  # group kind -> share (group_kinds.KINDS); None: not logged
     parts: dict[str, float] = field(default_factory=dict)  # reward part -> its mean (reward/parts.py)
     repair: dict[str, float | None] | None = None  # REPAIR_KEYS -> value; None: no repair turns

@@ -939,8 +939,13 @@ let query_reply kind payload =
   raise (match decode_exn ~trusted:true payload with e -> e | exception _ -> refuse ())
 
 (* The trusted side notes, once a run, that a call of the answer's returned a value: an answer
-   whose calls only raise or never return is a stub, whatever its text (a metric, never credit). *)
-let on_return = ref ignore
+   whose calls only raise or never return is a stub, whatever its text; and whether its calls
+   were given different arguments and all gave back the same (a constant answer). Metrics, never
+   credit. `calling`: the calls under way, innermost first, each with its handle, its frame, how
+   many bytes of its reply are the handles of prefixes made on the way (`call_staged`: new ones
+   each time, not the answer's result) and what came back for it (the changes, then the reply). *)
+let on_return : (string -> unit) ref = ref ignore
+let calling : (int * string * int * Buffer.t) list ref = ref []
 
 (* A reply the oracle sent: its whole frame was read, so a malformed one leaves the wire in step
    (only the trusted side waits on replies it did not compute). *)
@@ -949,13 +954,15 @@ let rec wait read =
   | None -> fail ()
   | Some ('R', p) ->
     (match let r = reader p in begin_read (); let v = read r in r_end r; v with
-     | v -> !on_return (); v
+     | v -> !on_return p; v
      | exception (Refused as e) -> raise e
      | exception _ -> if !trusted then refuse () else fail ())
   | Some ('X', p) ->
     raise (match decode_exn ~trusted:!trusted p with e -> e | exception _ -> if !trusted then refuse () else fail ())
   | Some ('C', p) -> serve_one p; wait read
-  | Some ('M', p) -> (try read_changed p with _ -> if !trusted then refused := true else fail ()); wait read
+  | Some ('M', p) ->
+    (match !calling with (_, _, _, got) :: _ -> Buffer.add_string got p | [] -> ());
+    (try read_changed p with _ -> if !trusted then refused := true else fail ()); wait read
   | Some ('F', p) when not !trusted -> (try drop p with Bad -> fail ()); wait read
   | Some (('Q' | 'H') as k, p) when not !trusted -> serve_query k p; wait read
   | Some _ -> if !trusted then refuse () else fail ()
@@ -979,7 +986,7 @@ let await_ready () =
    oracle before its next call, which drops the closures they stand for. *)
 let freed : int list ref = ref []
 
-let call h write read =
+let call ?(noted = true) ?(skip = 0) h write read =
   await_ready ();
   (match !freed with
    | [] -> ()
@@ -988,8 +995,15 @@ let call h write read =
   w_int b h;
   begin_write ();
   write b;
-  send_synced 'C' (Buffer.contents b);
-  wait read
+  let frame = Buffer.contents b in
+  send_synced 'C' frame;
+  if not (!trusted && noted) then wait read
+  else begin
+    calling := (h, frame, skip, Buffer.create 16) :: !calling;
+    match wait read with
+    | v -> calling := List.tl !calling; v
+    | exception e -> calling := List.tl !calling; raise e
+  end
 
 (* A partial application of an entry point in the tests (`let triple = scale 3`): it happens in
    the oracle once, which leaves the answer's closure there as a handle; later calls go to that
@@ -1006,14 +1020,37 @@ let prefix () =
 let rec deepest (ps : prefix array) i = if i < 0 || ps.(i).h >= 0 then i else deepest ps (i - 1)
 
 (* What a prefix made in the oracle holds copies of (values of type variables, oracle.py
-   `_copied`), marshalled when it is made, closures as their code and environment ("": nothing to
-   watch, or a value Marshal cannot write: a handle). A call through it after the tests changed
-   one of them is refused: the oracle's copy no longer is the tests' value, and no grade may rest
-   on the difference. *)
-let snapshot v = try Marshal.to_string v [Marshal.Closures] with _ -> ""
+   `_copied`), marshalled when it is made, closures as their code and environment, the tests'
+   handles (which Marshal cannot write) by their numbers ("": nothing to watch). A call through it
+   after the tests changed one of them is refused: the oracle's copy no longer is the tests'
+   value, and no grade may rest on the difference. A value that cannot be written even so (a
+   handle inside a closure's environment, a cycle, a value too large to walk) is refused at every
+   call through the prefix: unwatched, a stale copy could grade. *)
+let unwatchable = "\000unwatchable"
+let handles_as_numbers v =
+  let budget = ref 1_000_000 in
+  let rec walk o =
+    decr budget;
+    if !budget < 0 then raise Exit;
+    if Obj.is_int o then o
+    else
+      let t = Obj.tag o in
+      if t = Obj.custom_tag && !handle_ops <> 0n && Obj.raw_field o 0 = !handle_ops then
+        Obj.repr (handle_marker, Nativeint.to_int (Obj.raw_field o 1))
+      else if t = Obj.forward_tag then walk (Obj.field o 0)
+      else if t >= Obj.no_scan_tag || t = Obj.closure_tag || t = Obj.infix_tag || t = Obj.object_tag then o
+      else begin
+        let c = Obj.new_block t (Obj.size o) in
+        for k = 0 to Obj.size o - 1 do Obj.set_field c k (walk (Obj.field o k)) done;
+        c
+      end in
+  walk (Obj.repr v)
+let snapshot v =
+  try Marshal.to_string v [Marshal.Closures] with _ ->
+    try Marshal.to_string (handles_as_numbers v) [Marshal.Closures] with _ -> unwatchable
 let no_snapshot () = ""
 let still_held (ps : prefix array) (snaps : (unit -> string) array) d =
-  if d >= 0 && ps.(d).held <> "" && snaps.(d) () <> ps.(d).held then refuse ()
+  if d >= 0 && ps.(d).held <> "" && (ps.(d).held == unwatchable || snaps.(d) () <> ps.(d).held) then refuse ()
 
 (* The tests applied argument s (the last of `ps`, short of the last argument): when that saturates
    the closure the oracle holds (the entry point's own, or the deepest prefix made), the answer's
@@ -1027,7 +1064,8 @@ let eager frame snaps k (ps : prefix array) (ws : (Buffer.t -> unit) array) =
   let left = if d >= 0 then ps.(d).left else if k < Array.length !entry_arity then !entry_arity.(k) else 0 in
   if left <= s - d then begin
     still_held ps snaps d;
-    call (if d < 0 then k else ps.(d).h) (frame (fun b -> for i = d + 1 to s do ws.(i) b done))
+    (* a partial application: its reply is the handles of the prefixes made, not a result *)
+    call ~noted:false (if d < 0 then k else ps.(d).h) (frame (fun b -> for i = d + 1 to s do ws.(i) b done))
       (fun r -> for i = d + 1 to s do ps.(i).h <- r_int r; ps.(i).held <- snaps.(i) () done; ps.(s).left <- r_int r)
   end
 
@@ -1043,7 +1081,7 @@ let call_staged frame snaps keep k (ps : prefix array) (ws : (Buffer.t -> unit) 
   let n = Array.length ws in
   let d = deepest ps (n - 2) in
   still_held ps snaps d;
-  call (if d < 0 then k else ps.(d).h) (frame (fun b -> for i = d + 1 to n - 1 do ws.(i) b done))
+  call ~skip:(8 * max 0 (n - 2 - d)) (if d < 0 then k else ps.(d).h) (frame (fun b -> for i = d + 1 to n - 1 do ws.(i) b done))
     (fun r -> for i = d + 1 to n - 2 do let h = r_int r in if keep then ps.(i).h <- h else freed := h :: !freed done;
              read r)
 
@@ -1085,7 +1123,19 @@ let start_trusted () =
   own := 0; next_own := 0; peer_next := 1;
   (* never compacted: a frame's shared blocks are found by address (w_shared) *)
   Gc.set { (Gc.get ()) with Gc.max_overhead = 1_000_000 };
-  on_return := (fun () -> emit "R" 0; on_return := ignore);
+  let first = Hashtbl.create 16 and returned = ref false and args_varied = ref false in
+  on_return := (fun p ->
+    if not !returned then (returned := true; emit "R" 0);
+    match !calling with
+    | (h, frame, skip, got) :: _ ->
+      if skip <= String.length p then Buffer.add_substring got p skip (String.length p - skip);
+      let back = Buffer.contents got in
+      (match Hashtbl.find_opt first h with
+       | None -> Hashtbl.replace first h (frame, back)
+       | Some (frame0, back0) ->
+         if back <> back0 then (emit "V" 0; on_return := (fun _ -> ()); Hashtbl.reset first)
+         else if frame <> frame0 && not !args_varied then (args_varied := true; emit "A" 0))
+    | [] -> ());
   (* the oracle is gone, or its frames are out of step: the assertion under way is marked and
      nothing after it runs (as when the answer's process dies in plain OCaml; no fresh oracle) *)
   broken := fun () -> (if !is_ready then emit "K" !current else emit "I" 0); exit 0
