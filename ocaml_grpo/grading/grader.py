@@ -69,8 +69,8 @@ class Grade:
     test_error: str | None = None  # first error compiling the tests against the solution
     unverifiable: str | None = None  # why the tests cannot be run outside the answer's process: no test credit
     returned: bool = False  # in the test run, a call of the answer's returned a value
-    varied: bool = False  # ... two calls of one of its functions gave back different values or changes
-    args_varied: bool = False  # ... two calls of one of its functions were given different arguments
+    varied: bool = False  # ... two calls of one entry point gave back different values or changes
+    args_varied: bool = False  # ... two calls of one entry point were given different arguments
     # a phrase was left out for a name of a broken phrase that no stand-in can declare (a failed
     # type's constructor or label), or was never checked again: its own errors are unknown
     unchecked: bool = False
@@ -85,9 +85,9 @@ class Grade:
     def constant(self) -> bool:
         """Its calls were given different arguments and all gave back the same, and an assertion
         failed: an answer that returns an example's output whatever it is asked (`let power b e =
-        1024`), which earns the assertions expecting that value. Judged on the wire's bytes: a
-        result holding blocks the answer made afresh reads as varied (never counted, not the
-        other way round)."""
+        1024`), which earns the assertions expecting that value. Judged by the trusted program
+        (wire.ml, `noted`) on marshalled values: a call with a closure or a handle among them
+        reads as varied (never counted, not the other way round)."""
         return (self.tests_compiled and self.returned and self.args_varied and not self.varied
                 and self.tests_passed < self.tests_total)
 

@@ -49,8 +49,8 @@ class RunTally:
     oracle_lost_in: int | None = None  # the assertion during which the oracle died or broke the wire
     oracle_never_ready: bool = False  # it died before serving anything (the answer's top level)
     returned: bool = False  # a call of the answer's returned a value (else it only raised, or never returned)
-    varied: bool = False  # two calls of one function of the answer's gave back different values or changes
-    args_varied: bool = False  # two calls of one function of the answer's were given different arguments
+    varied: bool = False  # two calls of one entry point gave back different values or changes (wire.ml, `noted`)
+    args_varied: bool = False  # two calls of one entry point were given different arguments
 
 
 def tally_run(text: str, start: int, total: int) -> RunTally:

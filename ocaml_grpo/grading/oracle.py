@@ -175,17 +175,26 @@ def _stub(g: Gen, k: int, e: Entry, signals: bool, instance: str = "", table: st
                       f"[| {'; '.join(ws_list[:i + 1])} |]; "
                       for i, ((lab, _), x, q) in enumerate(zip(e.params, xs, ps)))
         keep = "false" if copied else "true"
-        body = f"{wire}.call_staged {frame} {snaps(len(ps) - 1)} {keep} {k} [| {'; '.join(ps)} |] [| {ws} |] {read}"
+        body = _noted(g, k, xs, instance,
+                      f"{wire}.call_staged {frame} {snaps(len(ps) - 1)} {keep} {k} [| {'; '.join(ps)} |] [| {ws} |] {read}")
         return f"let {e.name} : {ty} = {lam}fun {_labelled(e.params[-1][0], xs[-1])} -> {body}\n"
     strict = "false" if g.iface.functor or g.named_handles() or signals else "true"
     tb = table or f"{wire}.tokens {len(vs)} {strict}"
     body = (f"let tb = {tb} in " if vs else "") + f"let write b = {writes} in "
-    body += f"{wire}.call {k} write {read}"
+    body += _noted(g, k, xs, instance, f"{wire}.call {k} write {read}")
     if signals:  # after any call, every mirrored signal takes the oracle's value
         body = f"let v = {body} in {wire}.refresh (); v"
     if e.params:
         return f"let {e.name} : {quant}{ty} = fun {binders} -> {body}\n"
     return f"let {e.name} : {ty} = {body}\n"
+
+
+def _noted(g: Gen, k: int, xs: list[str], instance: str, call: str) -> str:
+    """A call of entry point k with arguments `xs`, noted for the constant-answer metric (wire.ml,
+    `noted`); a functor instance's entry points share k, and are not."""
+    if not xs or instance:
+        return call
+    return f"{g.W}.noted {k} ({', '.join(xs)}) (fun () -> {call})"
 
 
 # The element module's `compare`, as the wire carries it (a handle of the tests' own compare).

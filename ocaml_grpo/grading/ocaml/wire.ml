@@ -939,13 +939,8 @@ let query_reply kind payload =
   raise (match decode_exn ~trusted:true payload with e -> e | exception _ -> refuse ())
 
 (* The trusted side notes, once a run, that a call of the answer's returned a value: an answer
-   whose calls only raise or never return is a stub, whatever its text; and whether its calls
-   were given different arguments and all gave back the same (a constant answer). Metrics, never
-   credit. `calling`: the calls under way, innermost first, each with its handle, its frame, how
-   many bytes of its reply are the handles of prefixes made on the way (`call_staged`: new ones
-   each time, not the answer's result) and what came back for it (the changes, then the reply). *)
-let on_return : (string -> unit) ref = ref ignore
-let calling : (int * string * int * Buffer.t) list ref = ref []
+   whose calls only raise or never return is a stub, whatever its text (a metric, never credit). *)
+let on_return = ref ignore
 
 (* A reply the oracle sent: its whole frame was read, so a malformed one leaves the wire in step
    (only the trusted side waits on replies it did not compute). *)
@@ -954,15 +949,13 @@ let rec wait read =
   | None -> fail ()
   | Some ('R', p) ->
     (match let r = reader p in begin_read (); let v = read r in r_end r; v with
-     | v -> !on_return p; v
+     | v -> !on_return (); v
      | exception (Refused as e) -> raise e
      | exception _ -> if !trusted then refuse () else fail ())
   | Some ('X', p) ->
     raise (match decode_exn ~trusted:!trusted p with e -> e | exception _ -> if !trusted then refuse () else fail ())
   | Some ('C', p) -> serve_one p; wait read
-  | Some ('M', p) ->
-    (match !calling with (_, _, _, got) :: _ -> Buffer.add_string got p | [] -> ());
-    (try read_changed p with _ -> if !trusted then refused := true else fail ()); wait read
+  | Some ('M', p) -> (try read_changed p with _ -> if !trusted then refused := true else fail ()); wait read
   | Some ('F', p) when not !trusted -> (try drop p with Bad -> fail ()); wait read
   | Some (('Q' | 'H') as k, p) when not !trusted -> serve_query k p; wait read
   | Some _ -> if !trusted then refuse () else fail ()
@@ -986,7 +979,7 @@ let await_ready () =
    oracle before its next call, which drops the closures they stand for. *)
 let freed : int list ref = ref []
 
-let call ?(noted = true) ?(skip = 0) h write read =
+let call h write read =
   await_ready ();
   (match !freed with
    | [] -> ()
@@ -995,15 +988,8 @@ let call ?(noted = true) ?(skip = 0) h write read =
   w_int b h;
   begin_write ();
   write b;
-  let frame = Buffer.contents b in
-  send_synced 'C' frame;
-  if not (!trusted && noted) then wait read
-  else begin
-    calling := (h, frame, skip, Buffer.create 16) :: !calling;
-    match wait read with
-    | v -> calling := List.tl !calling; v
-    | exception e -> calling := List.tl !calling; raise e
-  end
+  send_synced 'C' (Buffer.contents b);
+  wait read
 
 (* A partial application of an entry point in the tests (`let triple = scale 3`): it happens in
    the oracle once, which leaves the answer's closure there as a handle; later calls go to that
@@ -1064,8 +1050,7 @@ let eager frame snaps k (ps : prefix array) (ws : (Buffer.t -> unit) array) =
   let left = if d >= 0 then ps.(d).left else if k < Array.length !entry_arity then !entry_arity.(k) else 0 in
   if left <= s - d then begin
     still_held ps snaps d;
-    (* a partial application: its reply is the handles of the prefixes made, not a result *)
-    call ~noted:false (if d < 0 then k else ps.(d).h) (frame (fun b -> for i = d + 1 to s do ws.(i) b done))
+    call (if d < 0 then k else ps.(d).h) (frame (fun b -> for i = d + 1 to s do ws.(i) b done))
       (fun r -> for i = d + 1 to s do ps.(i).h <- r_int r; ps.(i).held <- snaps.(i) () done; ps.(s).left <- r_int r)
   end
 
@@ -1081,7 +1066,7 @@ let call_staged frame snaps keep k (ps : prefix array) (ws : (Buffer.t -> unit) 
   let n = Array.length ws in
   let d = deepest ps (n - 2) in
   still_held ps snaps d;
-  call ~skip:(8 * max 0 (n - 2 - d)) (if d < 0 then k else ps.(d).h) (frame (fun b -> for i = d + 1 to n - 1 do ws.(i) b done))
+  call (if d < 0 then k else ps.(d).h) (frame (fun b -> for i = d + 1 to n - 1 do ws.(i) b done))
     (fun r -> for i = d + 1 to n - 2 do let h = r_int r in if keep then ps.(i).h <- h else freed := h :: !freed done;
              read r)
 
@@ -1112,6 +1097,34 @@ let emit tag i =
   output_string !results (string_of_int i); output_char !results '\n';
   flush !results
 
+(* The trusted side's note, for a metric (never credit), of whether an answer's calls give back
+   one value whatever their arguments (a constant answer: `let power b e = 1024`). Each entry
+   point's first call that returned keeps its arguments and its result (with the arguments after
+   it where it changed them), marshalled; a later call that gave back something else is
+   noted once (`V`), one given other arguments too (`A`). A value Marshal cannot write (a
+   closure, a handle) counts as given back different: never a constant by mistake that way. *)
+let first_calls : (int, string * string) Hashtbl.t = Hashtbl.create 8
+let calls_varied = ref false
+let args_varied = ref false
+let noted k args f =
+  if !calls_varied then f ()
+  else begin
+    let write x = try Some (Marshal.to_string x []) with _ -> None in
+    let before = write args in
+    let v = f () in
+    (* the result, and the arguments after the call where it changed them *)
+    let back = if write args = before then write (Some v) else write (v, args) in
+    (match before, back with
+     | Some a, Some back ->
+       (match Hashtbl.find_opt first_calls k with
+        | None -> Hashtbl.replace first_calls k (a, back)
+        | Some (a0, back0) ->
+          if back <> back0 then (calls_varied := true; Hashtbl.reset first_calls; emit "V" 0)
+          else if a <> a0 && not !args_varied then (args_varied := true; emit "A" 0))
+     | _ -> calls_varied := true; Hashtbl.reset first_calls; emit "V" 0);
+    v
+  end
+
 (* argv: RESULTS_FD REQUESTS_OUT_FD REPLIES_IN_FD START *)
 let start_trusted () =
   ignore_sigpipe ();
@@ -1123,19 +1136,7 @@ let start_trusted () =
   own := 0; next_own := 0; peer_next := 1;
   (* never compacted: a frame's shared blocks are found by address (w_shared) *)
   Gc.set { (Gc.get ()) with Gc.max_overhead = 1_000_000 };
-  let first = Hashtbl.create 16 and returned = ref false and args_varied = ref false in
-  on_return := (fun p ->
-    if not !returned then (returned := true; emit "R" 0);
-    match !calling with
-    | (h, frame, skip, got) :: _ ->
-      if skip <= String.length p then Buffer.add_substring got p skip (String.length p - skip);
-      let back = Buffer.contents got in
-      (match Hashtbl.find_opt first h with
-       | None -> Hashtbl.replace first h (frame, back)
-       | Some (frame0, back0) ->
-         if back <> back0 then (emit "V" 0; on_return := (fun _ -> ()); Hashtbl.reset first)
-         else if frame <> frame0 && not !args_varied then (args_varied := true; emit "A" 0))
-    | [] -> ());
+  on_return := (fun () -> emit "R" 0; on_return := ignore);
   (* the oracle is gone, or its frames are out of step: the assertion under way is marked and
      nothing after it runs (as when the answer's process dies in plain OCaml; no fresh oracle) *)
   broken := fun () -> (if !is_ready then emit "K" !current else emit "I" 0); exit 0
