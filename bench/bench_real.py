@@ -210,7 +210,7 @@ def evaluate(model: str, adapter: str | None, problems: list[Problem], a, comple
         for key, value in (("pass", r["solved"]), ("compiled", r["compiled"]), ("reward", r["train_reward"])):
             per[key][r["problem_id"]].append(float(value))
     return {"pass": core["pass@1"], "reward": core["mean_reward"], "compiled": core["rates"]["compiled"],
-            "end_marker": core["rates"]["has_end_marker"], "code_lines": sum(r["code_lines"] for r in rows) / len(rows),
+            "end_marker": core["rates"]["has_end_marker"], "constant": core["rates"]["constant"], "code_lines": sum(r["code_lines"] for r in rows) / len(rows),
             "per_problem": {key: {pid: sum(v) / len(v) for pid, v in d.items()} for key, d in per.items()}}
 
 

@@ -68,7 +68,7 @@ def test_end_to_end_on_the_demo_model(tmp_path):
     for key in ("model", "adapter", "dataset", "n_problems", "k", "pass@1", "pass@k", "mean_reward", "rates",
                 "per_difficulty"):
         assert key in report
-    assert list(report["rates"]) == ["has_end_marker", "compiled", "tests_compiled", "solved"] == list(RATES)
+    assert list(report["rates"]) == ["has_end_marker", "compiled", "tests_compiled", "solved", "constant"] == list(RATES)
     assert report["n_problems"] == 3 and report["k"] == 2
     rows = [json.loads(l) for l in (tmp_path / "out" / "completions.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and all(0 <= x["graded_reward"] <= 1 and "reward" not in x for x in rows)

@@ -26,6 +26,7 @@ RATES = {
     "compiled": "the solution alone compiles (0 type and 0 syntax errors)",
     "tests_compiled": "the solution and the tests build one program",
     "solved": "every test passed",
+    "constant": "one value back for different arguments, and a test failed (an example's output returned whatever the call)",
 }
 
 
