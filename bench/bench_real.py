@@ -112,18 +112,8 @@ def _owner_alive(folder: Path) -> bool:
             return False
         except PermissionError:  # alive, another user's
             return True
-    import fcntl
-    try:
-        fd = os.open(folder / ".owner", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:  # no owner file: nobody will ever remove it
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
+    from ocaml_grpo.grading.grader import owner_alive
+    return owner_alive(folder)
 
 
 def _descendants(pid: int) -> set[int]:

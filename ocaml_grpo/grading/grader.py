@@ -132,6 +132,22 @@ def hold_owner_lock(directory: Path) -> int:
     return fd
 
 
+def owner_alive(directory: Path) -> bool:
+    """Whether the process that made a grader directory still lives: its owner lock is held. A
+    directory without an owner file counts as dead (nothing will ever remove it)."""
+    try:
+        fd = os.open(directory / OWNER_LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
 def sweep_dead_graders(parent: Path) -> list[Path]:
     """Remove the grader directories in `parent` whose process died without cleaning up (SIGKILL,
     OOM): the ones whose owner lock can be taken. A directory without an owner file (still being
