@@ -96,9 +96,10 @@ def device_used_gb() -> float:
 
 def run_engine(spec: str, model_dir: str, random_weights: bool, a: argparse.Namespace) -> dict:
     """One engine's warm-up and measured steps, in this (fresh) process. `spec`: the engine's name,
-    `+prefix` after it: with the shared-prefix log-probability passes (GRPO_SHARED_PREFIX=1)."""
-    engine, _, options = spec.partition("+")
-    shared = options == "prefix"
+    `+prefix` after it: with the shared-prefix log-probability passes (GRPO_SHARED_PREFIX=1);
+    `+oldpass` (llamacpp): the engine's importance ratio from TRL's extra no-grad pass, not the loss's forward."""
+    engine, *options = spec.split("+")
+    shared, old_pass = "prefix" in options, "oldpass" in options
     quiet_library_warnings()
     from datasets import Dataset
     from peft import LoraConfig
@@ -187,7 +188,7 @@ def run_engine(spec: str, model_dir: str, random_weights: bool, a: argparse.Name
     trainer = OcamlGRPOTrainer(model=model, reward_funcs=[syntax_aware_reward], args=args,
                                train_dataset=Dataset.from_list(rows), processing_class=tokenizer, peft_config=peft,
                                callbacks=[StepTimer()], tracker=None, llama=llama,
-                               share_prompts=shared,
+                               share_prompts=shared, late_ratio=not old_pass,
                                stop=END_MARKER if a.stop_at_end else None)
     if engine == "compiled":
         enable_compiled_generation(trainer, a.compile_backend)
@@ -247,7 +248,8 @@ def main() -> None:
     base = SEED_CONFIG if on_gpu else CPU_CONFIG
     ap.add_argument("--engines", default=None,
                     help="comma list of default,compiled,paged,vllm,llamacpp, each optionally with +prefix (the shared-prefix "
-                         "log-probability passes, GRPO_SHARED_PREFIX=1), e.g. default,llamacpp+prefix (default: all "
+                         "log-probability passes, GRPO_SHARED_PREFIX=1) and, for llamacpp, +oldpass (the engine's "
+                         "importance ratio from TRL's extra no-grad pass), e.g. default,llamacpp+prefix (default: all "
                          "available but llamacpp)")
     ap.add_argument("--compile-backend", default="inductor", choices=["inductor", "cudagraphs"],
                     help="the compiled engine's torch.compile backend (cudagraphs: CUDA graphs without Triton)")
@@ -272,8 +274,10 @@ def main() -> None:
     engines = (a.engines or ",".join(e for e in ENGINES if e not in ("vllm", "llamacpp")
                                      or (e == "vllm" and importlib.util.find_spec("vllm")))).split(",")
     for e in engines:
-        if e.partition("+")[0] not in ENGINES or e.partition("+")[2] not in ("", "prefix"):
-            raise SystemExit(f"--engines: unknown engine {e!r} (choose from {', '.join(ENGINES)})")
+        name, *options = e.split("+")
+        if name not in ENGINES or not set(options) <= {"prefix", "oldpass"} or ("oldpass" in options and name != "llamacpp"):
+            raise SystemExit(f"--engines: unknown engine {e!r} (choose from {', '.join(ENGINES)}; +prefix, and +oldpass "
+                             "for llamacpp)")
     model_dir, random_weights = resolve_model(a.model)
     graded = "random weights, stand-in answers graded" if random_weights else "own answers graded"
     print(f"device: {'CUDA' if on_gpu else 'CPU'}; model: {a.model} ({graded}, {'bf16' if on_gpu else 'fp32'}); "

@@ -211,8 +211,9 @@ def test_a_model_without_gguf_and_another_models_adapter_are_config_errors(tmp_p
 def test_train_py_trains_with_the_engine_and_logs_its_agreement(tmp_path, cache_home):
     env = run_env(tmp_path, cache_home, GRPO_PLUMBING="0", BASE_MODEL_ID=MODEL, GRPO_ENGINE="llamacpp",
                   GRPO_MAX_STEPS=2, GRPO_BATCH_SIZE=1, GRPO_NUM_GENERATIONS=2, GRPO_MAX_COMPLETION=12,
-                  GRPO_PROMPT_EXAMPLES=0, GRPO_STOP_AT_END=1, GRPO_REPORT_TO="none", GRPO_SAVE_STEPS=10)
-    res = train(tmp_path, env)
+                  GRPO_PROMPT_EXAMPLES=0, GRPO_STOP_AT_END=1, GRPO_REPORT_TO="none", GRPO_SAVE_STEPS=10,
+                  GRPO_DYNAMIC_SAMPLING=1, GRPO_DYNAMIC_SAMPLING_ROUNDS=1, GRPO_LEARNABLE_MIN_STD=0)
+    res = train(tmp_path, env)  # the engine's ratio set on the batch merged from the rounds (late_ratio)
     assert "generation: llama.cpp over" in res.stdout
     run = tmp_path / "run"
     assert len(check_log_wellformed(log_lines(run))) == 2
@@ -221,7 +222,8 @@ def test_train_py_trains_with_the_engine_and_logs_its_agreement(tmp_path, cache_
     for r in records:
         assert 0 <= r["engine_clipped_share"] <= 1 and r["engine_is_ratio"] >= 0 and r["engine_logp_gap"] >= 0
     rows = read_jsonl(run / "reward_logs" / "completions.jsonl")
-    assert len(rows) == 4 and all(0 < r["completion_tokens"] <= 13 for r in rows)
+    assert len(rows) == 2 * sum(r["generation_rounds"] for r in records) >= 4  # each round's group of 2, graded
+    assert all(0 < r["completion_tokens"] <= 13 for r in rows)
     assert (run / "final_adapter" / "adapter_config.json").is_file()
 
 
@@ -270,6 +272,68 @@ def test_the_trainer_gives_the_engine_its_weights_after_each_optimizer_step(smol
     assert gap(base, trained) > 0.15  # the steps moved the policy
     assert gap(sampled, trained) < gap(sampled, base) / 2 and gap(sampled, trained) < 0.1
     engine.clear_lora()
+
+
+def engine_run(smol, tmp_path, late_ratio: bool, mode: str, clip: tuple, steps: int = 2):
+    """`steps` GRPO steps of SmolLM2 with the engine from the same weights and seeds, no dropout:
+    (the trainer, the model's forward calls, TRL's logged figures per step)."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOConfig
+
+    from ocaml_grpo.training.trainer import OcamlGRPOTrainer
+    engine, tok, folder, prompt = smol
+    engine.clear_lora()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    forwards = [0]
+    model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    rows = [{"prompt": [{"role": "user", "content": "Write an OCaml function that adds two ints."}]}] * 4
+
+    def reward(completions, **_):
+        return [float(len(c[0]["content"]) % 7) for c in completions]
+
+    args = GRPOConfig(output_dir=str(tmp_path / f"{late_ratio}-{mode}"), per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=16, max_steps=steps, learning_rate=3e-3, beta=0.0, logging_steps=1,
+                      save_strategy="no", report_to=[], use_cpu=True, bf16=False, remove_unused_columns=False, seed=0,
+                      vllm_importance_sampling_mode=mode, vllm_importance_sampling_clip_min=clip[0],
+                      vllm_importance_sampling_clip_max=clip[1])
+    lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"],
+                      task_type="CAUSAL_LM")
+    trainer = OcamlGRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(rows),
+                               processing_class=tok, peft_config=lora, tracker=None, llama=engine, late_ratio=late_ratio)
+    assert trainer.late_ratio is late_ratio
+    trainer.train()
+    engine.clear_lora()
+    return trainer, forwards[0], [h for h in trainer.state.log_history if "loss" in h]
+
+
+@needs_engine
+@needs_model
+@pytest.mark.parametrize("mode,clip", [("sequence_mask", (None, 3.0)), ("token_truncate", (0.99, 1.01))])
+def test_the_engine_ratio_from_the_losss_forward_is_trls_with_a_forward_pass_less(smol, tmp_path, mode, clip):
+    """The default (late_ratio) against TRL's extra no-grad pass over the answers: the same ratio
+    (token_truncate at +-1% clips some tokens: the bounds apply alike), the same figures logged, the
+    same trained weights, and one forward pass fewer a step."""
+    import torch
+    trl_pass, trl_forwards, trl_logs = engine_run(smol, tmp_path, False, mode, clip)
+    late, late_forwards, late_logs = engine_run(smol, tmp_path, True, mode, clip)
+    assert late_forwards == trl_forwards - 2, (late_forwards, trl_forwards)
+    assert len(trl_logs) == len(late_logs) == 2
+    for a, b in zip(trl_logs, late_logs):
+        for key in ("sampling/importance_sampling_ratio/mean", "sampling/importance_sampling_ratio/max",
+                    "sampling/sampling_logp_difference/mean", "sampling/importance_sampling_ratio/clipped_share", "loss"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (key, a[key], b[key])
+    if mode == "token_truncate":
+        assert max(h["sampling/importance_sampling_ratio/clipped_share"] for h in late_logs) > 0
+    moved = 0
+    for (name, p), (_, q) in zip(trl_pass.model.named_parameters(), late.model.named_parameters()):
+        if p.requires_grad:
+            assert torch.allclose(p, q, atol=1e-6), name
+            moved += int(not torch.allclose(q, torch.zeros_like(q)))
+    assert moved > 0
 
 
 @needs_engine

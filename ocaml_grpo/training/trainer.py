@@ -19,6 +19,10 @@
   trainer's to the engine's log-probabilities, masked or clipped as GRPOConfig's
   vllm_importance_sampling_* say) weighs the loss, as it would for vLLM. The share of ratios that
   bound masks or clips is logged beside TRL's ratio and log-probability gap.
+  The ratio comes from the loss's own forward pass (`late_ratio`), not from TRL's extra no-grad
+  pass over every generated answer (dropped groups included): where the loss's policy is the one
+  that sampled (one iteration, each generation batch trained within one optimizer step, no KL
+  reference, not vespo) the two are the same numbers, and the step skips a forward pass.
 - The group's prompt once (GRPO_SHARED_PREFIX, `share_prompts`): TRL's log-probability passes, the
   loss's forward and backward among them, run on shared-prefix packs (shared_prefix.py), which
   give the same values and gradients with each group's prompt encoded once.
@@ -28,6 +32,7 @@
 """
 from __future__ import annotations
 
+import math
 from functools import partial
 from pathlib import Path
 
@@ -55,12 +60,14 @@ class OcamlGRPOTrainer(GRPOTrainer):
     of the groups dropped (None: not logged); min_std: a group teaches when its rewards' std is at
     least this (GRPO_LEARNABLE_MIN_STD; 0: any difference); llama: the llama.cpp engine that
     generates every answer (None: TRL's own engines); share_prompts: the log-probability passes
-    (the loss's included) encode each group's prompt once (shared_prefix.py; GRPO_SHARED_PREFIX)."""
+    (the loss's included) encode each group's prompt once (shared_prefix.py; GRPO_SHARED_PREFIX);
+    late_ratio: with the engine, its importance ratio from the loss's forward where that is exact
+    (False: TRL's extra no-grad pass, kept for comparison: bench_train's `+oldpass`)."""
 
     def __init__(self, *args, tracker: ProblemTracker | None, stop: str | None = None,
                  dynamic_rounds: int | None = None, group_log: ds.GroupLog | None = None, min_std: float = 0.0,
                  llama: LlamaEngine | None = None, share_prompts: bool = False,
-                 turn_grades: TurnGrades | None = None, **kwargs):
+                 turn_grades: TurnGrades | None = None, late_ratio: bool = True, **kwargs):
         self.tracker = tracker
         self.turn_grades = turn_grades
         self.stop = stop
@@ -68,6 +75,9 @@ class OcamlGRPOTrainer(GRPOTrainer):
         self._round_rewards = self._round_lengths = None
         self.llama, self._llama_step, self._llama_calls = llama, None, 0
         self.share_prompts = share_prompts
+        self.late_ratio = False
+        self._scoring = False  # inside TRL's generation and scoring
+        self._loss_inputs: dict | None = None  # the batch whose loss is being computed
         super().__init__(*args, **kwargs)
         if llama is not None:
             if self.args.use_vllm:
@@ -76,6 +86,11 @@ class OcamlGRPOTrainer(GRPOTrainer):
             # through `_generate_single_turn` and the weight sync in `_generate`, both taken over here.
             self.use_vllm = True
             self._last_loaded_step = -1
+        args = self.args
+        self.late_ratio = (late_ratio and llama is not None and self.vllm_importance_sampling_correction
+                           and self.beta == 0.0 and self.num_iterations == 1
+                           and args.gradient_accumulation_steps % args.steps_per_generation == 0
+                           and self.loss_type != "vespo")
 
     def create_model_card(self, *args, **kwargs) -> None:
         """TRL's card is written for a hub upload ("a fine-tuned version of [None]", a quick start that
@@ -145,13 +160,54 @@ class OcamlGRPOTrainer(GRPOTrainer):
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **multimodal):
+        if self.late_ratio and self._scoring and not torch.is_grad_enabled():
+            # TRL's old-log-probability pass (the only no-grad one without a KL reference): its values
+            # are never used, the loss's forward gives the ratio (_compute_loss, _set_engine_ratio)
+            return torch.zeros(input_ids.shape[0], logits_to_keep, device=input_ids.device), None, None
         if not self.share_prompts or compute_aux_loss or any(v is not None for v in multimodal.values()):
-            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size,
-                                                              compute_entropy, compute_aux_loss, **multimodal)
-        logps, entropies = shared_prefix.logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
-                                                             self._tokenizer.pad_token_id, batch_size, compute_entropy,
-                                                             self.accelerator.autocast)
-        return logps, entropies, None
+            out = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size,
+                                                             compute_entropy, compute_aux_loss, **multimodal)
+        else:
+            out = (*shared_prefix.logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                      self._tokenizer.pad_token_id, batch_size, compute_entropy,
+                                                      self.accelerator.autocast), None)
+        if self._loss_inputs is not None:
+            self._set_engine_ratio(self._loss_inputs, out[0].detach())
+        return out
+
+    def _compute_loss(self, model, inputs):
+        if not self.late_ratio:
+            return super()._compute_loss(model, inputs)
+        # TRL reads the ratio and the old log-probabilities from `inputs` after its forward pass
+        inputs.pop("old_per_token_logps", None)  # the loss's own, detached: one iteration, on-policy
+        self._loss_inputs = inputs
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self._loss_inputs = None
+
+    def _set_engine_ratio(self, inputs: dict, logps: torch.Tensor) -> None:
+        """The engine's importance ratio for the batch, from the trainer's log-probabilities `logps`
+        (the loss's forward), as TRL computes it from its extra pass, and its figures in TRL's names."""
+        mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+        sampling = inputs["sampling_per_token_logps"]
+        mode = self.vllm_importance_sampling_mode
+        ratio = engine_ratio(logps, sampling, mask, mode, self.vllm_importance_sampling_clip_min,
+                             self.vllm_importance_sampling_clip_max)
+        inputs["importance_sampling_ratio"] = ratio
+        m = self._metrics["train" if self.model.training else "eval"]
+        delta = (logps - sampling).abs()
+        delta = delta[mask.bool() & ~torch.isnan(delta)]
+        gather = self.accelerator.gather
+        zero = torch.tensor(0.0, device=logps.device)
+        m["sampling/sampling_logp_difference/mean"].append(gather(delta.mean() if delta.numel() else zero).mean().item())
+        m["sampling/sampling_logp_difference/max"].append(gather(delta.max() if delta.numel() else zero).max().item())
+        flat = ratio.flatten() if mode.startswith("sequence") else ratio[mask.bool()]
+        for name, f in (("min", torch.min), ("mean", torch.mean), ("max", torch.max)):
+            m[f"sampling/importance_sampling_ratio/{name}"].append(
+                getattr(gather(f(flat) if flat.numel() else zero), name)().item())
+        m[METRIC_IS_CLIPPED].append(clipped_share(ratio, mask, mode, self.vllm_importance_sampling_clip_min,
+                                                  self.vllm_importance_sampling_clip_max, self.accelerator))
 
     def _generate_and_score_completions(self, inputs):
         if self.dynamic_rounds is None or not self.model.training:
@@ -159,8 +215,18 @@ class OcamlGRPOTrainer(GRPOTrainer):
         return self._dynamic_batch(inputs)
 
     def _generate_and_score_round(self, inputs):
-        out = super()._generate_and_score_completions(inputs)
-        if self.llama is not None and "importance_sampling_ratio" in out:
+        self._scoring = True
+        try:
+            out = super()._generate_and_score_completions(inputs)
+        finally:
+            self._scoring = False
+        if self.late_ratio:  # TRL's ratio and its figures came from the skipped pass: set again in the loss
+            out.pop("old_per_token_logps", None)
+            out.pop("importance_sampling_ratio", None)
+            m = self._metrics["train" if self.model.training else "eval"]
+            for name in TRL_RATIO_METRICS:
+                m[name].pop()
+        elif self.llama is not None and "importance_sampling_ratio" in out:
             mode = "train" if self.model.training else "eval"
             self._metrics[mode][METRIC_IS_CLIPPED].append(clipped_share(
                 out["importance_sampling_ratio"], out["completion_mask"], self.vllm_importance_sampling_mode,
@@ -243,6 +309,30 @@ class OcamlGRPOTrainer(GRPOTrainer):
             self._metrics["train"][ds.METRIC_DYNAMIC[key]].append(value)
         return out
 
+
+# What TRL 1.16's generation and scoring log once per call from its old-log-probability pass
+TRL_RATIO_METRICS = ("sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
+                     "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
+                     "sampling/importance_sampling_ratio/max")
+
+
+def engine_ratio(logps: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor, mode: str,
+                 clip_min: float | None, clip_max: float | None) -> torch.Tensor:
+    """The importance ratio trainer / engine (GRPOConfig's vllm_importance_sampling_*): per token,
+    or per sequence (the sum of its tokens' log-ratios; shaped (B, 1)), clipped into the bounds
+    (`*_truncate`) or set to 0 outside them (`*_mask`). A token the engine did not sample (NaN)
+    counts as a log-ratio of 0."""
+    diff = torch.nan_to_num((logps - sampling) * mask, nan=0.0)
+    if mode.startswith("sequence"):
+        diff = diff.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(diff)
+    if mode.endswith("truncate"):
+        return torch.clamp(ratio, min=clip_min, max=clip_max)
+    if mode.endswith("mask"):
+        low = clip_min if clip_min is not None else -math.inf
+        high = clip_max if clip_max is not None else math.inf
+        return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+    raise ValueError(f"unknown importance sampling mode {mode!r}")
 
 
 def clipped_share(ratio: torch.Tensor, completion_mask: torch.Tensor, mode: str, clip_min: float | None,
