@@ -115,6 +115,7 @@ def test_train_logs_checkpoints_resume_and_merge(tmp_path, cache_home):
     assert all(r.groups and set(r.groups) == set(KINDS) and set(r.parts) == {p.name for p in PARTS}
                and r.clipped_ratio is not None and r.grad_norm is not None for r in records)
     assert all(0.3 < r.rss_gb <= r.peak_rss_gb < 20 for r in records)  # the training process's, in GB
+    assert all(0 < r.step_time < 600 for r in records)  # seconds each step took
     assert all(r.stub is not None and 0 <= r.stub <= 1 for r in records)  # the reward function's stub share
     # analyze.py reports from the records alone
     records_only = tmp_path / "records_only"

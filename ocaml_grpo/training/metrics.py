@@ -8,7 +8,8 @@ TRL's and the reward function's as logged (unrounded; a NaN stays NaN, a metric 
 null). pandas reads the file as it is: `pd.read_json(path, lines=True)`, a column per field, the
 group kinds as `groups_<kind>` and the reward's parts as `part_<name>`; `stub`, the share of
 answers whose tests ran and whose calls never returned a value (grader.Grade.stub), `constant`, of
-those whose calls all gave back one value for different arguments (grader.Grade.constant); with dynamic sampling, its
+those whose calls all gave back one value for different arguments (grader.Grade.constant);
+`step_time`, the seconds a step took (generation, grading, forward and backward); with dynamic sampling, its
 figures under their own names (`groups_generated`, `frac_zero_std_trained`, ...: dynamic_sampling.DYNAMIC_KEYS);
 with the llama.cpp engine, its agreement with the trainer as `engine_is_ratio`, `engine_clipped_share`
 and `engine_logp_gap`. `rss_gb` and `peak_rss_gb` are the training process's resident memory at the
@@ -39,6 +40,7 @@ FROM_LOGS = {
     "compiled": METRIC_COMPILED, "solved": METRIC_SOLVED, "end_marker": METRIC_END_MARKER,
     "passed_any": METRIC_PASSED_ANY, "crashed": METRIC_CRASHED, "stub": METRIC_STUB,
     "constant": METRIC_CONSTANT,
+    "step_time": "step_time",
 }
 
 # Repair turns' metrics (GRPO_REPAIR_TURNS > 0), as `repair_<key>` columns.
@@ -95,6 +97,7 @@ class StepRecord:
     crashed: float | None = None
     stub: float | None = None           # answers whose tests ran and whose calls never returned a value
     constant: float | None = None       # answers whose calls gave back one value for different arguments
+    step_time: float | None = None      # seconds a step took: generation, grading, forward and backward (TRL's)
     groups: dict[str, float] | None = None  # group kind -> share (group_kinds.KINDS); None: not logged
     parts: dict[str, float] = field(default_factory=dict)  # reward part -> its mean (reward/parts.py)
     repair: dict[str, float | None] | None = None  # REPAIR_KEYS -> value; None: no repair turns
