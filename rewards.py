@@ -10,7 +10,8 @@ REWARD_WEIGHT_<NAME> in ocaml_grpo/config/scoring.py, times the credit the grade
 it; `python train.py --help` lists them with their defaults). The record of one scored completion
 is reward/breakdown.py's Breakdown.
 Rules: fewer than MIN_NON_EMPTY_LINES code lines -> 0; a check that ran out of compile time earns
-no type-check or compile credit; a completion that reached the maximum completion length is
+no type-check or compile credit; a constant answer (its calls gave back one value for different
+arguments, and an assertion failed) earns no test credit; a completion that reached the maximum completion length is
 multiplied by RUNAWAY_PENALTY_MULTIPLIER; grading that fails on one completion makes its reward
 None, never the batch's.
 

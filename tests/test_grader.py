@@ -820,8 +820,12 @@ def test_an_answer_that_gives_back_one_value_for_different_arguments_is_counted_
                                                                                       constant):
     """Decided by what the calls did: the trusted program compares each entry point's calls (the
     arguments, marshalled; the result, with the arguments after the call where it changed them).
-    A metric, never credit: the constant keeps the assertions it passes, as one program gives them."""
+    A constant answer earns no test credit for the assertions it passes (the rest as the weights
+    say); any other keeps the credit its assertions earn."""
     b = scorer.score_one(problem, fenced(code))
     assert b.tests_compiled and b.constant is constant, (code, b)
     if constant:
-        assert b.tests_passed < b.tests_total
+        assert b.tests_passed < b.tests_total and (b.tests_passed == 1 or problem is not POWER), b  # 1024 passes one
+        assert b.tests == 0.0 and b.reward == pytest.approx(0.35), b  # type check + compile + END
+    else:
+        assert b.tests == pytest.approx(0.65 * b.tests_passed / b.tests_total), b

@@ -74,7 +74,7 @@ def test_a_crashed_grading_is_none_for_trl_and_counted_through_log_metric(tmp_pa
     scorer = rewards.GuardedScorer(config, grader=FaultyGrader(Sandbox(), cores=1))
     reward_fn = rewards.make_reward_function(tmp_path, scorer=scorer)
     metrics = defaultdict(list)
-    completions = [fenced("let add a b = a + b"), fenced("let add a b = a + b (* CRASH *)"), fenced("let add a b = 0")]
+    completions = [fenced("let add a b = a + b"), fenced("let add a b = a + b (* CRASH *)"), fenced("let add a b = a * b + 1")]
     try:
         # the keyword arguments TRL 1.16's GRPOTrainer passes, dataset columns included
         out = asyncio.run(reward_fn(prompts=["p"] * 3, completions=completions, completion_ids=[[1, 2]] * 3,
@@ -84,7 +84,7 @@ def test_a_crashed_grading_is_none_for_trl_and_counted_through_log_metric(tmp_pa
                                     requires=[[]] * 3, entry_point=[""] * 3))
     finally:
         scorer.close()
-    assert out == [1.0, None, pytest.approx(0.35 + 0.65 / 2)]  # `0` passes add 0 0 = 0
+    assert out == [1.0, None, pytest.approx(0.35 + 0.65 / 2)]  # `a * b + 1` passes add 1 2 and add (-1) 1
     assert metrics[rewards.METRIC_CRASHED] == [pytest.approx(1 / 3)]
     assert metrics[rewards.METRIC_PASSED_ANY] == [pytest.approx(2 / 3)]
     assert scorer.crashes == 1 and "injected grader bug" in capsys.readouterr().err

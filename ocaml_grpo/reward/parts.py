@@ -19,8 +19,8 @@ METRIC_CRASHED = "ocaml/grading_crashed"  # share of completions whose grading r
 # `failwith` stubs earn the type-check, compile and END credit, so a run can drift toward them
 METRIC_STUB = "ocaml/stub"
 # share of completions whose calls, given different arguments, all gave back the same value and
-# failed an assertion (grader.Grade.constant): an example's output returned whatever the call earns
-# the assertions expecting it, the drift attempt 6 found with the line gate off
+# failed an assertion (grader.Grade.constant): an example's output returned whatever the call earned
+# the assertions expecting it, the drift attempt 6 found with the line gate off; now paid no test credit
 METRIC_CONSTANT = "ocaml/constant"
 # Repair turns (GRPO_REPAIR_TURNS): shares of the completions solving every test at turn 1 and
 # after the last turn, the mean turns taken, and shares of the groups too hard at turn 1 and of
@@ -48,6 +48,9 @@ class Facts(Protocol):
     compile_timed_out: bool
     forbidden: str | None
     unchecked: bool
+
+    @property
+    def constant(self) -> bool: ...
 
     @property
     def syntax_errors(self) -> int: ...
@@ -102,7 +105,10 @@ def _compile(g: Facts, end_marker: bool) -> float:
 
 
 def _tests(g: Facts, end_marker: bool) -> float:
-    if not (g.tests_compiled and g.tests_total) or g.forbidden:
+    # a constant answer (its calls, given different arguments, all gave back one value, and an
+    # assertion failed) passed only the assertions that expect that value: it computed nothing
+    # (attempt 6 collapsed onto `let power b e = 1024`, paid for the assertions expecting 1024)
+    if not (g.tests_compiled and g.tests_total) or g.forbidden or g.constant:
         return 0.0
     return min(max(g.tests_passed, 0), g.tests_total) / g.tests_total
 
@@ -112,7 +118,8 @@ PARTS: tuple[Part, ...] = (
     Part("type_check", 0.20, "the solution alone type-checks (graduated by error count; none without the "
                               "entry points at the prompt's types)", _type_check, "type"),
     Part("compile", 0.10, "the solution compiles, defining the entry points at the prompt's types", _compile),
-    Part("tests", 0.65, "x the fraction of assertions passed, when the program links with the tests", _tests),
+    Part("tests", 0.65, "x the fraction of assertions passed, when the program links with the tests (none when "
+                        "its calls gave back one value for different arguments and an assertion failed)", _tests),
 )
 PART_NAMES = tuple(p.name for p in PARTS)
 

@@ -215,10 +215,10 @@ def findings(points: Sequence[StepRecord], th: Thresholds = THRESHOLDS) -> list[
             "error: read reward_logs (`stub`) and weigh REWARD_WEIGHT_TESTS up.")
     if said := drift("constant", th.constant_max):
         add("constant", "Drift toward constant answers", "warning",
-            f"{said} gave back one value whatever their arguments, and failed an assertion: an example's "
-            "output returned for every call earns the assertions expecting it (a run drifting there "
-            "climbs; a wrong answer that ignores its input counts too). Read reward_logs (`constant`); "
-            "the line gate (MIN_NON_EMPTY_LINES) pays a one-line constant nothing.")
+            f"{said} gave back one value whatever their arguments, and failed an assertion (a wrong "
+            "answer that ignores its input counts too). Such an answer earns no test credit, but keeps "
+            "its type-check, compile and END credit, more than an honest attempt with a type error: "
+            "read reward_logs (`constant`) and weigh REWARD_WEIGHT_TESTS up.")
     return out
 
 
