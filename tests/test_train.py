@@ -122,6 +122,7 @@ def test_train_logs_checkpoints_resume_and_merge(tmp_path, cache_home):
     shutil.copytree(run, records_only, ignore=shutil.ignore_patterns("checkpoint-*", "final_adapter", "learning.log"))
     assert analyze.main([str(records_only)]) == 0
     report = analyze.analyze(records_only)
+    assert any(m.name == "Step time (s)" and 0 < m.lo <= m.hi for m in report.ranges)
     assert [l.epoch for l in report.lines] == [r.epoch for r in records] and report.breakdown.n == 16
     assert (records_only / "analysis.md").is_file() and (records_only / "plots" / "training_curves.png").is_file()
 

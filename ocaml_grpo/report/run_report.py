@@ -273,7 +273,10 @@ def _ranges(lines: list[StepRecord], level: dict[str, str], config: dict, sched:
     ] if series(lines, "stub") else []) + ([
         rng("Constant answers (share)", series(lines, "constant"), f"≤ {th.constant_max}",
             *judged("constant", {"ok": "few", "warning": "drifting toward constants"}), ".2f"),
-    ] if series(lines, "constant") else [])
+    ] if series(lines, "constant") else []) + ([
+        rng("Step time (s)", series(lines, "step_time"), "steady (it grows with the answers' length, the generation "
+            "rounds, or a neighbour on the machine)", "", "info", ".1f"),
+    ] if series(lines, "step_time") else [])
 
 
 def _lr_finding(lines: list[StepRecord], config: dict, sched: str, epoch: float) -> list[Finding]:
