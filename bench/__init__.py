@@ -1,15 +1,23 @@
 """The benchmarks (python -m bench.<name>); what they measured is in BENCHMARKS.md.
 
 What they share lives here and in bench's modules (corpus.py, toy.py), never in another benchmark:
-a run's working directory, runs compared at matched generated tokens, and the table-and-JSON tail
-every benchmark ends with."""
+a run's working directory, runs compared at matched generated tokens, the paired bootstrap interval
+over problems, and the table-and-JSON tail every benchmark ends with."""
 import argparse
 import json
+import random
 import shutil
 import sys
 from pathlib import Path
 
 from ocaml_grpo.models.loading import merge_adapter  # (torch is imported inside it, when it runs)
+
+
+def bootstrap_ci(diffs: list[float], seed: int, n: int = 10000) -> list[float]:
+    """The 95% percentile interval of the mean of `diffs`, resampling problems."""
+    rng = random.Random(seed)
+    means = sorted(sum(rng.choices(diffs, k=len(diffs))) / len(diffs) for _ in range(n))
+    return [means[int(0.025 * n)], means[int(0.975 * n) - 1]]
 
 
 def fresh_run_dir(out: str | Path, mark: str) -> Path:

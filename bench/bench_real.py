@@ -41,7 +41,7 @@ from collections import defaultdict
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from bench import arguments
+from bench import arguments, bootstrap_ci
 from ocaml_grpo.config import RewardConfig
 from ocaml_grpo.config.isolation import SandboxConfig
 from ocaml_grpo.config.settings import cache_dir, from_env
@@ -76,13 +76,6 @@ def write(path: Path, problems: list[Problem]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(asdict(p), ensure_ascii=False) + "\n" for p in problems), encoding="utf-8")
     return path
-
-
-def bootstrap_ci(diffs: list[float], seed: int, n: int = 10000) -> list[float]:
-    """The 95% percentile interval of the mean of `diffs`, resampling problems."""
-    rng = random.Random(seed)
-    means = sorted(sum(rng.choices(diffs, k=len(diffs))) / len(diffs) for _ in range(n))
-    return [means[int(0.025 * n)], means[int(0.975 * n) - 1]]
 
 
 class Stages:

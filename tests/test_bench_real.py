@@ -3,7 +3,8 @@ from collections import Counter
 
 import pytest
 
-from bench.bench_real import bootstrap_ci, stratified_split
+from bench import bootstrap_ci
+from bench.bench_real import stratified_split
 from ocaml_grpo.problems import load_problems
 
 
