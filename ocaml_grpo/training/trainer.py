@@ -178,8 +178,8 @@ class OcamlGRPOTrainer(GRPOTrainer):
     def _compute_loss(self, model, inputs):
         if not self.late_ratio:
             return super()._compute_loss(model, inputs)
-        # TRL reads the ratio and the old log-probabilities from `inputs` after its forward pass
-        inputs.pop("old_per_token_logps", None)  # the loss's own, detached: one iteration, on-policy
+        # TRL reads the ratio from `inputs` after its forward pass; with no old log-probabilities
+        # there (_generate_and_score_round dropped them) it takes the loss's own, detached
         self._loss_inputs = inputs
         try:
             return super()._compute_loss(model, inputs)
